@@ -1,0 +1,48 @@
+# embedfleet developer entry points. Everything installs into .venv first (make install).
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+COMPONENTS := common worker gateway operator bench testing
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint format proto proto-check tools bench clean
+
+install: $(STAMP)
+
+# Reinstall only when a pyproject changes; pip keeps its cache so a fresh venv is quick too.
+$(STAMP): pyproject.toml $(foreach c,$(COMPONENTS),$(c)/pyproject.toml)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
+	$(BIN)/python -m pip install -q $(foreach c,$(COMPONENTS),-e ./$(c)) --group dev
+	touch $@
+
+run: install
+	$(BIN)/embedfleet serve
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -I common/src --python_out=common/src --pyi_out=common/src \
+		--grpc_python_out=common/src common/src/embedfleet/common/proto/embedfleet.proto
+
+# Builds (or reuses from ~/.cache/embedfleet) etcd, kube-apiserver, ..., kubectl, helm, kwok.
+tools:
+	bash hack/build-tools.sh
+
+test: install tools lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m embedfleet.bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,98 @@
+"""Packing of token batches and float arrays into the protocol's little-endian byte fields.
+
+Both sides use numpy views, so decoding is a zero-copy `frombuffer` rather than a per-element loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.proto import embedfleet_pb2 as pb
+
+_I32 = np.dtype("<i4")
+_F32 = np.dtype("<f4")
+_F16 = np.dtype("<f2")
+_U8 = np.dtype("u1")
+
+FLOAT_DTYPES: dict[int, np.dtype[np.floating]] = {
+    pb.FLOAT_FORMAT_FLOAT32: _F32,
+    pb.FLOAT_FORMAT_FLOAT16: _F16,
+}
+
+
+class CodecError(ValueError):
+    """A packed field is malformed (odd byte count, lengths that don't add up, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """A decoded batch: flat ids, per-sequence lengths, optional segment ids aligned with ids."""
+
+    ids: npt.NDArray[np.int32]
+    lengths: npt.NDArray[np.int32]
+    type_ids: npt.NDArray[np.uint8] | None = None
+
+    @property
+    def count(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def total(self) -> int:
+        return int(self.ids.shape[0])
+
+    def sequences(self) -> list[npt.NDArray[np.int32]]:
+        bounds = np.cumsum(self.lengths)[:-1]
+        return list(np.split(self.ids, bounds))
+
+
+def pack_tokens(
+    sequences: Sequence[Sequence[int]] | Sequence[npt.NDArray[np.integer]],
+    type_ids: Sequence[Sequence[int]] | None = None,
+) -> pb.TokenBatch:
+    lengths = np.fromiter((len(s) for s in sequences), dtype=_I32, count=len(sequences))
+    flat = (
+        np.concatenate([np.asarray(s, dtype=_I32) for s in sequences])
+        if len(sequences)
+        else np.zeros(0, _I32)
+    )
+    batch = pb.TokenBatch(token_ids=flat.tobytes(), lengths=lengths.tobytes())
+    if type_ids is not None:
+        types_flat = np.concatenate([np.asarray(t, dtype=_U8) for t in type_ids])
+        if types_flat.shape != flat.shape:
+            raise CodecError("token_type_ids must align with token_ids")
+        batch.token_type_ids = types_flat.tobytes()
+    return batch
+
+
+def unpack_tokens(batch: pb.TokenBatch) -> Tokens:
+    if len(batch.token_ids) % 4 or len(batch.lengths) % 4:
+        raise CodecError("token_ids and lengths must be whole little-endian int32 arrays")
+    ids = np.frombuffer(batch.token_ids, dtype=_I32)
+    lengths = np.frombuffer(batch.lengths, dtype=_I32)
+    if lengths.size and int(lengths.min()) < 0:
+        raise CodecError("sequence lengths must not be negative")
+    if int(lengths.sum(dtype=np.int64)) != ids.size:
+        raise CodecError(f"lengths sum to {int(lengths.sum())} but {ids.size} token ids were sent")
+    type_ids = None
+    if batch.token_type_ids:
+        type_ids = np.frombuffer(batch.token_type_ids, dtype=_U8)
+        if type_ids.size != ids.size:
+            raise CodecError("token_type_ids must have one entry per token id")
+    return Tokens(ids=ids, lengths=lengths, type_ids=type_ids)
+
+
+def pack_floats(array: npt.NDArray[np.floating], fmt: int = pb.FLOAT_FORMAT_FLOAT32) -> bytes:
+    return np.ascontiguousarray(array, dtype=FLOAT_DTYPES[fmt]).tobytes()
+
+
+def unpack_floats(
+    data: bytes, rows: int, cols: int, fmt: int = pb.FLOAT_FORMAT_FLOAT32
+) -> npt.NDArray[np.floating]:
+    dtype = FLOAT_DTYPES[fmt]
+    if len(data) != rows * cols * dtype.itemsize:
+        raise CodecError(f"expected {rows}x{cols} values of {dtype}, got {len(data)} bytes")
+    return np.frombuffer(data, dtype=dtype).reshape(rows, cols)

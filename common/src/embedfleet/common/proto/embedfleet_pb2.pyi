@@ -1,0 +1,119 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOLING_DEFAULT: _ClassVar[Pooling]
+    POOLING_MEAN: _ClassVar[Pooling]
+    POOLING_CLS: _ClassVar[Pooling]
+    POOLING_LAST_TOKEN: _ClassVar[Pooling]
+
+class FloatFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLOAT_FORMAT_FLOAT32: _ClassVar[FloatFormat]
+    FLOAT_FORMAT_FLOAT16: _ClassVar[FloatFormat]
+POOLING_DEFAULT: Pooling
+POOLING_MEAN: Pooling
+POOLING_CLS: Pooling
+POOLING_LAST_TOKEN: Pooling
+FLOAT_FORMAT_FLOAT32: FloatFormat
+FLOAT_FORMAT_FLOAT16: FloatFormat
+
+class TokenBatch(_message.Message):
+    __slots__ = ("token_ids", "lengths", "token_type_ids")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: bytes
+    lengths: bytes
+    token_type_ids: bytes
+    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("batch", "pooling", "normalize", "dimensions", "format")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    pooling: Pooling
+    normalize: bool
+    dimensions: int
+    format: FloatFormat
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., dimensions: _Optional[int] = ..., format: _Optional[_Union[FloatFormat, str]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("embeddings", "count", "dimensions", "format", "prompt_tokens")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: bytes
+    count: int
+    dimensions: int
+    format: FloatFormat
+    prompt_tokens: int
+    def __init__(self, embeddings: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., format: _Optional[_Union[FloatFormat, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("batch", "activate")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATE_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    activate: bool
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., activate: _Optional[bool] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("scores", "count", "prompt_tokens")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    scores: bytes
+    count: int
+    prompt_tokens: int
+    def __init__(self, scores: _Optional[bytes] = ..., count: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_name", "task", "dimensions", "max_input_tokens", "vocab_size", "max_batch_tokens", "capacity_tokens_per_second", "dtype", "device", "default_pooling", "default_normalize", "queued_requests", "queued_tokens", "ready", "draining")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_POOLING_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    task: str
+    dimensions: int
+    max_input_tokens: int
+    vocab_size: int
+    max_batch_tokens: int
+    capacity_tokens_per_second: float
+    dtype: str
+    device: str
+    default_pooling: Pooling
+    default_normalize: bool
+    queued_requests: int
+    queued_tokens: int
+    ready: bool
+    draining: bool
+    def __init__(self, model_name: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., capacity_tokens_per_second: _Optional[float] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., default_pooling: _Optional[_Union[Pooling, str]] = ..., default_normalize: _Optional[bool] = ..., queued_requests: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., ready: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...

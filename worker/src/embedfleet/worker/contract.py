@@ -1,0 +1,95 @@
+"""The engine contract the worker server is written against.
+
+The server's scheduler forms a batch of work items (one per RPC, in arrival order) and hands it to
+`Engine.step`, which packs every sequence of every item into one ragged batch, launches it and
+returns at once with a `Pending` handle. The server may prepare and launch the next batch before
+calling `Pending.wait()` on this one. Implementations: the PyTorch engine and a null engine (for
+measuring the harness alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.codec import Tokens
+from embedfleet.common.modeldir import Pooling, Task
+
+
+class InvalidInput(ValueError):
+    """A request the model cannot take (empty, too long, id outside the vocabulary).
+
+    The server maps it to gRPC INVALID_ARGUMENT; the engine stays usable afterwards.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Per-request output options; `None` means the model's default."""
+
+    pooling: Pooling | None = None
+    normalize: bool | None = None
+    #: Matryoshka truncation, applied before normalizing; 0 keeps the full dimension
+    dimensions: int = 0
+    #: scoring only: apply the head's activation (sigmoid for one logit) to the raw logits
+    activate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    tokens: Tokens
+    options: Options = Options()
+
+    @property
+    def total_tokens(self) -> int:
+        return self.tokens.total
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model_name: str
+    task: Task
+    dimensions: int
+    max_input_tokens: int
+    vocab_size: int
+    dtype: str
+    device: str
+    default_pooling: Pooling
+    default_normalize: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GraphCounters:
+    captures: int = 0
+    replays: int = 0
+    eager_runs: int = 0
+    capture_seconds: float = 0.0
+
+
+class Pending(Protocol):
+    def ready(self) -> bool:
+        """True once results can be read without blocking."""
+        ...
+
+    def wait(self) -> list[npt.NDArray[np.float32]]:
+        """One array per work item, in order: [count, dims] for embed, [count] for score."""
+        ...
+
+
+class Engine(Protocol):
+    @property
+    def info(self) -> EngineInfo: ...
+
+    def validate(self, item: WorkItem) -> None:
+        """Raise InvalidInput if `item` can't run; cheap, called at admission."""
+        ...
+
+    def step(self, items: Sequence[WorkItem]) -> Pending:
+        """Pack, launch and return at once; items were validated. Called from one thread only."""
+        ...
+
+    def counters(self) -> GraphCounters: ...

