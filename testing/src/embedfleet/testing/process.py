@@ -1,0 +1,148 @@
+"""Child processes of a cluster: starting them, recognising them later, stopping exactly them.
+
+A pid alone may be reused once its process exits, so a process is identified by its pid plus its
+start time in clock ticks since boot (field 22 of /proc/<pid>/stat). Linux only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_ticks: int
+    log: Path
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "log": str(self.log)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessRecord:
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),
+            start_ticks=int(data["start_ticks"]),
+            log=Path(data["log"]),
+        )
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time, or None if there is no such live (non-zombie) process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    state, ticks = fields[0], fields[19]
+    return None if state in ("Z", "X") else int(ticks)
+
+
+def is_running(record: ProcessRecord) -> bool:
+    return start_ticks(record.pid) == record.start_ticks
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn asking the kernel to SIGKILL the child when the thread that forked it dies.
+
+    So a test run killed by a timeout or SIGKILL, which never reaches its fixture teardown, does
+    not leave a control plane behind. SIGKILL, not SIGTERM: etcd and kube-apiserver terminating
+    gracefully at the same moment wait on each other's connections and hang. The prctl is
+    resolved before the fork; the child only calls it.
+    """
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    *,
+    die_with_parent: bool = True,
+) -> tuple[subprocess.Popen[bytes], ProcessRecord]:
+    """Starts argv in its own session (so a terminal's Ctrl-C reaches only us), logging to `log`.
+
+    With `die_with_parent`, the process ends when the calling thread does: start clusters from a
+    thread that outlives them (the main thread, normally).
+    """
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+            preexec_fn=_die_with(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
+        )
+    ticks = start_ticks(proc.pid)
+    if ticks is None:
+        proc.wait()
+        raise RuntimeError(f"{name} exited at once ({proc.returncode}); see {log}")
+    return proc, ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks, log=log)
+
+
+def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
+    if is_running(record):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, sig)
+
+
+def stop(
+    records: Sequence[ProcessRecord],
+    children: Sequence[subprocess.Popen[bytes]] = (),
+    *,
+    grace_seconds: float = 10.0,
+) -> list[ProcessRecord]:
+    """SIGTERMs every record still running, SIGKILLs any left after the grace period.
+
+    `children` are the Popen objects when the caller started the processes itself; polling them
+    reaps the zombies. Returns the records that were still running (normally empty).
+    """
+
+    def remaining() -> list[ProcessRecord]:
+        for child in children:
+            child.poll()
+        return [record for record in records if is_running(record)]
+
+    for record in records:
+        _signal(record, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while (left := remaining()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for record in left:
+        _signal(record, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while (left := remaining()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
