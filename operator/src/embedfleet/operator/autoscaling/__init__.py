@@ -1,0 +1,5 @@
+"""Autoscaling on token throughput with p99 latency as a guard (docs/autoscaling.md).
+
+`policy` holds the decision as a pure function, `signals` measures the fleet, `state` keeps the
+policy's memory in the resource's status, and `handlers` is the kopf timer that ties them together.
+"""

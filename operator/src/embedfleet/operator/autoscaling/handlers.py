@@ -1,0 +1,239 @@
+"""The autoscaler's I/O shell: every few seconds, measure each autoscaled fleet, decide, record.
+
+Like the rest of the operator it runs as a task started at startup rather than a kopf timer (a
+timer would put a finalizer on every EmbeddingDeployment). It starts acting only once the
+operator's own startup is done, i.e. while this replica holds the leader lease.
+
+Per EmbeddingDeployment with autoscaling.enabled and not external, one tick:
+1. reads the worker Deployment (replicas asked for and ready),
+2. measures the fleet: scrapes the worker and gateway pods' /metrics (or queries Prometheus),
+3. runs the pure policy on the state kept in status.autoscaling.policyState,
+4. merges the decision into status.autoscaling; the operator's reconcile (triggered by that status
+   change) sets the worker Deployment's replicas from status.autoscaling.desiredReplicas,
+5. posts an Event when the replica count or the reason changes.
+
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+from prometheus_client import Counter
+
+from embedfleet.operator import paths
+from embedfleet.operator.autoscaling import signals
+from embedfleet.operator.autoscaling.policy import Observation, Reason, decide
+from embedfleet.operator.autoscaling.state import rfc3339, state_from_status, status_patch
+from embedfleet.operator.kube import Kube, KubeError
+from embedfleet.operator.manifests import MANAGER, Names
+from embedfleet.operator.replicas import autoscaler_desired
+from embedfleet.operator.spec import GROUP, VERSION, Spec, SpecError, parse_spec
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two decisions for one fleet (and between two scrapes of each pod).
+INTERVAL_SECONDS = 5.0
+#: PromQL range for rates in Prometheus mode: at least two scrapes of a 15 s scrape interval.
+PROMETHEUS_WINDOW = "1m"
+
+SCALE_DECISIONS = Counter(
+    "embedfleet_operator_scale_decisions_total",
+    "Autoscaler decisions that changed the worker replica count, by reason.",
+    ["namespace", "deployment", "reason"],
+)
+
+
+@kopf.on.startup()
+async def start_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    memo["autoscaler"] = asyncio.create_task(_run(memo))
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("autoscaler")
+    if isinstance(task, asyncio.Task):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, timeout=5)
+
+
+async def _run(memo: kopf.Memo) -> None:
+    # The operator's startup handler sets "queue" once it holds the lease and is ready to act.
+    while "queue" not in memo:
+        await asyncio.sleep(0.2)
+    settings = memo.get("settings")
+    namespace = str(getattr(settings, "namespace", "") or "")
+    kube = await asyncio.to_thread(Kube.connect)
+    scraper = signals.Scraper()
+    async with aiohttp.ClientSession() as session:
+        while True:
+            started = time.monotonic()
+            try:
+                await tick(kube, session, scraper, namespace)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # an I/O shell: log and try again next interval
+                log.exception("autoscaler tick failed")
+            await asyncio.sleep(max(0.0, INTERVAL_SECONDS - (time.monotonic() - started)))
+
+
+async def tick(
+    kube: Kube, session: aiohttp.ClientSession, scraper: signals.Scraper, namespace: str
+) -> None:
+    found = await asyncio.to_thread(kube.get, paths.embedding_deployments(namespace))
+    live = set()
+    for body in found.get("items", ()):
+        meta = body["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}/"
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except SpecError:
+            continue  # the reconciler reports a bad spec; nothing to scale
+        if not spec.autoscaling.operator_driven:
+            continue
+        live.add(key)
+        try:
+            await autoscale(kube, session, scraper, body, spec)
+        except (KubeError, aiohttp.ClientError, ValueError) as err:
+            log.warning("autoscaling %s/%s failed: %s", meta["namespace"], meta["name"], err)
+    for key in {k.rsplit("/", 1)[0] + "/" for k in scraper.rounds} - live:
+        scraper.forget(key)
+
+
+async def autoscale(
+    kube: Kube,
+    session: aiohttp.ClientSession,
+    scraper: signals.Scraper,
+    body: Mapping[str, Any],
+    spec: Spec,
+) -> None:
+    meta = body["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    names = Names.of(name)
+    worker = await asyncio.to_thread(
+        kube.get_or_none, f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.worker}"
+    )
+    if worker is None:
+        return  # not created yet; the reconciler will
+    old = (body.get("status") or {}).get("autoscaling") or {}
+    # The last decision is the count the fleet is converging to; the Deployment may lag it by
+    # one reconcile.
+    decided = autoscaler_desired(body.get("status"))
+    replicas = (
+        decided if decided is not None else int((worker.get("spec") or {}).get("replicas", 1))
+    )
+    ready = int((worker.get("status") or {}).get("readyReplicas", 0))
+    now = time.time()
+    if spec.autoscaling.prometheus_url:
+        observation = await _from_prometheus(session, spec, namespace, names, ready)
+    else:
+        key = f"{namespace}/{name}/"
+        observation = await _from_pods(kube, session, scraper, key, names, worker, ready, now)
+
+    decision = decide(state_from_status(old), observation, spec.autoscaling, replicas, now)
+    patch = status_patch(decision, observation)
+    if decision.reason == Reason.NO_METRICS and decided is None:
+        # Nothing measured and nothing decided yet: leave the replicas to spec.worker.replicas.
+        del patch["desiredReplicas"]
+    await asyncio.to_thread(
+        kube.merge_status, paths.embedding_deployment(namespace, name), {"autoscaling": patch}
+    )
+    if decision.scaled:
+        SCALE_DECISIONS.labels(namespace, name, str(decision.reason)).inc()
+    if decision.scaled or old.get("reason") != str(decision.reason):
+        log.info("%s/%s: %s: %s", namespace, name, decision.reason, decision.message)
+        await asyncio.to_thread(
+            kube.request,
+            "POST",
+            f"/api/v1/namespaces/{namespace}/events",
+            event(body, str(decision.reason), decision.message, now),
+        )
+
+
+def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
+    """A core/v1 Event about the EmbeddingDeployment.
+
+    Posted directly: kopf's own posting needs context its handlers have and this loop lacks, and
+    kopf.info obeys settings.posting.level, which is meant for handler log lines.
+    """
+    meta = body["metadata"]
+    stamp = rfc3339(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion", f"{GROUP}/{VERSION}"),
+            "kind": body.get("kind", "EmbeddingDeployment"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
+        "type": "Normal",
+        "reason": reason,
+        "message": message[:1000],
+        "source": {"component": MANAGER},
+        "reportingComponent": MANAGER,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+async def _from_pods(
+    kube: Kube,
+    session: aiohttp.ClientSession,
+    scraper: signals.Scraper,
+    key: str,
+    names: Names,
+    worker: Mapping[str, Any],
+    ready: int,
+    now: float,
+) -> Observation | None:
+    namespace = str(worker["metadata"]["namespace"])
+    worker_pods = await _pods(kube, namespace, worker)
+    workers = await scraper.round(
+        session, key + "worker", signals.pod_metrics_urls(worker_pods), gateway=False, now=now
+    )
+    gateway = await asyncio.to_thread(
+        kube.get_or_none,
+        f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.gateway}",
+    )
+    gateway_pods = await _pods(kube, namespace, gateway) if gateway else []
+    gateways = await scraper.round(
+        session, key + "gateway", signals.pod_metrics_urls(gateway_pods), gateway=True, now=now
+    )
+    return signals.observe(workers, gateways, ready)
+
+
+async def _pods(
+    kube: Kube, namespace: str, deployment: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    match = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    if not match:
+        return []
+    selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+    found = await asyncio.to_thread(
+        kube.request,
+        "GET",
+        f"/api/v1/namespaces/{namespace}/pods",
+        query={"labelSelector": selector},
+    )
+    return list(found.get("items", ()))
+
+
+async def _from_prometheus(
+    session: aiohttp.ClientSession, spec: Spec, namespace: str, names: Names, ready: int
+) -> Observation | None:
+    queries = signals.prometheus_queries(
+        namespace, f"{names.worker}-.*", f"{names.gateway}-.*", PROMETHEUS_WINDOW
+    )
+    values = await signals.query_prometheus(session, spec.autoscaling.prometheus_url, queries)
+    return signals.observation_from_prometheus(values, ready)

@@ -1,0 +1,216 @@
+"""kopf wiring: thin handlers that feed one work queue; the decisions live in pure modules.
+
+No kopf timers or daemons on EmbeddingDeployments: kopf gives every object with one a finalizer,
+and a finalizer blocks deletion while the operator is down. Periodic work runs in a task started
+at startup instead. No change handlers either (on.create/update): nothing here needs kopf's
+progress storage, which is nevertheless configured to live in annotations so that any handler
+that does need it survives the structural schema's pruning of unknown status fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+import kopf
+from prometheus_client import start_http_server
+
+from embedfleet.operator import metrics, paths
+from embedfleet.operator.kube import Kube
+from embedfleet.operator.leader import LeaderElector
+from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER, Images
+from embedfleet.operator.reconciler import Key, Queue, Reconciler
+from embedfleet.operator.settings import OperatorSettings
+from embedfleet.operator.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+# Kinds the operator creates; any change to one of them re-reconciles its owner.
+CHILD_KINDS = (
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("", "v1", "serviceaccounts"),
+    ("apps", "v1", "deployments"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("policy", "v1", "poddisruptionbudgets"),
+)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _settings(memo: kopf.Memo) -> OperatorSettings:
+    settings = memo["settings"]
+    assert isinstance(settings, OperatorSettings)
+    return settings
+
+
+def _queue(memo: kopf.Memo) -> Queue | None:
+    queue = memo.get("queue")
+    return queue if isinstance(queue, Queue) else None
+
+
+def lease_namespace(configured: str) -> str:
+    if configured:
+        return configured
+    if pod := os.environ.get("POD_NAMESPACE"):
+        return pod
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _configure_kopf(settings: kopf.OperatorSettings, op: OperatorSettings) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/kopf-finalizer"
+    # A watch the network silently dropped would otherwise hang forever.
+    settings.watching.server_timeout = op.watch_server_timeout
+    settings.watching.client_timeout = op.watch_client_timeout
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # Leader election is ours (see leader.py); kopf's own peering stays off.
+    settings.peering.standalone = True
+    # kopf.info/kopf.warn post Events at this level; the per-event "handler succeeded" lines that
+    # kopf would post too are silenced at their logger (cli.py) unless debugging.
+    settings.posting.level = logging.INFO
+
+
+async def _run_one(reconciler: Reconciler, key: Key) -> bool:
+    started = time.monotonic()
+    try:
+        outcome = await asyncio.to_thread(reconciler.reconcile, *key)
+    except Exception:  # a shell around API calls: log, count, retry with backoff
+        log.exception("reconcile of %s/%s failed", *key)
+        metrics.RECONCILES.labels(result="error").inc()
+        metrics.RECONCILE_ERRORS.inc()
+        return False
+    finally:
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+    if outcome.body is not None:
+        metrics.DESIRED_REPLICAS.labels(*key).set(outcome.desired)
+        metrics.READY_REPLICAS.labels(*key).set(outcome.ready)
+        for event in outcome.events:
+            post = kopf.warn if event.type == "Warning" else kopf.info
+            post(
+                kopf.Body(cast(kopf.RawBody, outcome.body)),
+                reason=event.reason,
+                message=event.message[:1000],
+            )
+    if outcome.error:
+        metrics.RECONCILES.labels(result="error").inc()
+        metrics.RECONCILE_ERRORS.inc()
+        return False
+    metrics.RECONCILES.labels(result="ok").inc()
+    return True
+
+
+async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            found = await asyncio.to_thread(kube.get, paths.embedding_deployments(namespace))
+        except Exception:
+            log.exception("listing EmbeddingDeployments for the periodic resync failed")
+            continue
+        for item in found.get("items", ()):
+            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]))
+
+
+async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
+    """Renews the Lease; steps down (stops the operator) once renewal has failed for too long."""
+    period = elector.duration / 3
+    renewed = time.monotonic()
+    while True:
+        await asyncio.sleep(period)
+        if await asyncio.to_thread(elector.try_acquire):
+            renewed = time.monotonic()
+        elif time.monotonic() - renewed > elector.duration * 2 / 3:
+            log.error("lost the leader lease %s; stopping", elector.name)
+            memo["lost_leadership"] = True
+            # kopf's own graceful stop; a stop_flag would park a thread the loop then waits on.
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+async def _acquire(elector: LeaderElector, logger: Any) -> None:
+    waiting_logged = False
+    while not await asyncio.to_thread(elector.try_acquire):
+        if not waiting_logged:
+            logger.info(f"waiting for the leader lease {elector.namespace}/{elector.name}")
+            waiting_logged = True
+        await asyncio.sleep(max(elector.duration / 5, 0.5))
+    logger.info(f"acquired the leader lease {elector.namespace}/{elector.name}")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    op = _settings(memo)
+    _configure_kopf(settings, op)
+    kube = await asyncio.to_thread(Kube.connect)
+    tasks: list[asyncio.Task[None]] = []
+    memo["tasks"] = tasks
+    if op.leader_election:
+        identity = op.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}"
+        elector = LeaderElector(
+            kube, lease_namespace(op.lease_namespace), op.lease_name, identity, op.lease_seconds
+        )
+        memo["elector"] = elector
+        await _acquire(elector, logger)
+        tasks.append(asyncio.create_task(_keep_leadership(elector, memo)))
+    if op.metrics_port:
+        start_http_server(op.metrics_port)
+    reconciler = Reconciler(kube, Images(worker=op.worker_image, gateway=op.gateway_image))
+    queue = Queue(lambda key: _run_one(reconciler, key), max_backoff=op.resync_seconds)
+    memo["queue"] = queue
+    tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    for task in memo.get("tasks", ()):
+        task.cancel()
+    if (queue := _queue(memo)) is not None:
+        queue.cancel()
+    elector = memo.get("elector")
+    if isinstance(elector, LeaderElector):
+        await asyncio.to_thread(elector.release)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def embedding_deployment_changed(
+    type: str, name: str, namespace: str | None, memo: Any, **_: Any
+) -> None:
+    if type == "DELETED":
+        metrics.forget(namespace or "", name)
+        return
+    if namespace and (queue := _queue(memo)) is not None:
+        queue.trigger((namespace, name))
+
+
+async def child_changed(
+    labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
+) -> None:
+    owner = labels.get(LABEL_OWNER)
+    if owner and namespace and (queue := _queue(memo)) is not None:
+        queue.trigger((namespace, owner))
+
+
+for _group, _version, _plural in CHILD_KINDS:
+    kopf.on.event(
+        _group,
+        _version,
+        _plural,
+        id=f"child-{_plural}",
+        labels={LABEL_MANAGED_BY: MANAGER, LABEL_OWNER: kopf.PRESENT},
+    )(child_changed)

@@ -1,0 +1,121 @@
+"""Leader election on a coordination.k8s.io Lease, the way client-go does it.
+
+Why not kopf's peering: it needs its own KopfPeering CRD, and two replicas of equal priority both
+pause during a rolling update. A Lease needs only RBAC on leases; a standby takes over once the
+holder stops renewing, and the holder releases it on a clean shutdown so the handover is quick.
+Expiry is judged by how long this process has seen the record unchanged (monotonic clock), never
+by comparing another host's wall clock with ours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from embedfleet.operator.kube import Kube, KubeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The Lease record as last seen, and when (monotonic seconds) it last changed."""
+
+    record: tuple[str, str, int]
+    """(holderIdentity, renewTime, leaseTransitions): any change means the holder is alive."""
+    since: float
+
+
+def record_of(lease: dict[str, Any]) -> tuple[str, str, int]:
+    spec = lease.get("spec") or {}
+    return (
+        str(spec.get("holderIdentity") or ""),
+        str(spec.get("renewTime") or ""),
+        int(spec.get("leaseTransitions") or 0),
+    )
+
+
+def may_take(
+    lease: dict[str, Any], me: str, seen: Observation | None, now: float, duration: float
+) -> bool:
+    """Whether `me` may write itself into `lease` now (pure)."""
+    holder, _, _ = record_of(lease)
+    if holder in ("", me):
+        return True
+    if seen is None or seen.record != record_of(lease):
+        return False  # just (re)observed: give the holder a full duration to renew
+    return now - seen.since >= duration
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self, kube: Kube, namespace: str, name: str, identity: str, duration: float
+    ) -> None:
+        self.kube = kube
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.duration = duration
+        self._seen: Observation | None = None
+
+    def _spec(self, transitions: int, acquired: str) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.duration)),
+            "acquireTime": acquired,
+            "renewTime": _now_rfc3339(),
+            "leaseTransitions": transitions,
+        }
+
+    def try_acquire(self) -> bool:
+        """One attempt to take or renew the Lease; True while we hold it. Blocking."""
+        now = time.monotonic()
+        try:
+            lease = self.kube.get_or_none(self.path)
+            if lease is None:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": self._spec(0, _now_rfc3339()),
+                }
+                self.kube.request("POST", self.path.rsplit("/", 1)[0], body)
+                return True
+            record = record_of(lease)
+            if self._seen is None or self._seen.record != record:
+                self._seen = Observation(record, now)
+            if not may_take(lease, self.identity, self._seen, now, self.duration):
+                return False
+            holder, _, transitions = record
+            spec = lease.get("spec") or {}
+            acquired = spec.get("acquireTime") if holder == self.identity else None
+            if holder != self.identity:
+                transitions += 1
+            lease["spec"] = self._spec(transitions, acquired or _now_rfc3339())
+            # The PUT carries resourceVersion: two candidates racing for it cannot both win.
+            self.kube.request("PUT", self.path, lease)
+            return True
+        except KubeError as err:
+            if err.status != 409:
+                log.warning("lease %s/%s: %s", self.namespace, self.name, err)
+            return False
+
+    def release(self) -> None:
+        """Hands the Lease back on a clean shutdown, so a standby needs not wait for expiry."""
+        try:
+            lease = self.kube.get_or_none(self.path)
+            if lease is None or record_of(lease)[0] != self.identity:
+                return
+            lease["spec"] = {**(lease.get("spec") or {}), "holderIdentity": None}
+            lease["spec"]["leaseDurationSeconds"] = 1
+            self.kube.request("PUT", self.path, lease)
+        except KubeError as err:
+            log.warning("releasing lease %s/%s: %s", self.namespace, self.name, err)

@@ -1,0 +1,595 @@
+"""Pure functions from a spec to the child objects of one EmbeddingDeployment.
+
+Children, all owned by the EmbeddingDeployment (so deleting it garbage-collects them):
+  NAME-config   ConfigMap   worker and gateway settings as EMBEDFLEET_* env vars
+  NAME-worker   Deployment  the model servers; Service (headless) the gateway's discovery
+  NAME-gateway  Deployment, ServiceAccount, Role + RoleBinding (read EndpointSlices)
+  NAME          Service     the endpoint clients use
+  NAME-worker, NAME-gateway PodDisruptionBudgets; NAME ServiceMonitor when asked for and possible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from embedfleet.operator.spec import API_VERSION, KIND, ModelSource, Resources, Spec
+
+Manifest = dict[str, Any]
+
+MANAGER = "embedfleet-operator"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_OWNER = "embedfleet.dev/deployment"
+"""On every child: the owning EmbeddingDeployment's name, so a child's event finds its owner."""
+LABEL_TASK = "embedfleet.dev/task"
+CONFIG_HASH = "embedfleet.dev/config-hash"
+
+WORKER_PREFIX = "EMBEDFLEET_WORKER_"
+GATEWAY_PREFIX = "EMBEDFLEET_GATEWAY_"
+GRPC_PORT = 50051
+WORKER_METRICS_PORT = 9090
+GATEWAY_PORT = 8080
+MODEL_DIR = "/models"
+PRESTOP_SECONDS = 5
+"""Before SIGTERM: time for the endpoint removal to reach the gateways, so no new work arrives."""
+GRACE_MARGIN_SECONDS = 10
+RUN_AS = 65532
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The EmbeddingDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class Images:
+    """Operator-wide default images; a CR's worker.image / gateway.image override them."""
+
+    worker: str
+    gateway: str
+
+
+@dataclass(frozen=True)
+class Names:
+    config: str
+    worker: str
+    gateway: str
+    service: str
+
+    @classmethod
+    def of(cls, name: str) -> Names:
+        return cls(
+            config=f"{name}-config",
+            worker=f"{name}-worker",
+            gateway=f"{name}-gateway",
+            service=name,
+        )
+
+
+# -- labels and metadata ---------------------------------------------------------------------------
+
+
+def selector_labels(owner: Owner, component: str) -> dict[str, str]:
+    return {LABEL_NAME: "embedfleet", LABEL_INSTANCE: owner.name, LABEL_COMPONENT: component}
+
+
+def labels(owner: Owner, component: str) -> dict[str, str]:
+    return {
+        **selector_labels(owner, component),
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_OWNER: owner.name,
+    }
+
+
+def worker_selector(owner: Owner) -> str:
+    """The worker pods' selector as a string: status.selector, for the scale subresource."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(owner, "worker").items()))
+
+
+def endpoint(owner: Owner, spec: Spec) -> str:
+    return (
+        f"http://{Names.of(owner.name).service}.{owner.namespace}.svc:{spec.gateway.service.port}"
+    )
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(owner: Owner, name: str, component: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner, component),
+        "ownerReferences": [owner_reference(owner)],
+        **extra,
+    }
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _env(prefix: str, values: Mapping[str, object]) -> dict[str, str]:
+    def text(value: object) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    return {prefix + key.upper(): text(value) for key, value in values.items()}
+
+
+def model_path(source: ModelSource) -> str:
+    """Where the model directory is inside the worker and gateway containers."""
+    if source.kind == "hf":
+        org, name = source.repo.split("/", 1)
+        return f"{MODEL_DIR}/{org}--{name}/{source.revision or 'default'}"
+    if source.kind == "pvc":
+        return f"{MODEL_DIR}/{source.path}"
+    return source.path
+
+
+def worker_env(spec: Spec) -> dict[str, str]:
+    """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
+    engine = spec.worker.engine
+    return _env(
+        WORKER_PREFIX,
+        {
+            "model": model_path(spec.model.source),
+            "max_input_tokens": spec.model.max_input_tokens,
+            "device": "cuda" if spec.worker.gpus > 0 else "cpu",
+            "dtype": spec.model.dtype,
+            "attention": engine.attention,
+            "cuda_graphs": engine.cuda_graphs,
+            "max_batch_tokens": engine.max_batch_tokens,
+            "max_batch_sequences": engine.max_batch_sequences,
+            "max_queue_requests": engine.max_queue_requests,
+            "token_bucket_step": engine.token_bucket_step,
+            "host": "0.0.0.0",
+            "port": GRPC_PORT,
+            "metrics_port": WORKER_METRICS_PORT,
+            "drain_seconds": spec.worker.drain_seconds,
+        },
+    )
+
+
+def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
+    """EMBEDFLEET_GATEWAY_* settings (names match embedfleet.gateway.settings.GatewaySettings)."""
+    gateway = spec.gateway
+    return _env(
+        GATEWAY_PREFIX,
+        {
+            "model": model_path(spec.model.source),
+            "served_model_name": spec.model.served_model_name,
+            "max_input_tokens": spec.model.max_input_tokens,
+            "k8s_service": Names.of(owner.name).worker,
+            "k8s_port_name": "grpc",
+            "max_client_batch": gateway.max_client_batch,
+            "max_request_tokens": gateway.max_request_tokens,
+            "chunk_tokens": gateway.chunk_tokens,
+            "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
+            "host": "0.0.0.0",
+            "port": GATEWAY_PORT,
+        },
+    )
+
+
+def config_hash(values: Mapping[str, str]) -> str:
+    """Annotates a pod template, so a settings change rolls exactly the pods that read it."""
+    blob = json.dumps(dict(values), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def config_map(owner: Owner, spec: Spec) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, Names.of(owner.name).config, "config"),
+        "data": {**worker_env(spec), **gateway_env(owner, spec)},
+    }
+
+
+# -- pods ------------------------------------------------------------------------------------
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        # Makes a model cache claim writable by the non-root user.
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _resources(resources: Resources, gpus: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if resources.requests:
+        out["requests"] = dict(resources.requests)
+    limits = dict(resources.limits)
+    if gpus:
+        limits[GPU_RESOURCE] = str(gpus)
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+@dataclass(frozen=True)
+class ModelMount:
+    volumes: list[dict[str, Any]]
+    mounts: list[dict[str, Any]]
+    init_containers: list[dict[str, Any]]
+
+
+def model_mount(spec: Spec, image: str, pull_policy: str) -> ModelMount:
+    """Volumes, mounts and init containers that put the model directory at model_path()."""
+    source = spec.model.source
+    if source.kind == "file":
+        return ModelMount([], [], [])
+    if source.kind == "pvc":
+        claim = {"claimName": source.claim, "readOnly": True}
+        volume = {"name": "model", "persistentVolumeClaim": claim}
+        mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        return ModelMount([volume], [mount], [])
+    cache = spec.model.cache
+    if cache.claim_name:
+        volume = {"name": "model", "persistentVolumeClaim": {"claimName": cache.claim_name}}
+    else:
+        volume = {"name": "model", "emptyDir": {"sizeLimit": cache.size_limit}}
+    argv = ["hf", "download", source.repo, "--local-dir", model_path(source)]
+    if source.revision:
+        argv += ["--revision", source.revision]
+    fetch = {
+        "name": "fetch-model",
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": argv,
+        "env": [
+            # hf keeps its locks and metadata under HF_HOME; the root FS is read-only.
+            {"name": "HF_HOME", "value": f"{MODEL_DIR}/.hf"},
+            {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": _container_security(),
+    }
+    return ModelMount([volume], [{"name": "model", "mountPath": MODEL_DIR}], [fetch])
+
+
+def _pod_spec(
+    spec: Spec,
+    container: dict[str, Any],
+    mount: ModelMount,
+    **extra: Any,
+) -> dict[str, Any]:
+    container["volumeMounts"] = [{"name": "tmp", "mountPath": "/tmp"}, *mount.mounts]
+    pod: dict[str, Any] = {
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *mount.volumes],
+        **extra,
+    }
+    if mount.init_containers:
+        pod["initContainers"] = mount.init_containers
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    return pod
+
+
+def _deployment(
+    owner: Owner,
+    name: str,
+    component: str,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    annotations: dict[str, str],
+    strategy: dict[str, Any],
+    task: str,
+) -> Manifest:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, name, component),
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector_labels(owner, component)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": strategy},
+            "template": {
+                "metadata": {
+                    "labels": {**labels(owner, component), LABEL_TASK: task},
+                    "annotations": annotations,
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def _grpc_probe(period: int, failures: int) -> dict[str, Any]:
+    # The worker serves grpc.health.v1; "" is the overall serving status (NOT_SERVING while
+    # loading and while draining).
+    return {
+        "grpc": {"port": GRPC_PORT, "service": ""},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -> Manifest:
+    worker = spec.worker
+    image = worker.image or images.worker
+    env = worker_env(spec)
+    names = Names.of(owner.name)
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": worker.image_pull_policy,
+        "command": ["embedfleet-worker"],
+        "envFrom": [{"configMapRef": {"name": names.config}}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        # Loading weights, warm-up and the self-check may take minutes on a cold node.
+        "startupProbe": _grpc_probe(period=5, failures=180),
+        "readinessProbe": _grpc_probe(period=5, failures=2),
+        "livenessProbe": _grpc_probe(period=10, failures=6),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "securityContext": _container_security(),
+    }
+    if resources := _resources(worker.resources, worker.gpus):
+        container["resources"] = resources
+    sched = worker.scheduling
+    tolerations = [dict(t) for t in sched.tolerations]
+    if worker.gpus and not any(t.get("key") == GPU_RESOURCE for t in tolerations):
+        # GPU node pools are commonly tainted with the resource name.
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    extra: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": worker.drain_seconds
+        + PRESTOP_SECONDS
+        + GRACE_MARGIN_SECONDS,
+    }
+    if sched.node_selector:
+        extra["nodeSelector"] = dict(sched.node_selector)
+    if tolerations:
+        extra["tolerations"] = tolerations
+    if sched.affinity:
+        extra["affinity"] = dict(sched.affinity)
+    if sched.priority_class_name:
+        extra["priorityClassName"] = sched.priority_class_name
+    mount = model_mount(spec, image, worker.image_pull_policy)
+    return _deployment(
+        owner,
+        names.worker,
+        "worker",
+        replicas,
+        _pod_spec(spec, container, mount, **extra),
+        {CONFIG_HASH: config_hash(env)},
+        # Never below the current capacity during a rollout: a new pod must be ready first.
+        {"maxUnavailable": 0, "maxSurge": 1},
+        spec.model.task,
+    )
+
+
+def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
+    gateway = spec.gateway
+    image = gateway.image or images.gateway
+    env = gateway_env(owner, spec)
+    names = Names.of(owner.name)
+    http = {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}
+    container: dict[str, Any] = {
+        "name": "gateway",
+        "image": image,
+        "imagePullPolicy": gateway.image_pull_policy,
+        "command": ["embedfleet-gateway"],
+        "envFrom": [{"configMapRef": {"name": names.config}}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [http],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "securityContext": _container_security(),
+    }
+    if resources := _resources(gateway.resources):
+        container["resources"] = resources
+    mount = model_mount(spec, image, gateway.image_pull_policy)
+    pod = _pod_spec(
+        spec,
+        container,
+        mount,
+        serviceAccountName=names.gateway,
+        enableServiceLinks=False,
+        terminationGracePeriodSeconds=int(gateway.upstream_timeout_seconds)
+        + PRESTOP_SECONDS
+        + GRACE_MARGIN_SECONDS,
+    )
+    return _deployment(
+        owner,
+        names.gateway,
+        "gateway",
+        gateway.replicas,
+        pod,
+        {CONFIG_HASH: config_hash(env)},
+        {"maxUnavailable": 0, "maxSurge": "25%"},
+        spec.model.task,
+    )
+
+
+# -- services, RBAC, disruption budgets, monitoring ------------------------------------------------
+
+
+def worker_service(owner: Owner) -> Manifest:
+    name = Names.of(owner.name).worker
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, name, "worker"),
+        "spec": {
+            # Headless: the gateway balances per pod from the EndpointSlices, not through a VIP.
+            "clusterIP": "None",
+            "selector": selector_labels(owner, "worker"),
+            "publishNotReadyAddresses": False,
+            "ports": [
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": WORKER_METRICS_PORT,
+                    "targetPort": "metrics",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def gateway_service(owner: Owner, spec: Spec) -> Manifest:
+    service = spec.gateway.service
+    meta = _meta(owner, Names.of(owner.name).service, "gateway")
+    if service.annotations:
+        meta["annotations"] = dict(service.annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": service.type,
+            "selector": selector_labels(owner, "gateway"),
+            "ports": [
+                {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def gateway_rbac(owner: Owner) -> list[Manifest]:
+    """The gateway's identity: read the EndpointSlices of its namespace, nothing else."""
+    name = Names.of(owner.name).gateway
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(owner, name, "gateway"),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(owner, name, "gateway"),
+            "rules": [
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(owner, name, "gateway"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]
+
+
+def disruption_budget(owner: Owner, component: str) -> Manifest:
+    names = Names.of(owner.name)
+    name = names.worker if component == "worker" else names.gateway
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, name, component),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner, component)},
+            # A pod that never became ready must not block a node drain.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def service_monitor(owner: Owner, spec: Spec) -> Manifest:
+    monitor = spec.service_monitor
+    meta = _meta(owner, owner.name, "monitoring")
+    meta["labels"] = {**meta["labels"], **monitor.labels}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": {LABEL_NAME: "embedfleet", LABEL_INSTANCE: owner.name}},
+            "namespaceSelector": {"matchNames": [owner.namespace]},
+            # Each endpoint matches only the Service that has a port of that name.
+            "endpoints": [
+                {"port": "metrics", "interval": monitor.interval},
+                {"port": "http", "path": "/metrics", "interval": monitor.interval},
+            ],
+        },
+    }
+
+
+def children(
+    owner: Owner,
+    spec: Spec,
+    worker_replicas: int,
+    images: Images,
+    service_monitors_available: bool,
+) -> list[Manifest]:
+    """Every child, in apply order: settings before the pods that read them."""
+    out = [
+        config_map(owner, spec),
+        worker_service(owner),
+        worker_deployment(owner, spec, worker_replicas, images),
+        *gateway_rbac(owner),
+        gateway_deployment(owner, spec, images),
+        gateway_service(owner, spec),
+        disruption_budget(owner, "worker"),
+        disruption_budget(owner, "gateway"),
+    ]
+    if spec.service_monitor.enabled and service_monitors_available:
+        out.append(service_monitor(owner, spec))
+    return out

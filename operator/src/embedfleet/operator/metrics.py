@@ -1,0 +1,39 @@
+"""The operator's own Prometheus metrics."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter(
+    "embedfleet_operator_reconciles_total",
+    "Reconciles of an EmbeddingDeployment, by result (ok, error).",
+    ["result"],
+)
+RECONCILE_ERRORS = Counter(
+    "embedfleet_operator_reconcile_errors_total",
+    "Reconciles that failed (an API call refused or unreachable).",
+)
+RECONCILE_SECONDS = Histogram(
+    "embedfleet_operator_reconcile_seconds",
+    "Duration of one reconcile: apply every child and write status.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+DESIRED_REPLICAS = Gauge(
+    "embedfleet_operator_desired_replicas",
+    "Worker replicas the operator asks for, per EmbeddingDeployment.",
+    ["namespace", "deployment"],
+)
+READY_REPLICAS = Gauge(
+    "embedfleet_operator_ready_replicas",
+    "Worker replicas ready, per EmbeddingDeployment.",
+    ["namespace", "deployment"],
+)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drops a deleted EmbeddingDeployment's series."""
+    for gauge in (DESIRED_REPLICAS, READY_REPLICAS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)

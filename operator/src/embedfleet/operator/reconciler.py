@@ -1,0 +1,249 @@
+"""The I/O shell around the pure functions: read an EmbeddingDeployment, apply its children with
+server-side apply, write its status. Level-triggered: every call converges from whatever state the
+cluster is in, so a missed event, a hand-edited child or an operator killed halfway all heal on
+the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from embedfleet.operator import metrics, paths
+from embedfleet.operator.kube import Kube, KubeError
+from embedfleet.operator.manifests import (
+    MANAGER,
+    Images,
+    Names,
+    Owner,
+    children,
+    endpoint,
+    service_monitor,
+    worker_selector,
+)
+from embedfleet.operator.replicas import worker_replicas
+from embedfleet.operator.spec import Spec, SpecError, parse_spec
+from embedfleet.operator.status import changed, compute_status, rollout_state
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+"""(namespace, name) of an EmbeddingDeployment."""
+
+MONITORS_RECHECK_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did, for metrics and Events."""
+
+    body: dict[str, Any] | None = None
+    desired: int = 0
+    ready: int = 0
+    error: str = ""
+    events: list[Event] = field(default_factory=list)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _notable(old: dict[str, Any], new: dict[str, Any], error: str) -> list[Event]:
+    """Events worth a human's attention: first rollout, a scale, availability flips, failures."""
+    events = []
+    if "observedGeneration" not in old:
+        events.append(Event("Normal", "Created", "created the worker and gateway children"))
+    before, after = old.get("desiredReplicas"), new["desiredReplicas"]
+    if before is not None and before != after:
+        events.append(Event("Normal", "Scaled", f"worker replicas {before} -> {after}"))
+
+    def available(status: dict[str, Any]) -> str | None:
+        cond = next((c for c in status.get("conditions") or () if c["type"] == "Available"), None)
+        return None if cond is None else str(cond["status"])
+
+    if available(old) != available(new) and available(new) is not None:
+        cond = next(c for c in new["conditions"] if c["type"] == "Available")
+        kind = "Normal" if cond["status"] == "True" else "Warning"
+        events.append(Event(kind, f"Available{cond['status']}", cond["message"]))
+    if error:
+        events.append(Event("Warning", "ReconcileFailed", error))
+    return events
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, images: Images) -> None:
+        self.kube = kube
+        self.images = images
+        self._monitors: tuple[float, bool] | None = None
+
+    def service_monitors_available(self) -> bool:
+        """Whether prometheus-operator's ServiceMonitor CRD is served (re-checked each minute)."""
+        now = time.monotonic()
+        if self._monitors is None or now - self._monitors[0] > MONITORS_RECHECK_SECONDS:
+            try:
+                found = self.kube.has_resource("monitoring.coreos.com/v1", "servicemonitors")
+            except KubeError:
+                found = False
+            self._monitors = (now, found)
+        return self._monitors[1]
+
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        """One full pass for one EmbeddingDeployment. Blocking."""
+        path = paths.embedding_deployment(namespace, name)
+        body = self.kube.get_or_none(path)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            # Children carry owner references: the garbage collector removes them.
+            metrics.forget(namespace, name)
+            return Outcome()
+        meta = body["metadata"]
+        owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
+        old = body.get("status") or {}
+        generation = int(meta.get("generation", 0))
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except SpecError as err:
+            return self._write_invalid(path, body, owner, str(err))
+        desired = worker_replicas(spec, old)
+        observed, error = self._apply(owner, spec, desired)
+        workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
+        gateways = rollout_state(
+            self._deployment(observed, owner, "gateway"), spec.gateway.replicas
+        )
+        new = compute_status(
+            spec=spec,
+            old=old,
+            generation=generation,
+            workers=workers,
+            gateways=gateways,
+            selector=worker_selector(owner),
+            endpoint=endpoint(owner, spec),
+            error=error,
+            now=_now(),
+        )
+        events = _notable(old, new, error)
+        if changed(old, new):
+            try:
+                self.kube.merge_status(path, new)
+            except KubeError as err:
+                if err.status != 404:
+                    raise
+        return Outcome(body, desired, workers.ready, error, events)
+
+    def _apply(self, owner: Owner, spec: Spec, desired: int) -> tuple[dict[str, Any], str]:
+        """Applies every child; returns what the API server answered (by kind/name) and an error."""
+        monitors = self.service_monitors_available()
+        observed: dict[str, Any] = {}
+        try:
+            for manifest in children(owner, spec, desired, self.images, monitors):
+                key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+                observed[key] = self.kube.apply(paths.of(manifest), manifest, MANAGER)
+            if monitors and not spec.service_monitor.enabled:
+                self.kube.delete(paths.of(service_monitor(owner, spec)))
+        except KubeError as err:
+            log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
+            return observed, err.message
+        return observed, ""
+
+    def _deployment(
+        self, observed: dict[str, Any], owner: Owner, component: str
+    ) -> dict[str, Any] | None:
+        names = Names.of(owner.name)
+        name = names.worker if component == "worker" else names.gateway
+        if (applied := observed.get(f"Deployment/{name}")) is not None:
+            return dict(applied)
+        base = paths.collection("apps/v1", "Deployment", owner.namespace)
+        try:
+            found = self.kube.get_or_none(f"{base}/{name}")
+            return dict(found) if found is not None else None
+        except KubeError:
+            return None
+
+    def _write_invalid(
+        self, path: str, body: dict[str, Any], owner: Owner, message: str
+    ) -> Outcome:
+        old = body.get("status") or {}
+        status = {
+            "observedGeneration": int(body["metadata"].get("generation", 0)),
+            "conditions": [
+                {
+                    "type": "Degraded",
+                    "status": "True",
+                    "reason": "InvalidSpec",
+                    "message": message,
+                    "observedGeneration": int(body["metadata"].get("generation", 0)),
+                    "lastTransitionTime": _now(),
+                }
+            ],
+        }
+        if old.get("conditions") != status["conditions"]:
+            self.kube.merge_status(path, status)
+        return Outcome(body, error=message, events=[Event("Warning", "InvalidSpec", message)])
+
+
+class Queue:
+    """Single-flight per key: a trigger during a run schedules exactly one more run; failures
+    retry with exponential backoff."""
+
+    def __init__(
+        self,
+        run: Callable[[Key], Awaitable[bool]],
+        min_backoff: float = 1.0,
+        max_backoff: float = 60.0,
+    ) -> None:
+        self._run = run
+        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._dirty: set[Key] = set()
+        self._failures: dict[Key, int] = {}
+        self._retries: dict[Key, asyncio.TimerHandle] = {}
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+
+    def trigger(self, key: Key) -> None:
+        if key in self._running:
+            self._dirty.add(key)
+            return
+        self._running[key] = asyncio.get_running_loop().create_task(self._drain(key))
+
+    def backoff(self, failures: int) -> float:
+        return float(min(self.max_backoff, self.min_backoff * 2 ** max(failures - 1, 0)))
+
+    async def _drain(self, key: Key) -> None:
+        try:
+            while True:
+                self._dirty.discard(key)
+                ok = await self._run(key)
+                if ok:
+                    self._failures.pop(key, None)
+                else:
+                    count = self._failures[key] = self._failures.get(key, 0) + 1
+                    if (handle := self._retries.pop(key, None)) is not None:
+                        handle.cancel()
+                    loop = asyncio.get_running_loop()
+                    self._retries[key] = loop.call_later(self.backoff(count), self.trigger, key)
+                if key not in self._dirty:
+                    return
+        finally:
+            del self._running[key]
+
+    async def idle(self) -> None:
+        """Waits until no run is in flight (tests and shutdown)."""
+        while self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    def cancel(self) -> None:
+        for handle in self._retries.values():
+            handle.cancel()
+        for task in self._running.values():
+            task.cancel()

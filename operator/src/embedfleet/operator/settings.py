@@ -1,0 +1,61 @@
+"""The operator's config object: every field is a flag and an env var (EMBEDFLEET_OPERATOR_*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embedfleet.common.settings import setting
+
+ENV_PREFIX = "EMBEDFLEET_OPERATOR_"
+DEFAULT_TAG = "0.1.0"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespace: str = setting(
+        "", "Watch EmbeddingDeployments in this namespace only; empty watches all namespaces."
+    )
+    worker_image: str = setting(
+        f"ghcr.io/embedfleet/worker:{DEFAULT_TAG}",
+        "Worker image for EmbeddingDeployments that set no spec.worker.image.",
+    )
+    gateway_image: str = setting(
+        f"ghcr.io/embedfleet/gateway:{DEFAULT_TAG}",
+        "Gateway image for EmbeddingDeployments that set no spec.gateway.image.",
+    )
+    resync_seconds: float = setting(
+        60.0,
+        "Every EmbeddingDeployment is reconciled at least this often (besides every change to "
+        "it or its children): retries after errors and repairs anything a watch missed.",
+    )
+    metrics_port: int = setting(8080, "Prometheus /metrics port; 0 disables it.")
+    health_port: int = setting(
+        8081, "kopf's liveness endpoint (http://0.0.0.0:PORT/healthz); 0 disables it."
+    )
+    leader_election: bool = setting(
+        True,
+        "Act only while holding a coordination.k8s.io Lease, so two replicas never both act.",
+    )
+    lease_name: str = setting("embedfleet-operator", "Name of the leader-election Lease.")
+    lease_namespace: str = setting(
+        "",
+        "Namespace of the Lease; empty uses the pod's namespace (POD_NAMESPACE or the service "
+        "account's), else `default`.",
+    )
+    lease_seconds: float = setting(
+        15.0, "Lease duration: how long a crashed leader blocks a successor at most."
+    )
+    identity: str = setting(
+        "", "This replica's name in the Lease; empty uses the host name plus a random suffix."
+    )
+    watch_server_timeout: int = setting(
+        300, "Seconds the API server keeps one watch open before kopf reconnects."
+    )
+    watch_client_timeout: int = setting(
+        330,
+        "Client-side limit on one watch request (keep it above the server timeout). Besides, "
+        "kopf reconnects a watch that is silent for 70 s: the API server sends a bookmark "
+        "every 60 s, so silence means a stalled connection.",
+    )
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting("json", "Log format.", choices=("json", "plain"))

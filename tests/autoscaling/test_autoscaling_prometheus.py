@@ -1,0 +1,119 @@
+"""prometheusURL mode against a real Prometheus (Debian's package) scraping stub worker processes
+with the labels a ServiceMonitor attaches (namespace, pod)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from autoscaling_stubs import StubWorker, start_stub
+
+from embedfleet.operator.autoscaling import signals
+from embedfleet.testing.ports import free_ports
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def prometheus(
+    stub_workers: list[StubWorker], tmp_path: Path
+) -> Iterator[tuple[str, list[StubWorker]]]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus not on PATH; install it with hack/install-prometheus.sh")
+    stubs = [
+        start_stub(stub_workers, tmp_path, tokens_per_second=6_000, latency_seconds=0.3,
+                   capacity=10_000, queued_tokens=100),
+        start_stub(stub_workers, tmp_path, tokens_per_second=4_000, latency_seconds=0.3,
+                   capacity=12_000, queued_tokens=50),
+    ]  # fmt: skip
+    targets = [
+        {
+            "targets": [f"127.0.0.1:{s.port}"],
+            "labels": {"namespace": "ns1", "pod": f"fleet-worker-{i}"},
+        }
+        for i, s in enumerate(stubs)
+    ]
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [{"job_name": "workers", "static_configs": targets}],
+    }
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    (port,) = free_ports(1)
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/-/ready", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp_path / "prometheus.log").read_text()) from None
+                time.sleep(0.2)
+        yield url, stubs
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+async def observe(url: str, namespace: str) -> signals.Observation | None:
+    # A range shorter than the operator's 1m: rate() over a series younger than its range
+    # reads low, and these series are seconds old.
+    queries = signals.prometheus_queries(namespace, "fleet-worker-.*", "fleet-gateway-.*", "10s")
+    async with aiohttp.ClientSession() as session:
+        values = await signals.query_prometheus(session, url, queries)
+    return signals.observation_from_prometheus(values, ready_replicas=2)
+
+
+def test_prometheus_signals(prometheus: tuple[str, list[StubWorker]]) -> None:
+    url, _ = prometheus
+    deadline = time.monotonic() + 60
+    o = None
+    while time.monotonic() < deadline:
+        o = asyncio.run(observe(url, "ns1"))
+        # Enough scrapes for rate() and the histogram to settle on both pods.
+        if o is not None and o.tokens_per_second > 9_000 and o.p99_seconds is not None:
+            break
+        time.sleep(1)
+    assert o is not None
+    assert o.tokens_per_second == pytest.approx(10_000, rel=0.15)
+    assert o.p99_seconds is not None
+    assert 0.25 < o.p99_seconds <= 0.5
+    assert o.capacity_tokens_per_second == pytest.approx(11_000)
+    assert o.queued_tokens == 150
+    # Another namespace's fleet: no series, no observation.
+    assert asyncio.run(observe(url, "elsewhere")) is None
+
+
+def test_prometheus_errors_surface() -> None:
+    (port,) = free_ports(1)  # nothing listens there
+
+    async def query() -> None:
+        async with aiohttp.ClientSession() as session:
+            await signals.query_prometheus(session, f"http://127.0.0.1:{port}", {"x": "up"}, 2.0)
+
+    with pytest.raises(aiohttp.ClientError):
+        asyncio.run(query())

@@ -1,0 +1,52 @@
+"""Fixtures for the operator tests. The operator runs as a real process, shared by every cluster
+test here, as the ServiceAccount of operator/deploy/rbac.yaml: a rule missing from that file fails
+these tests the way it would fail in a cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opcluster import OPERATOR_NAMESPACE, RBAC, OperatorProcess, operator_kubeconfig
+from opdata import CRD_PATH
+
+from embedfleet.testing.cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def crd_installed(k8s_cluster: Cluster) -> Cluster:
+    k8s_cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
+    k8s_cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/embeddingdeployments.embedfleet.dev",
+    )  # fmt: skip
+    return k8s_cluster
+
+
+@pytest.fixture(scope="session")
+def operator(
+    crd_installed: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    cluster = crd_installed
+    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    cluster.kubectl("apply", "-f", str(RBAC))
+    tmp = tmp_path_factory.mktemp("operator")
+    process = OperatorProcess(
+        cluster, operator_kubeconfig(cluster, tmp / "kubeconfig"), tmp / "log"
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        code = process.stop()
+        print(f"operator log: {process.log} (exit {code})")
+
+
+@pytest.fixture
+def kube_json(k8s_cluster: Cluster) -> Callable[..., Any]:
+    def run(*args: str) -> Any:
+        return json.loads(k8s_cluster.kubectl(*args, "-o", "json").stdout)
+
+    return run

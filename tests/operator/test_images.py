@@ -1,0 +1,75 @@
+"""Each image's entrypoint (and every command the operator runs in it) is an installed console
+script of a distribution that image installs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from opdata import REPO
+
+from embedfleet.operator.manifests import Images, Owner, children
+from embedfleet.operator.spec import parse_spec
+
+DOCKER = REPO / "docker"
+VENV_BIN = Path(sys.executable).parent
+
+
+def _entrypoint(dockerfile: Path) -> list[str]:
+    lines = [line for line in dockerfile.read_text().splitlines() if line.startswith("ENTRYPOINT")]
+    assert lines, f"{dockerfile} has no ENTRYPOINT"
+    argv = json.loads(lines[-1].removeprefix("ENTRYPOINT").strip())  # exec form only
+    assert isinstance(argv, list)
+    return [str(a) for a in argv]
+
+
+def _installed_components(dockerfile: Path) -> list[str]:
+    """Repository components the Dockerfile pip-installs (`./common`, `./worker`, ...)."""
+    return re.findall(
+        r"\./(\w+)", " ".join(re.findall(r"pip install[^\n]*", dockerfile.read_text()))
+    )
+
+
+def _scripts(component: str) -> dict[str, str]:
+    project = tomllib.loads((REPO / component / "pyproject.toml").read_text())["project"]
+    return dict(project.get("scripts", {}))
+
+
+@pytest.mark.parametrize("image", ["operator", "gateway", "worker"])
+def test_entrypoint_is_an_installed_console_script(image: str) -> None:
+    dockerfile = DOCKER / f"{image}.Dockerfile"
+    (command,) = _entrypoint(dockerfile)
+    components = _installed_components(dockerfile)
+    assert image in components
+    assert "common" in components
+    assert command in _scripts(image), f"{command} is not a script of {image}/pyproject.toml"
+    assert (VENV_BIN / command).is_file() or shutil.which(command), f"{command} not installed"
+
+
+def test_commands_the_operator_runs_exist_in_their_images() -> None:
+    spec = parse_spec({"model": {"source": "hf://org/model"}})
+    objs = children(Owner("x", "ns", "uid"), spec, 1, Images("w", "g"), False)
+    for obj in objs:
+        if obj["kind"] != "Deployment":
+            continue
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        dockerfile = DOCKER / f"{component}.Dockerfile"
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["containers"][0]["command"] == _entrypoint(dockerfile)
+        (fetch,) = pod["initContainers"]
+        # The init container runs `hf` from huggingface_hub, which the image installs.
+        assert fetch["command"][0] == "hf"
+        assert "huggingface_hub" in dockerfile.read_text()
+        assert (VENV_BIN / "hf").is_file()
+
+
+def test_images_run_as_non_root() -> None:
+    for dockerfile in DOCKER.glob("*.Dockerfile"):
+        users = [line for line in dockerfile.read_text().splitlines() if line.startswith("USER")]
+        assert users, dockerfile
+        assert users[-1] == "USER 65532:65532", dockerfile

@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from opdata import EXAMPLES, MINILM_CHILDREN, load_yaml
+
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.operator.manifests import (
+    CONFIG_HASH,
+    LABEL_OWNER,
+    Images,
+    Owner,
+    children,
+    gateway_env,
+    worker_env,
+)
+from embedfleet.operator.spec import parse_spec
+from embedfleet.worker.settings import WorkerSettings
+
+OWNER = Owner(name="minilm", namespace="ml", uid="1234-uid")
+IMAGES = Images(worker="reg/worker:1", gateway="reg/gateway:1")
+
+
+def _example(name: str) -> dict[str, Any]:
+    return dict(load_yaml(EXAMPLES / name)["spec"])
+
+
+def _by_key(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objs}
+
+
+def _children(raw: dict[str, Any], replicas: int = 2, monitors: bool = False) -> dict[str, Any]:
+    return _by_key(children(OWNER, parse_spec(raw), replicas, IMAGES, monitors))
+
+
+def test_minilm_children_and_owner_references() -> None:
+    objs = _children(_example("minilm.yaml"))
+    assert set(objs) == MINILM_CHILDREN
+    for obj in objs.values():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml"
+        assert meta["labels"][LABEL_OWNER] == "minilm"
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "embedfleet.dev/v1alpha1",
+            "kind": "EmbeddingDeployment",
+            "name": "minilm",
+            "uid": "1234-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_worker_deployment_shape() -> None:
+    dep = _children(_example("minilm.yaml"), replicas=3)["Deployment/minilm-worker"]
+    spec = dep["spec"]
+    assert spec["replicas"] == 3
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["embedfleet-worker"]
+    assert container["image"] == "reg/worker:1"
+    assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": ""}
+    assert container["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert pod["terminationGracePeriodSeconds"] == 30 + 5 + 10
+    assert container["envFrom"] == [{"configMapRef": {"name": "minilm-config"}}]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert spec["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "embedfleet",
+        "app.kubernetes.io/instance": "minilm",
+        "app.kubernetes.io/component": "worker",
+    }
+    # The selector matches the pod template (the API server refuses it otherwise).
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_gpu_worker_requests_gpus_and_tolerates_their_taint() -> None:
+    objs = _children(_example("qwen3-embedding-gpu.yaml"))
+    pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_WORKER_DTYPE"] == "bfloat16"
+
+
+def test_hf_source_downloads_in_an_init_container_into_the_cache_claim() -> None:
+    raw = _example("qwen3-embedding-gpu.yaml")
+    for kind in ("worker", "gateway"):
+        pod = _children(raw)[f"Deployment/minilm-{kind}"]["spec"]["template"]["spec"]
+        (fetch,) = pod["initContainers"]
+        assert fetch["command"] == [
+            "hf",
+            "download",
+            "Qwen/Qwen3-Embedding-0.6B",
+            "--local-dir",
+            "/models/Qwen--Qwen3-Embedding-0.6B/main",
+            "--revision",
+            "main",
+        ]
+        volume = next(v for v in pod["volumes"] if v["name"] == "model")
+        assert volume["persistentVolumeClaim"] == {"claimName": "model-cache"}
+    env = worker_env(parse_spec(raw))
+    assert env["EMBEDFLEET_WORKER_MODEL"] == "/models/Qwen--Qwen3-Embedding-0.6B/main"
+    assert env["EMBEDFLEET_WORKER_DEVICE"] == "cuda"
+
+
+def test_pvc_source_is_mounted_read_only() -> None:
+    raw = {"model": {"source": "pvc://weights/bge/m3"}}
+    pod = _children(raw)["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True},
+    } in pod["volumes"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models", "readOnly": True}
+    assert worker_env(parse_spec(raw))["EMBEDFLEET_WORKER_MODEL"] == "/models/bge/m3"
+
+
+def test_file_source_needs_no_volume() -> None:
+    pod = _children({"model": {"source": "file:///opt/m"}})["Deployment/minilm-worker"]
+    volumes = pod["spec"]["template"]["spec"]["volumes"]
+    assert [v["name"] for v in volumes] == ["tmp"]
+
+
+def _hash(raw: dict[str, Any], kind: str) -> str:
+    dep = _children(raw)[f"Deployment/minilm-{kind}"]
+    return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH])
+
+
+def test_a_settings_change_rolls_only_the_pods_that_read_it() -> None:
+    base = {"model": {"source": "file:///opt/m"}}
+    engine = {**base, "worker": {"engine": {"maxBatchTokens": 4096}}}
+    gateway = {**base, "gateway": {"maxClientBatch": 10}}
+    scaled = {**base, "worker": {"replicas": 7}}
+    assert _hash(engine, "worker") != _hash(base, "worker")
+    assert _hash(engine, "gateway") == _hash(base, "gateway")
+    assert _hash(gateway, "gateway") != _hash(base, "gateway")
+    assert _hash(gateway, "worker") == _hash(base, "worker")
+    assert _hash(scaled, "worker") == _hash(base, "worker")
+
+
+def _fields(cls: type[Any]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+@pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
+def test_env_names_are_real_settings(example: str) -> None:
+    """Every variable the operator sets is a field of the component's settings object."""
+    spec = parse_spec(_example(example))
+    worker = {k.removeprefix("EMBEDFLEET_WORKER_").lower() for k in worker_env(spec)}
+    gateway = {k.removeprefix("EMBEDFLEET_GATEWAY_").lower() for k in gateway_env(OWNER, spec)}
+    assert worker <= _fields(WorkerSettings), worker - _fields(WorkerSettings)
+    assert gateway <= _fields(GatewaySettings), gateway - _fields(GatewaySettings)
+
+
+def test_gateway_discovers_the_headless_worker_service() -> None:
+    objs = _children(_example("minilm.yaml"))
+    headless = objs["Service/minilm-worker"]["spec"]
+    assert headless["clusterIP"] == "None"
+    assert [p["name"] for p in headless["ports"]] == ["grpc", "metrics"]
+    data = objs["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_GATEWAY_K8S_SERVICE"] == "minilm-worker"
+    assert data["EMBEDFLEET_GATEWAY_K8S_PORT_NAME"] == "grpc"
+    pod = objs["Deployment/minilm-gateway"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "minilm-gateway"
+    (rule,) = objs["Role/minilm-gateway"]["rules"]
+    assert rule == {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+    binding = objs["RoleBinding/minilm-gateway"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "minilm-gateway", "namespace": "ml"}
+    ]
+
+
+def test_service_monitor_only_when_asked_and_possible() -> None:
+    raw = {"model": {"source": "file:///m"}, "monitoring": {"serviceMonitor": {"enabled": True}}}
+    assert "ServiceMonitor/minilm" in _children(raw, monitors=True)
+    assert "ServiceMonitor/minilm" not in _children(raw, monitors=False)
+    off = {"model": {"source": "file:///m"}}
+    assert "ServiceMonitor/minilm" not in _children(off, monitors=True)
+
+
+def test_user_settings_reach_the_pods() -> None:
+    raw = {
+        "model": {"source": "file:///m", "maxInputTokens": 128, "dtype": "float32"},
+        "worker": {
+            "scheduling": {"priorityClassName": "high", "tolerations": [{"key": "a"}]},
+            "imagePullPolicy": "Always",
+            "image": "mine/worker:2",
+        },
+        "gateway": {"service": {"type": "LoadBalancer", "port": 8000}},
+        "imagePullSecrets": [{"name": "regcred"}],
+    }
+    objs = _children(raw)
+    pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "high"
+    assert pod["tolerations"] == [{"key": "a"}]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["containers"][0]["image"] == "mine/worker:2"
+    assert pod["containers"][0]["imagePullPolicy"] == "Always"
+    svc = objs["Service/minilm"]["spec"]
+    assert svc["type"] == "LoadBalancer"
+    assert svc["ports"][0]["port"] == 8000
+    data = objs["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_MAX_INPUT_TOKENS"] == "128"
+    assert data["EMBEDFLEET_WORKER_DTYPE"] == "float32"
+    assert data["EMBEDFLEET_WORKER_DEVICE"] == "cpu"

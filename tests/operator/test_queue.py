@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import asyncio
+
+from embedfleet.operator.reconciler import Key, Queue
+
+
+async def test_triggers_during_a_run_coalesce_into_one_more_run() -> None:
+    runs: list[Key] = []
+    gate = asyncio.Event()
+
+    async def run(key: Key) -> bool:
+        runs.append(key)
+        await gate.wait()
+        return True
+
+    queue = Queue(run)
+    queue.trigger(("ns", "a"))
+    await asyncio.sleep(0)
+    for _ in range(5):
+        queue.trigger(("ns", "a"))
+    queue.trigger(("ns", "b"))
+    await asyncio.sleep(0)
+    gate.set()
+    await queue.idle()
+    assert sorted(runs) == [("ns", "a"), ("ns", "a"), ("ns", "b")]
+
+
+async def test_failures_retry_with_backoff() -> None:
+    results = [False, False, True]
+    runs = 0
+
+    async def run(key: Key) -> bool:
+        nonlocal runs
+        runs += 1
+        return results.pop(0)
+
+    queue = Queue(run, min_backoff=0.01, max_backoff=0.05)
+    assert [queue.backoff(n) for n in (1, 2, 3, 4)] == [0.01, 0.02, 0.04, 0.05]
+    queue.trigger(("ns", "a"))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if runs == 3:
+            break
+    await queue.idle()
+    assert runs == 3
+    queue.cancel()

@@ -1,0 +1,143 @@
+"""Mistakes the API server itself refuses, with a message a person can act on (CRD schema + CEL).
+Needs only the CRD, not the operator."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from opdata import EXAMPLES
+
+from embedfleet.testing.cluster import Cluster
+
+VALID: dict[str, Any] = {"model": {"source": "file:///opt/m"}}
+
+
+def _with(path: str, value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = copy.deepcopy(base if base is not None else VALID)
+    node = spec
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return spec
+
+
+HF = {"model": {"source": "hf://org/model"}}
+
+# (case, metadata.name, spec, fragment of the API server's message)
+CASES: list[tuple[str, str, dict[str, Any], str]] = [
+    ("s3", "bad", _with("model.source", "s3://b/m"), "is not hf://org/name[@revision]"),
+    ("hf-no-org", "bad", _with("model.source", "hf://m"), "is not hf://org/name[@revision]"),
+    ("pvc-claim", "bad", _with("model.source", "pvc://Claim_1/m"), "pvc://claim/path"),
+    ("file-relative", "bad", _with("model.source", "file://m"), "file:///absolute/path"),
+    ("dotdot", "bad", _with("model.source", "pvc://c/a/../etc"), "must not contain '..'"),
+    ("no-source", "bad", {"model": {"task": "embed"}}, "spec.model.source: Required value"),
+    (
+        "min-over-max",
+        "bad",
+        _with("autoscaling", {"minReplicas": 5, "maxReplicas": 2}),
+        "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+    ),
+    (
+        "negative-tokens",
+        "bad",
+        _with("autoscaling.targetTokensPerSecond", -100),
+        "spec.autoscaling.targetTokensPerSecond: Invalid value: -100",
+    ),
+    ("negative-replicas", "bad", _with("worker.replicas", -1), "spec.worker.replicas: Invalid"),
+    ("unknown-task", "bad", _with("model.task", "classify"), 'Unsupported value: "classify"'),
+    ("graphs-enum", "bad", _with("worker.engine.cudaGraphs", "on"), 'Unsupported value: "on"'),
+    (
+        "utilization-over-1",
+        "bad",
+        _with("autoscaling.targetUtilization", 1.5),
+        "spec.autoscaling.targetUtilization: Invalid value: 1.5",
+    ),
+    ("tolerance-1", "bad", _with("autoscaling.tolerance", 1), "spec.autoscaling.tolerance"),
+    (
+        "revision-twice",
+        "bad",
+        _with("model.revision", "v2", {"model": {"source": "hf://o/m@v1"}}),
+        "not both",
+    ),
+    ("revision-file", "bad", _with("model.revision", "v2"), "model.revision applies only to hf://"),
+    (
+        "cache-both",
+        "bad",
+        _with("model.cache", {"claimName": "c", "sizeLimit": "1Gi"}, HF),
+        "claimName (an existing PVC) or sizeLimit (an emptyDir), not both",
+    ),
+    ("cache-file", "bad", _with("model.cache", {"sizeLimit": "1Gi"}), "applies only to hf://"),
+    ("flash-cpu", "bad", _with("worker.engine.attention", "flash-attn"), "flash-attn needs a GPU"),
+    (
+        "gpu-in-limits",
+        "bad",
+        _with("worker.resources", {"limits": {"nvidia.com/gpu": 1}}),
+        "set GPUs with worker.gpus",
+    ),
+    (
+        "prometheus-url",
+        "bad",
+        _with("autoscaling.prometheusURL", "prometheus:9090"),
+        "must be an http:// or https:// URL",
+    ),
+    (
+        "panic-over-stable",
+        "bad",
+        _with("autoscaling", {"panicWindowSeconds": 120, "stableWindowSeconds": 60}),
+        "panicWindowSeconds must not exceed",
+    ),
+    ("typo-field", "bad", _with("worker.gpu", 1), 'unknown field "spec.worker.gpu"'),
+    ("long-name", "a" * 41, VALID, "at most 40 characters"),
+    ("name-digit-first", "1minilm", VALID, "must start with a letter"),
+]
+
+
+def _manifest(name: str, spec: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "embedfleet.dev/v1alpha1",
+            "kind": "EmbeddingDeployment",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+def test_invalid_manifests_are_refused_with_a_readable_message(
+    crd_installed: Cluster, k8s_namespace: str
+) -> None:
+    cluster, ns = crd_installed, k8s_namespace
+    assert len(CASES) >= 15
+    wrong = []
+    for case, name, spec, fragment in CASES:
+        proc = cluster.kubectl(
+            "apply", "-n", ns, "-f", "-", input=_manifest(name, spec), check=False
+        )
+        if proc.returncode == 0 or fragment not in proc.stderr:
+            wrong.append(f"{case}: rc={proc.returncode} stderr={proc.stderr.strip()}")
+    assert not wrong, "\n".join(wrong)
+    assert json.loads(cluster.kubectl("get", "emb", "-n", ns, "-o", "json").stdout)["items"] == []
+
+
+def test_immutable_task(crd_installed: Cluster, k8s_namespace: str) -> None:
+    cluster, ns = crd_installed, k8s_namespace
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("fixed", VALID))
+    changed = _manifest("fixed", _with("model.task", "score"))
+    proc = cluster.kubectl("apply", "-n", ns, "-f", "-", input=changed, check=False)
+    assert proc.returncode != 0
+    assert "model.task cannot change after creation" in proc.stderr
+    # Other fields still change.
+    cluster.kubectl(
+        "apply", "-n", ns, "-f", "-", input=_manifest("fixed", _with("worker.replicas", 3))
+    )
+
+
+@pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
+def test_examples_are_valid(crd_installed: Cluster, k8s_namespace: str, example: str) -> None:
+    crd_installed.kubectl(
+        "apply", "--dry-run=server", "-n", k8s_namespace, "-f", str(EXAMPLES / example)
+    )
