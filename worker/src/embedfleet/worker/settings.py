@@ -30,7 +30,9 @@ class WorkerSettings:
         "measuring the server harness alone).",
         choices=("torch", "null"),
     )
-    device: str = setting("auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda[:N].")
+    device: str = setting(
+        "auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda[:N]."
+    )
     dtype: str = setting(
         "auto",
         "Compute dtype: auto (bf16 on GPU; bf16 on CPUs with native bf16 when parity holds, else "

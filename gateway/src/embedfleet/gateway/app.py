@@ -1,0 +1,272 @@
+"""The HTTP layer: a plain ASGI application (no framework; see docs/gateway.md for why).
+
+It reads and caps the body, parses JSON with orjson, validates with pydantic, hands the request to
+the Service, and writes orjson bytes. While a request runs, a watcher waits for the client's
+disconnect and cancels the request's task, which cancels its chunks on the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.gateway import errors, openapi
+from embedfleet.gateway.balancer import Balancer
+from embedfleet.gateway.discovery import Discovery
+from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.metrics import Metrics
+from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
+from embedfleet.gateway.service import Service
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.gateway.tokenization import Tokenization
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+CLIENT_GONE = 499  # nginx's "client closed request", for metrics: nobody reads this response
+_JSON = (b"content-type", b"application/json")
+_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+# What a wrong-typed top-level field should have been; pydantic's union errors are unreadable.
+_EXPECTED = {
+    "input": "a non-empty string, an array of strings, an array of token ids (integers) or an "
+    "array of arrays of token ids",
+    "documents": 'an array of strings or of {"text": string} objects',
+    "text_1": "a string or an array of strings",
+    "text_2": "a string or an array of strings",
+    "query": "a string",
+}
+
+
+def validation_message(exc: ValidationError) -> errors.ApiError:
+    first = exc.errors()[0]
+    loc = first.get("loc", ())
+    param = str(loc[0]) if loc else None
+    if first.get("type") == "missing":
+        return errors.invalid(f"'{param}' is required.", param=param)
+    if param in _EXPECTED:
+        return errors.invalid(f"'{param}' must be {_EXPECTED[param]}.", param=param)
+    where = ".".join(str(p) for p in loc)
+    return errors.invalid(f"'{where}': {first.get('msg', 'invalid value')}.", param=param)
+
+
+def parse(body: bytes, model: type[BaseModel]) -> Any:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise errors.invalid(f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(doc, dict):
+        raise errors.invalid("The request body must be a JSON object.")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        raise validation_message(exc) from None
+
+
+class ClientGoneError(Exception):
+    """The client disconnected before its request was answered."""
+
+
+class Gateway:
+    """The ASGI app. Worker discovery starts with the ASGI lifespan (or `start()` in tests)."""
+
+    def __init__(self, settings: GatewaySettings, model: ModelDir | None = None) -> None:
+        self.settings = settings
+        self.model = model or load_model_dir(resolve_model_path(settings.model))
+        max_tokens = self.model.max_input_tokens(settings.max_input_tokens or None)
+        self.balancer = Balancer(settings.eject_seconds, settings.max_outstanding_tokens)
+        self.metrics = Metrics(lambda: self.balancer)
+        self.tokenization = Tokenization(
+            self.model, max_tokens, settings.tokenize_threads, settings.tokenize_inline_chars
+        )
+        self.pool: WorkerPool | None = None
+        self.service: Service | None = None
+        self.discovery: Discovery | None = None
+        self._openapi = orjson.dumps(openapi.document(VERSION))
+        self._posts: dict[str, tuple[type[BaseModel], Callable[[Any], Awaitable[Any]]]] = {}
+
+    async def start(self) -> None:
+        s = self.settings
+        self.pool = WorkerPool(self.balancer, s.probe_seconds)
+        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
+        self.service = Service(s, self.model, self.tokenization, dispatcher, self.metrics)
+        self._posts = {
+            "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
+            "/v1/rerank": (RerankRequest, self.service.rerank),
+            "/v1/score": (ScoreRequest, self.service.score),
+        }
+        self.discovery = Discovery(s, self.pool.update)
+        await self.discovery.start()
+
+    async def stop(self) -> None:
+        if self.discovery:
+            await self.discovery.stop()
+        if self.pool:
+            await self.pool.close()
+        self.tokenization.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        start = time.perf_counter()
+        route = path if path in self._posts or path in _GETS else "other"
+        self.metrics.inflight.inc()
+        status = 500
+        try:
+            status = await self._route(route, method, scope, receive, send)
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+    async def _route(
+        self, route: str, method: str, scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        try:
+            if route in self._posts:
+                if method != "POST":
+                    raise errors.ApiError(405, f"Use POST for {route}.", code="method_not_allowed")
+                return await self._post(route, scope, receive, send)
+            if route in _GETS:
+                if method not in ("GET", "HEAD"):
+                    raise errors.ApiError(405, f"Use GET for {route}.", code="method_not_allowed")
+                return await self._get(route, send)
+            raise errors.not_found(f"No route {scope['path']}.", code="not_found")
+        except errors.ApiError as exc:
+            await _respond(send, exc.status, exc.body(), exc.headers)
+            return exc.status
+        except ClientGoneError:
+            self.metrics.cancelled.inc()
+            return CLIENT_GONE
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                raise errors.too_large(f"The request body is over the limit of {limit} bytes.")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGoneError
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise errors.too_large(f"The request body is over the limit of {limit} bytes.")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _post(self, route: str, scope: Scope, receive: Receive, send: Send) -> int:
+        body = await self._read_body(scope, receive)
+        model, handler = self._posts[route]
+        request = parse(body, model)
+        work = asyncio.ensure_future(handler(request))
+        watch = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, errors.ApiError):
+                await work
+            self.metrics.cancelled.inc()
+            return CLIENT_GONE
+        try:
+            doc = work.result()
+        except errors.ApiError:
+            raise
+        except Exception:
+            log.exception("request failed", extra={"route": route})
+            raise errors.internal() from None
+        await _respond(send, 200, orjson.dumps(doc, option=_OPTS))
+        return 200
+
+    async def _get(self, route: str, send: Send) -> int:
+        if route == "/health":
+            await _respond(send, 200, b'{"status":"ok"}')
+        elif route == "/ready":
+            ready = self.pool is not None and self.pool.ready()
+            status = 200 if ready else 503
+            await _respond(send, status, b'{"ready":true}' if ready else b'{"ready":false}')
+            return status
+        elif route == "/metrics":
+            body = generate_latest(self.metrics.registry)
+            await _respond(send, 200, body, content_type=CONTENT_TYPE_LATEST.encode())
+        elif route == "/openapi.json":
+            await _respond(send, 200, self._openapi)
+        elif route == "/v1/models":
+            if self.service is None:
+                raise errors.unavailable("Starting up.")
+            await _respond(send, 200, orjson.dumps(self.service.models()))
+        return 200
+
+
+_GETS = frozenset({"/health", "/ready", "/metrics", "/openapi.json", "/v1/models"})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
+    content_type: bytes = b"application/json",
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,98 @@
+"""The gateway's gRPC client for one worker, and the classification of its failures."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.codec import unpack_floats
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+_MAX_MESSAGE = 512 * 1024 * 1024
+_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    # Notice a dead peer in seconds rather than waiting on TCP timeouts.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Reconnect quickly to a worker that comes back on the same address.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+# Codes after which the same chunk may succeed elsewhere: the worker never ran it, or died.
+_RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
+)
+# Codes that say the worker (or the connection to it) is broken, not merely busy.
+_EJECTING = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
+@dataclass(frozen=True)
+class UpstreamError(Exception):
+    code: grpc.StatusCode
+    details: str
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in _RETRYABLE or self._broken_connection
+
+    @property
+    def ejects(self) -> bool:
+        return self.code in _EJECTING or self._broken_connection
+
+    @property
+    def _broken_connection(self) -> bool:
+        # A peer that dies mid-stream can surface as INTERNAL/UNKNOWN with a transport message.
+        text = self.details.lower()
+        return self.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and any(
+            s in text for s in ("rst_stream", "socket closed", "connection reset", "goaway")
+        )
+
+
+async def _call(call: Awaitable[T]) -> T:
+    """Await a unary call, turning gRPC's error into an UpstreamError."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise UpstreamError(exc.code(), exc.details() or "") from None
+
+
+class WorkerClient:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        self._stub = pb_grpc.WorkerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+    async def embed(
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+    ) -> tuple[npt.NDArray[np.float32], int]:
+        request = pb.EmbedRequest(batch=batch, dimensions=dimensions)
+        reply: pb.EmbedResponse = await _call(self._stub.Embed(request, timeout=timeout))
+        rows = unpack_floats(reply.embeddings, reply.count, reply.dimensions, reply.format)
+        return rows.astype(np.float32, copy=False), int(reply.prompt_tokens)
+
+    async def score(
+        self, batch: pb.TokenBatch, timeout: float
+    ) -> tuple[npt.NDArray[np.float32], int]:
+        request = pb.ScoreRequest(batch=batch, activate=True)
+        reply: pb.ScoreResponse = await _call(self._stub.Score(request, timeout=timeout))
+        scores = unpack_floats(reply.scores, reply.count, 1)[:, 0]
+        return scores.astype(np.float32, copy=False), int(reply.prompt_tokens)
+
+    async def info(self, timeout: float) -> pb.InfoResponse:
+        reply: pb.InfoResponse = await _call(self._stub.Info(pb.InfoRequest(), timeout=timeout))
+        return reply

@@ -1,0 +1,100 @@
+"""Fanning a request's chunks out over workers, with one retry elsewhere for a chunk that failed.
+
+A chunk that fails with UNAVAILABLE (or a broken connection) never reached a live engine, so it is
+sent again to a different worker and its first worker is ejected for a while; that is how one dying
+worker loses no request. Other failures are the client's (INVALID_ARGUMENT) or final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from embedfleet.gateway import errors
+from embedfleet.gateway.client import UpstreamError, WorkerClient
+from embedfleet.gateway.metrics import Metrics
+from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.splitting import Chunk
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 2
+
+
+def _client_error(exc: UpstreamError) -> errors.ApiError:
+    if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+        return errors.invalid(f"The worker rejected the input: {exc.details}")
+    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return errors.overloaded(1)
+    if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.ApiError(
+            504, "A worker did not answer in time.", type="server_error", code="upstream_timeout"
+        )
+    return errors.ApiError(
+        502, f"A worker failed ({exc.code.name}).", type="server_error", code="upstream_error"
+    )
+
+
+class Dispatcher:
+    def __init__(self, pool: WorkerPool, metrics: Metrics, retry_after: int) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.retry_after = retry_after
+
+    def admit(self) -> None:
+        """Refuse new work early: no worker (503) or every worker past its queue limit (429)."""
+        if not self.pool.balancer.usable() and not self.pool.ready():
+            raise errors.unavailable("No ready worker.")
+        if self.pool.balancer.saturated():
+            raise errors.overloaded(self.retry_after)
+
+    async def _one(self, chunk: Chunk, call: Callable[[WorkerClient], Awaitable[T]]) -> T:
+        tried: set[str] = set()
+        for attempt in range(ATTEMPTS):
+            endpoint = self.pool.balancer.pick(exclude=tried)
+            client = self.pool.clients.get(endpoint.address) if endpoint else None
+            if endpoint is None or client is None:
+                raise errors.unavailable("No ready worker left to take the request.")
+            tried.add(endpoint.address)
+            endpoint.outstanding_tokens += chunk.tokens
+            start = time.perf_counter()
+            try:
+                return await call(client)
+            except UpstreamError as exc:
+                if exc.ejects and self.pool.balancer.eject(endpoint):
+                    self.metrics.ejections.inc()
+                    log.warning(
+                        "worker ejected", extra={"worker": endpoint.address, "code": exc.code.name}
+                    )
+                if not exc.retryable or attempt + 1 == ATTEMPTS:
+                    raise _client_error(exc) from None
+                self.metrics.retries.inc()
+            finally:
+                endpoint.outstanding_tokens -= chunk.tokens
+                self.metrics.upstream_seconds.observe(time.perf_counter() - start)
+        raise AssertionError("unreachable")
+
+    async def run(
+        self, chunks: Sequence[Chunk], call: Callable[[Chunk, WorkerClient], Awaitable[T]]
+    ) -> list[T]:
+        """Results in chunk order. Cancelling the caller (client gone) cancels every chunk."""
+        self.metrics.chunks_per_request.observe(len(chunks))
+        if len(chunks) == 1:
+            chunk = chunks[0]
+            return [await self._one(chunk, functools.partial(call, chunk))]
+        tasks = [
+            asyncio.ensure_future(self._one(chunk, functools.partial(call, chunk)))
+            for chunk in chunks
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()

@@ -1,0 +1,243 @@
+"""`embedfleet serve`: a gateway and N workers on 127.0.0.1, for trying embedfleet on one machine.
+
+The children run in their own sessions so a terminal's Ctrl-C reaches only this process, which then
+stops them in order (gateway first, so nothing new reaches a stopping worker) and waits for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+
+STOP_SECONDS = 15.0
+
+
+class FleetError(RuntimeError):
+    """A child process failed to start or exited early."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports free a moment ago; every socket stays open until all are picked."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def _script(name: str) -> str:
+    """A console script of this environment (next to the interpreter), else from PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise FleetError(f"{name} not found next to {sys.executable} or on PATH")
+    return found
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class Fleet:
+    """Start with `start()` (or `with Fleet(...)`); `url` is the gateway's base URL."""
+
+    workers: int = 2
+    model: str = ""
+    port: int = 8080
+    worker_args: Sequence[str] = ()
+    gateway_args: Sequence[str] = ()
+    log_dir: Path | None = None
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def worker_children(self) -> list[Child]:
+        return [c for c in self.children if c.name.startswith("worker")]
+
+    def _plan(self) -> None:
+        ports = free_ports(2 * self.workers)
+        model = ["--model", self.model] if self.model else []
+        for i in range(self.workers):
+            argv = [
+                _script("embedfleet-worker"),
+                *model,
+                "--port",
+                str(ports[2 * i]),
+                "--metrics-port",
+                str(ports[2 * i + 1]),
+                *self.worker_args,
+            ]
+            self.children.append(Child(f"worker-{i}", argv, ports[2 * i]))
+        addresses = ",".join(c.address for c in self.children)
+        gateway = [
+            sys.executable,
+            "-m",
+            "embedfleet.gateway.cli",
+            *model,
+            "--port",
+            str(self.port),
+            "--workers",
+            addresses,
+            *self.gateway_args,
+        ]
+        self.children.append(Child("gateway", gateway, self.port))
+
+    def _spawn(self, child: Child) -> None:
+        out: int | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = os.open(
+                self.log_dir / f"{child.name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            )
+        try:
+            child.process = subprocess.Popen(
+                child.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=True,
+            )
+        finally:
+            if out is not None:
+                os.close(out)
+
+    def start(self, timeout: float = 180.0) -> Fleet:
+        if not self.children:
+            self._plan()
+        for child in self.children:
+            self._spawn(child)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until /ready answers 200, i.e. the gateway sees at least one ready worker."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for child in self.children:
+                if child.process is not None and child.process.poll() is not None:
+                    raise FleetError(f"{child.name} exited with {child.process.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/ready", timeout=2) as reply:
+                    if reply.status == 200 and self.all_workers_ready():
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise FleetError(f"the fleet was not ready within {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def all_workers_ready(self) -> bool:
+        """Every live worker is in the gateway's rotation (from its metrics)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=2) as reply:
+            text = reply.read().decode()
+        alive = sum(1 for c in self.worker_children if c.process and c.process.poll() is None)
+        return f'embedfleet_gateway_workers{{state="ready"}} {float(alive)}' in text
+
+    def stop(self) -> None:
+        """SIGTERM to each child, gateway first; SIGKILL whoever outlives STOP_SECONDS."""
+        for child in reversed(self.children):
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for child in reversed(self.children):
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedfleet", description="embedfleet on this machine.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="Run a gateway and N workers on 127.0.0.1 until Ctrl-C."
+    )
+    serve.add_argument(
+        "--model", default="", help="Model directory; default: the bundled all-MiniLM-L6-v2."
+    )
+    serve.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+    serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    stop = threading.Event()
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # While starting, a signal unwinds start(), which stops the children it already spawned.
+    signal.signal(signal.SIGTERM, interrupt)
+    fleet = Fleet(workers=args.workers, model=args.model, port=args.port)
+    print(f"starting a gateway and {args.workers} workers ...", flush=True)
+    try:
+        fleet.start()
+    except FleetError as exc:
+        raise SystemExit(f"embedfleet serve: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"embedfleet is serving at {fleet.url}  (OpenAI base_url {fleet.url}/v1)", flush=True)
+    print("Ctrl-C stops it.", flush=True)
+    dead: list[str] = []
+    try:
+        while not dead and not stop.wait(0.5):
+            dead = [c.name for c in fleet.children if c.process and c.process.poll() is not None]
+    finally:
+        fleet.stop()
+    if dead:
+        raise SystemExit(f"embedfleet serve: {', '.join(dead)} exited; stopped the rest")
+    print("stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The gateway's Prometheus metrics, on a registry per app (so tests can run several)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from embedfleet.gateway.balancer import Balancer
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class _WorkerCollector(Collector):
+    """Per-worker state read at scrape time, so removed workers leave no stale series."""
+
+    def __init__(self, balancer: Callable[[], Balancer]) -> None:
+        self._balancer = balancer
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        balancer = self._balancer()
+        outstanding = GaugeMetricFamily(
+            "embedfleet_gateway_worker_outstanding_tokens",
+            "Tokens sent to a worker by this gateway and not yet answered.",
+            labels=["worker"],
+        )
+        usable = {e.address for e in balancer.usable()}
+        state = GaugeMetricFamily(
+            "embedfleet_gateway_workers",
+            "Known workers by state (ready: taking traffic; ejected: failing; unready).",
+            labels=["state"],
+        )
+        counts = {"ready": 0, "ejected": 0, "unready": 0}
+        for e in balancer.endpoints.values():
+            outstanding.add_metric([e.address], e.outstanding_tokens)
+            key = "ready" if e.address in usable else ("ejected" if e.ready else "unready")
+            counts[key] += 1
+        for key, value in counts.items():
+            state.add_metric([key], value)
+        yield outstanding
+        yield state
+
+
+class Metrics:
+    def __init__(self, balancer: Callable[[], Balancer]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "embedfleet_gateway_requests",
+            "HTTP requests by route and status code.",
+            ["route", "code"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "embedfleet_gateway_request_seconds",
+            "Time from request start to the response being sent, by route.",
+            ["route"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.tokenize_seconds = Histogram(
+            "embedfleet_gateway_tokenize_seconds",
+            "Time tokenizing one request (including the hop to the tokenizer threads).",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.upstream_seconds = Histogram(
+            "embedfleet_gateway_upstream_seconds",
+            "Time of one chunk's call to a worker (queueing there plus compute), per attempt.",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "embedfleet_gateway_input_tokens", "Tokens of accepted requests.", registry=r
+        )
+        self.chunks_per_request = Histogram(
+            "embedfleet_gateway_chunks_per_request",
+            "Chunks a request was split into.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.retries = Counter(
+            "embedfleet_gateway_retries", "Chunks retried on another worker.", registry=r
+        )
+        self.inflight = Gauge(
+            "embedfleet_gateway_inflight_requests", "Requests being served now.", registry=r
+        )
+        self.ejections = Counter(
+            "embedfleet_gateway_worker_ejections",
+            "Times a failing worker was taken out of rotation.",
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "embedfleet_gateway_cancelled_requests",
+            "Requests whose client disconnected before the answer; their chunks were cancelled.",
+            registry=r,
+        )
+        r.register(_WorkerCollector(balancer))

@@ -1,0 +1,81 @@
+"""The OpenAPI 3.1 document, generated from the pydantic models in schemas.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from embedfleet.gateway import schemas
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel]) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(model)}}
+
+
+def _post(summary: str, request: type[BaseModel], response: type[BaseModel]) -> dict[str, Any]:
+    error = {"content": _json(schemas.ErrorResponse)}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": _json(request)},
+            "responses": {
+                "200": {"description": "OK", "content": _json(response)},
+                "400": {"description": "Invalid request", **error},
+                "404": {"description": "Unknown model", **error},
+                "413": {"description": "Request over a configured cap", **error},
+                "429": {"description": "All workers saturated (see Retry-After)", **error},
+                "503": {"description": "No ready worker", **error},
+            },
+        }
+    }
+
+
+def _get(summary: str, content: dict[str, Any] | None = None) -> dict[str, Any]:
+    ok: dict[str, Any] = {"description": "OK"}
+    if content:
+        ok["content"] = content
+    return {"get": {"summary": summary, "responses": {"200": ok}}}
+
+
+def document(version: str) -> dict[str, Any]:
+    models: list[type[BaseModel]] = [
+        schemas.EmbeddingRequest,
+        schemas.EmbeddingResponse,
+        schemas.RerankRequest,
+        schemas.RerankResponse,
+        schemas.ScoreRequest,
+        schemas.ScoreResponse,
+        schemas.ModelList,
+        schemas.ErrorResponse,
+    ]
+    _, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "embedfleet gateway", "version": version},
+        "paths": {
+            "/v1/embeddings": _post(
+                "Embed texts or token ids (OpenAI-compatible).",
+                schemas.EmbeddingRequest,
+                schemas.EmbeddingResponse,
+            ),
+            "/v1/rerank": _post(
+                "Rank documents against a query (Cohere/Jina-compatible).",
+                schemas.RerankRequest,
+                schemas.RerankResponse,
+            ),
+            "/v1/score": _post("Score text pairs.", schemas.ScoreRequest, schemas.ScoreResponse),
+            "/v1/models": _get("The served model.", _json(schemas.ModelList)),
+            "/health": _get("The gateway process is up."),
+            "/ready": _get("At least one worker is ready (503 otherwise)."),
+            "/metrics": _get("Prometheus metrics."),
+        },
+        "components": {"schemas": defs.get("$defs", {})},
+    }

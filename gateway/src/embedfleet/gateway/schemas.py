@@ -1,0 +1,144 @@
+"""Request and response models: validation of client JSON and the source of /openapi.json.
+
+Requests are parsed with orjson and validated here; responses are built as plain dicts and encoded
+with orjson (pydantic-serializing thousands of float vectors would dominate the request's cost), so
+the response models exist for the OpenAPI document and for tests.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+TokenIds = list[StrictInt]
+EmbeddingInput = StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+InputType = Literal["query", "document"]
+TruncationSide = Literal["left", "right"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: StrictStr | None = Field(
+        None, description="The served model's name (GET /v1/models); omitted means that model."
+    )
+    truncate: bool = Field(
+        False,
+        description="Extension: cut inputs over the model's limit instead of rejecting them.",
+    )
+    truncation_side: TruncationSide = Field(
+        "right", description="Extension: which end `truncate` cuts from."
+    )
+
+
+class EmbeddingRequest(_Request):
+    input: EmbeddingInput = Field(
+        description="Text, texts, token ids or lists of token ids to embed.",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: little-endian float32 bytes, base64-encoded."
+    )
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Matryoshka truncation to this many dimensions (then re-normalized)."
+    )
+    user: StrictStr | None = Field(None, description="Accepted for compatibility; not logged.")
+    input_type: InputType | None = Field(
+        None,
+        description="Extension: apply the model's prompt template for queries or documents "
+        "(sentence-transformers `prompts`); omitted applies the model's default prompt, if any.",
+    )
+
+
+class Document(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    text: StrictStr
+
+
+class RerankRequest(_Request):
+    query: StrictStr = Field(description="The query every document is scored against.")
+    documents: list[StrictStr | Document] = Field(
+        description="Documents as strings or {text} objects."
+    )
+    top_n: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Return only the best N results."
+    )
+    return_documents: bool = Field(False, description="Include each document's text in results.")
+
+
+class ScoreRequest(_Request):
+    text_1: StrictStr | list[StrictStr] = Field(
+        description="One text, or a list paired element-wise with text_2."
+    )
+    text_2: StrictStr | list[StrictStr] = Field(
+        description="One text, or a list: one text_1 is scored against every text_2."
+    )
+
+
+# --- responses (OpenAPI) ---------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class RerankResponse(BaseModel):
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+
+
+class Score(BaseModel):
+    object: Literal["score"] = "score"
+    index: int
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Score]
+    model: str
+    usage: Usage
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,93 @@
+"""The gateway's one config object: every field is a flag and an env var (EMBEDFLEET_GATEWAY_*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from embedfleet.common.settings import setting
+
+ENV_PREFIX = "EMBEDFLEET_GATEWAY_"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    # --- model -----------------------------------------------------------------------------
+    model: str = setting(
+        "",
+        "Model directory (for its tokenizer, prompts and limits) or file:// URL; empty uses the "
+        "bundled all-MiniLM-L6-v2. Must be the model the workers serve.",
+    )
+    served_model_name: str = setting(
+        "", "Name clients pass as `model`; empty uses the model's own name (config _name_or_path)."
+    )
+    max_input_tokens: int = setting(
+        0,
+        "Longest single input in tokens; 0 uses the model's default (sentence-transformers "
+        "max_seq_length, else its position limit). Keep equal to the workers' limit.",
+    )
+    # --- workers ---------------------------------------------------------------------------
+    workers: tuple[str, ...] = setting(
+        (), "Static worker gRPC addresses host:port, comma-separated."
+    )
+    workers_file: str = setting(
+        "",
+        "File listing worker addresses (one per line, # comments); re-read when it changes, so "
+        "workers can be added and removed live.",
+    )
+    k8s_service: str = setting(
+        "",
+        "Discover workers from the EndpointSlices of this Kubernetes Service, as NAMESPACE/NAME "
+        "(or NAME in the pod's own namespace); watched live.",
+    )
+    k8s_port_name: str = setting(
+        "grpc", "Port name in the Service's EndpointSlices that carries the worker gRPC API."
+    )
+    kubeconfig: str = setting(
+        "",
+        "Kubeconfig for --k8s-service; empty uses the in-cluster service account (or $KUBECONFIG).",
+    )
+    # --- limits ----------------------------------------------------------------------------
+    max_client_batch: int = setting(2048, "Most inputs (or documents, or pairs) in one request.")
+    max_request_tokens: int = setting(
+        1_000_000, "Most tokens in one request after tokenization; more is refused with 413."
+    )
+    max_body_bytes: int = setting(
+        16 * 1024 * 1024, "Largest request body in bytes; more is refused with 413."
+    )
+    # --- splitting and balancing -----------------------------------------------------------
+    chunk_tokens: int = setting(
+        8192,
+        "Token budget of one chunk sent to a worker. A large request is split into chunks of at "
+        "most this many tokens (smaller when that spreads it over more workers).",
+    )
+    min_chunk_tokens: int = setting(
+        512, "Requests are split to spread over workers only into chunks of at least this size."
+    )
+    chunk_sequences: int = setting(256, "Most inputs in one chunk.")
+    max_outstanding_tokens: int = setting(
+        65536,
+        "Backpressure: when every ready worker has more tokens outstanding than this, new "
+        "requests get 429 with Retry-After.",
+    )
+    retry_after_seconds: int = setting(1, "Retry-After value sent with 429.")
+    eject_seconds: float = setting(
+        5.0,
+        "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",
+    )
+    upstream_timeout_seconds: float = setting(60.0, "Deadline of one chunk's call to a worker.")
+    probe_seconds: float = setting(
+        2.0, "How often each worker's Info (readiness, queue, model facts) is polled."
+    )
+    # --- tokenization ----------------------------------------------------------------------
+    tokenize_threads: int = setting(
+        2, "Threads that run the tokenizer off the event loop (the batch API is itself parallel)."
+    )
+    tokenize_inline_chars: int = setting(
+        256,
+        "Requests with fewer characters of text than this are tokenized on the event loop: the "
+        "thread hop costs more than the work (see docs/gateway.md).",
+    )
+    # --- serving ---------------------------------------------------------------------------
+    host: str = setting("127.0.0.1", "Address the HTTP server binds.")
+    port: int = setting(8080, "HTTP port.")
+    log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))

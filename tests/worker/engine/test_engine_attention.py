@@ -1,0 +1,84 @@
+"""The grouped SDPA backend against plain per-sequence attention, and the packing it relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from embedfleet.common.codec import Tokens
+from embedfleet.worker.attention import GroupedBackend, plan_groups, select_backend
+from embedfleet.worker.batch import pack
+
+
+def per_sequence(q, k, v, lengths, causal):  # type: ignore[no-untyped-def]
+    out, start = [], 0
+    for n in lengths:
+        s = slice(start, start + n)
+        o = F.scaled_dot_product_attention(
+            q[s].transpose(0, 1),
+            k[s].transpose(0, 1),
+            v[s].transpose(0, 1),
+            is_causal=causal,
+            enable_gqa=True,
+        )
+        out.append(o.transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_grouped_matches_per_sequence(causal: bool, kv_heads: int) -> None:
+    lengths = np.array([5, 1, 64, 63, 60, 17, 16, 130, 2, 2, 2], np.int64)
+    total = int(lengths.sum())
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(total, 4, 8, generator=g)
+    k = torch.randn(total, kv_heads, 8, generator=g)
+    v = torch.randn(total, kv_heads, 8, generator=g)
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    plan = GroupedBackend().plan(cu, lengths, int(lengths.max()), causal)
+    got = plan.attend(q, k, v)
+    torch.testing.assert_close(got, per_sequence(q, k, v, lengths.tolist(), causal))
+
+
+def test_groups_bound_padding_and_skip_empty() -> None:
+    lengths = np.array([100, 0, 90, 10, 81, 79, 9, 8, 0], np.int64)
+    groups = plan_groups(lengths, min_fill=0.8)
+    assert sorted(i for g in groups for i in g) == [0, 2, 3, 4, 5, 6, 7]
+    for g in groups:
+        top = lengths[g].max()
+        assert lengths[g].min() >= 0.8 * top
+    capped = plan_groups(np.full(10, 100, np.int64), max_group_tokens=300)
+    assert [len(g) for g in capped] == [3, 3, 3, 1]
+
+
+def test_pack_offsets_positions_and_padding_sequence() -> None:
+    parts = [
+        Tokens(np.array([1, 2, 3], np.int32), np.array([3], np.int32)),
+        Tokens(np.array([4, 5], np.int32), np.array([1, 1], np.int32)),
+    ]
+    host = pack(parts, position_offset=2, bucket_tokens=8, bucket_sequences=8)
+    ids, _types, positions, seq_index = host.tokens
+    assert ids.tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
+    assert positions.tolist() == [2, 3, 4, 2, 2, 2, 2, 2]
+    assert seq_index.tolist() == [0, 0, 0, 1, 2, 3, 3, 3]
+    assert host.cu_seqlens.tolist() == [0, 3, 4, 5, 8, 8, 8, 8, 8]
+    first, last, lengths = host.seqs
+    assert first[:4].tolist() == [0, 3, 4, 5]
+    assert last[:4].tolist() == [2, 3, 4, 7]
+    assert (first < 8).all()
+    assert (last >= 0).all()
+    assert (lengths >= 1).all()
+    assert host.real_tokens == 5
+    assert host.real_sequences == 3
+    with pytest.raises(ValueError, match="spare sequence slot"):
+        pack(parts, bucket_tokens=8, bucket_sequences=3)
+
+
+def test_cpu_auto_backend_is_grouped() -> None:
+    backend = select_backend("auto", torch.device("cpu"), torch.float32)
+    assert backend.name == "torch-grouped"
+    assert not backend.graph_safe
+    assert select_backend("torch", torch.device("cpu"), torch.bfloat16).name == "torch-grouped"

@@ -1,0 +1,117 @@
+"""Real CUDA graphs and async results (marked gpu: skipped where there is no CUDA device)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import item, min_cosine, random_sequences
+
+from embedfleet.worker.contract import Options
+from embedfleet.worker.engine import EngineConfig, TorchEngine
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_engine(**kw: object) -> TorchEngine:
+    return TorchEngine(EngineConfig(device="cuda", max_input_tokens=512, **kw))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def lazy() -> TorchEngine:
+    return gpu_engine(cuda_graphs="lazy")
+
+
+def test_gpu_defaults(lazy: TorchEngine) -> None:
+    assert lazy.info.dtype == "bfloat16"
+    assert lazy.backend.graph_safe, f"{lazy.backend.name} cannot be captured"
+
+
+def test_lazy_capture_then_replay_matches_reference(
+    lazy: TorchEngine, minilm_sequences: list[list[int]], minilm_reference: np.ndarray
+) -> None:
+    before = lazy.counters()
+    runs = [lazy.run([item(minilm_sequences)])[0] for _ in range(3)]
+    after = lazy.counters()
+    assert after.eager_runs - before.eager_runs == 1
+    assert after.captures - before.captures == 1
+    assert after.replays - before.replays == 1
+    assert after.capture_seconds > 0
+    for got in runs:
+        assert min_cosine(got, minilm_reference) >= 0.999
+    assert min_cosine(runs[1], runs[2]) >= 0.99999
+
+
+def test_other_contents_same_bucket_replay_correctly(
+    lazy: TorchEngine, minilm_sequences: list[list[int]], minilm_reference: np.ndarray
+) -> None:
+    # Two different batches that share a bucket: the second replays the first's graph.
+    a, b = minilm_sequences[4:10], minilm_sequences[3:9]
+    lazy.run([item(a)])
+    lazy.run([item(a)])
+    replays = lazy.counters().replays
+    [got] = lazy.run([item(b)])
+    assert lazy.counters().replays == replays + 1
+    assert min_cosine(got, minilm_reference[3:9]) >= 0.999
+
+
+def test_options_on_graph_outputs(lazy: TorchEngine, minilm_sequences: list[list[int]]) -> None:
+    seqs = minilm_sequences[5:9]
+    for _ in range(3):
+        mixed = lazy.run(
+            [item(seqs[:2], Options(dimensions=64)), item(seqs[2:], Options(pooling="cls"))]
+        )
+    off = gpu_engine(cuda_graphs="off")
+    ref = off.run([item(seqs[:2], Options(dimensions=64)), item(seqs[2:], Options(pooling="cls"))])
+    assert mixed[0].shape == (2, 64)
+    assert min_cosine(mixed[0], ref[0]) >= 0.9999
+    assert min_cosine(mixed[1], ref[1]) >= 0.9999
+
+
+def test_async_next_batch_launches_before_reading(
+    lazy: TorchEngine, minilm_sequences: list[list[int]], minilm_reference: np.ndarray
+) -> None:
+    first = lazy.step([item(minilm_sequences[:10])])
+    second = lazy.step([item(minilm_sequences[10:])])
+    got = np.concatenate([first.wait()[0], second.wait()[0]])
+    assert first.ready()
+    assert second.ready()
+    assert min_cosine(got, minilm_reference) >= 0.999
+
+
+def test_eviction_bound_and_eager_mode() -> None:
+    engine = gpu_engine(cuda_graphs="lazy", max_graphs=1)
+    short, long = [[101, 2000, 102]], [[101] + [2000] * 300 + [102]]
+    for seqs in (short, short, long, long, short, short):
+        engine.run([item(seqs)])
+    c = engine.counters()
+    assert c.captures == 3
+    assert engine._runner is not None
+    assert len(engine._runner) == 1
+    listed = gpu_engine(cuda_graphs="eager", graph_buckets=(128,))
+    assert listed.counters().captures > 0
+    listed.run([item(short)])
+    assert listed.counters().replays == 1
+    assert listed.counters().eager_runs == 0
+
+
+def test_graphs_off_never_captures() -> None:
+    engine = gpu_engine(cuda_graphs="off")
+    for _ in range(3):
+        engine.run([item([[101, 2000, 102]])])
+    assert engine.counters().captures == 0
+    assert engine.counters().eager_runs == 3
+
+
+def test_qwen3_on_gpu_matches_cpu(qwen3_causal_dir: Path) -> None:
+    seqs = random_sequences(512, (1, 5, 64, 200), seed=4)
+    cpu = TorchEngine(EngineConfig(model=str(qwen3_causal_dir), device="cpu", dtype="float32"))
+    gpu = TorchEngine(EngineConfig(model=str(qwen3_causal_dir), device="cuda"))
+    [ref] = cpu.run([item(seqs)])
+    for _ in range(3):
+        [got] = gpu.run([item(seqs)])
+        assert min_cosine(got, ref) >= 0.999
+    assert gpu.counters().replays == 1
+    assert torch.cuda.is_available()

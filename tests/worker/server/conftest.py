@@ -1,0 +1,33 @@
+"""A real MiniLM worker process shared by the module, with its start-up observed from outside."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_helpers import WORKER_ARGS, Served, wait_serving_traced
+from tokenizers import Tokenizer
+
+from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.worker.testing import start_worker, worker_stub
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    worker = start_worker(tmp_path_factory.mktemp("worker"), *WORKER_ARGS)
+    try:
+        startup = wait_serving_traced(worker)
+        yield Served(worker, startup, worker_stub(worker.channel()))
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return load_model_dir(default_model_path()).tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    return default_model_path()

@@ -1,0 +1,127 @@
+"""Workers of their own: a failing self-check, the null engine, a scoring model."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from server_helpers import embed_request, vectors
+
+from embedfleet.common.codec import pack_tokens
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.worker.testing import health_status, running_worker, start_worker, worker_stub
+
+
+def _mispooled_copy(model_path: Path, into: Path) -> Path:
+    """The real MiniLM weights (symlinked) served with CLS instead of mean pooling.
+
+    The weights' digest still selects the committed sentence-transformers reference, whose vectors
+    are mean-pooled, so only a self-check that really compares values can catch it.
+    """
+    into.mkdir()
+    for entry in model_path.iterdir():
+        if entry.name != "1_Pooling":
+            (into / entry.name).symlink_to(entry)
+    (into / "1_Pooling").mkdir()
+    config = json.loads((model_path / "1_Pooling" / "config.json").read_text())
+    config.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
+    (into / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    return into
+
+
+def test_failed_selfcheck_never_becomes_ready(tmp_path: Path, model_path: Path) -> None:
+    model = _mispooled_copy(model_path, tmp_path / "model")
+    worker = start_worker(tmp_path, "--model", str(model), "--warmup-seconds", "0.2")
+    seen = set()
+    try:
+        deadline = time.monotonic() + 240
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            if worker.port or worker.port_file.is_file():
+                if not worker.port:
+                    worker.wait_port(5)
+                seen.add(health_status(worker.address, timeout=0.5))
+            time.sleep(0.05)
+        assert worker.proc.wait(timeout=5) == 1
+    finally:
+        worker.stop()
+    assert "SERVING" not in seen
+    assert "NOT_SERVING" in seen
+    failures = [r for r in worker.log_records() if r.get("msg") == "start-up failed"]
+    assert len(failures) == 1
+    assert "SelfCheckError" in failures[0]["exc"]
+    assert "min cosine" in failures[0]["exc"]
+
+
+def test_null_engine_serves_replies_derived_from_the_ids(tmp_path: Path) -> None:
+    with running_worker(tmp_path, "--engine", "null", "--warmup-seconds", "0.1") as worker:
+        stub = worker_stub(worker.channel())
+        seqs = [[101, 7, 102], [101, 5, 6, 8, 102]]
+        got = vectors(stub.Embed(embed_request(seqs), timeout=10))
+        assert got.shape == (2, 384)
+        assert np.array_equal(got[:, :3], [[3, 210, 101], [5, 222, 101]])
+        info = stub.Info(pb.InfoRequest())
+        assert info.device == "null"
+        assert info.ready
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(embed_request([[101, 40000]]), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert worker.metric("embedfleet_worker_capacity_tokens_per_second") > 0
+        assert worker.metric("embedfleet_worker_eager_runs_total") > 0
+
+
+def _tiny_cross_encoder(path: Path) -> Path:
+    """A random-weight BERT cross-encoder (one logit), saved as transformers saves it."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        num_labels=1,
+    )  # type: ignore[call-arg]
+    model = BertForSequenceClassification(config).eval()  # type: ignore[no-untyped-call]
+    model.save_pretrained(str(path))
+    return path
+
+
+def test_score_rpc_matches_transformers(tmp_path: Path) -> None:
+    import torch
+    from transformers import BertForSequenceClassification
+
+    model = _tiny_cross_encoder(tmp_path / "ce")
+    rng = np.random.default_rng(0)
+    pairs = [rng.integers(5, 500, n).tolist() for n in (3, 17, 60)]
+    types = [[0] * (len(p) // 2) + [1] * (len(p) - len(p) // 2) for p in pairs]
+    reference = BertForSequenceClassification.from_pretrained(str(model))
+    reference.eval()  # type: ignore[no-untyped-call]
+    with torch.inference_mode():
+        logits = [
+            reference(input_ids=torch.tensor([p]), token_type_ids=torch.tensor([t])).logits
+            for p, t in zip(pairs, types, strict=True)
+        ]
+    expected = np.array([float(x[0, 0]) for x in logits])
+    args = ("--model", str(model), "--warmup-seconds", "0.2", "--dtype", "float32")
+    with running_worker(tmp_path, *args) as worker:
+        stub = worker_stub(worker.channel())
+        batch = pack_tokens(pairs, types)
+        raw = stub.Score(pb.ScoreRequest(batch=batch), timeout=60)
+        got = np.frombuffer(raw.scores, "<f4")
+        assert raw.count == 3
+        assert raw.prompt_tokens == sum(len(p) for p in pairs)
+        assert np.abs(got - expected).max() < 1e-3
+        activated = stub.Score(pb.ScoreRequest(batch=batch, activate=True), timeout=60)
+        sig = 1 / (1 + np.exp(-expected))
+        assert np.abs(np.frombuffer(activated.scores, "<f4") - sig).max() < 1e-3
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(embed_request(pairs), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert worker_stub(worker.channel()).Info(pb.InfoRequest()).task == "score"

@@ -1,0 +1,334 @@
+"""Attention over a ragged batch, behind one small interface.
+
+A backend turns the batch layout into a plan once per forward; every layer then calls
+`plan.attend(q, k, v)` with packed [T, heads, head_dim] tensors. Backends:
+
+- `flash-attn`: flash-attn's varlen kernel (CUDA, fp16/bf16), when the package imports.
+- `torch-varlen`: `torch.nn.attention.varlen.varlen_attn` (the same kind of kernel, shipped in
+  recent torch; CUDA, fp16/bf16), when the installed torch has it.
+- `torch-grouped`: any device, any dtype. Sequences are sorted by length and cut into groups of
+  similar length; each group is gathered into [B, L] and goes through one SDPA call with a key mask
+  (no mask when the group's lengths are equal, or for causal attention, where right padding is never
+  seen by a real query). Bounded padding, one fused kernel per group instead of per sequence.
+
+The varlen plans depend only on `cu_seqlens` and a max length, so they can be captured in a CUDA
+graph; the grouped plan's shapes follow the lengths, so it cannot (`graph_safe` is False).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F  # noqa: N812 - the universal alias
+
+
+class AttentionPlan(Protocol):
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k and v [T, Hkv, D] (Hq a multiple of Hkv) -> [T, Hq, D]."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a plan can be captured in a CUDA graph (fixed shapes, no host sync)."""
+        ...
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        lengths: npt.NDArray[np.int64],
+        max_seqlen: int,
+        causal: bool,
+    ) -> AttentionPlan: ...
+
+
+# --------------------------------------------------------------------------------------------
+# varlen kernels
+
+
+@dataclass(frozen=True, slots=True)
+class _VarlenPlan:
+    kernel: Callable[..., torch.Tensor]
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    causal: bool
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.kernel(q, k, v, self.cu_seqlens, self.max_seqlen, self.causal)
+
+
+def _flash_attn_kernel() -> Callable[..., torch.Tensor] | None:
+    if importlib.util.find_spec("flash_attn") is None:
+        return None
+    try:
+        func: Any = importlib.import_module("flash_attn").flash_attn_varlen_func
+    except (ImportError, AttributeError):
+        return None
+
+    def kernel(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        causal: bool,
+    ) -> torch.Tensor:
+        out: torch.Tensor = func(q, k, v, cu, cu, max_len, max_len, causal=causal)
+        return out
+
+    return kernel
+
+
+def _torch_varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    try:
+        func: Any = importlib.import_module("torch.nn.attention.varlen").varlen_attn
+        params = inspect.signature(func).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None
+    # The signature moved between releases: 2.11 takes is_causal; later ones a window and GQA.
+    has_window, has_gqa = "window_size" in params, "enable_gqa" in params
+    if not has_window and "is_causal" not in params:
+        return None
+
+    def kernel(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        causal: bool,
+    ) -> torch.Tensor:
+        extra: dict[str, Any] = {}
+        if q.shape[1] != k.shape[1]:
+            if has_gqa:
+                extra["enable_gqa"] = True
+            else:
+                group = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        if has_window:
+            extra["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            extra["is_causal"] = causal
+        out: torch.Tensor = func(q, k, v, cu, cu, max_len, max_len, **extra)
+        return out
+
+    return kernel
+
+
+@dataclass(frozen=True, slots=True)
+class VarlenBackend:
+    name: str
+    kernel: Callable[..., torch.Tensor]
+    graph_safe: bool = True
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        lengths: npt.NDArray[np.int64],
+        max_seqlen: int,
+        causal: bool,
+    ) -> AttentionPlan:
+        return _VarlenPlan(self.kernel, cu_seqlens, max_seqlen, causal)
+
+
+# --------------------------------------------------------------------------------------------
+# grouped SDPA
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    batch: int
+    length: int
+    #: token start when the group is one unpadded sequence (gathered by slicing), else -1
+    start: int
+    gather: torch.Tensor | None  # [B * L] token index per padded slot
+    scatter_src: torch.Tensor | None  # rows of the padded output that hold real tokens
+    scatter_dst: torch.Tensor | None  # their token index in the packed batch
+    mask: torch.Tensor | None  # [B, 1, 1, L] True where a key is real
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupedPlan:
+    groups: tuple[_Group, ...]
+    causal: bool
+    total: int
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        gqa = q.shape[1] != k.shape[1]
+        first = self.groups[0] if self.groups else None
+        if first is not None and first.start == 0 and first.length == self.total:
+            # One sequence: the whole batch, no gather or scatter.
+            return _sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None, self.causal, gqa)[0]
+        out = q.new_empty(q.shape)
+        for g in self.groups:
+            if g.start >= 0:
+                span = slice(g.start, g.start + g.length)
+                out[span] = _sdpa(
+                    q[span].unsqueeze(0),
+                    k[span].unsqueeze(0),
+                    v[span].unsqueeze(0),
+                    None,
+                    self.causal,
+                    gqa,
+                )[0]
+                continue
+            assert g.gather is not None
+            shape = (g.batch, g.length)
+            qg = q.index_select(0, g.gather).view(*shape, *q.shape[1:])
+            kg = k.index_select(0, g.gather).view(*shape, *k.shape[1:])
+            vg = v.index_select(0, g.gather).view(*shape, *v.shape[1:])
+            res = _sdpa(qg, kg, vg, g.mask, self.causal, gqa).flatten(0, 1)
+            if g.scatter_src is None:
+                assert g.scatter_dst is not None
+                out.index_copy_(0, g.scatter_dst, res)
+            else:
+                assert g.scatter_dst is not None
+                out.index_copy_(0, g.scatter_dst, res.index_select(0, g.scatter_src))
+        return out
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    gqa: bool,
+) -> torch.Tensor:
+    """[B, L, H, D] in and out; SDPA wants heads before length."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=causal and mask is None,
+        enable_gqa=gqa,
+    )
+    return out.transpose(1, 2)
+
+
+def plan_groups(
+    lengths: npt.NDArray[np.int64], min_fill: float = 0.8, max_group_tokens: int = 16384
+) -> list[list[int]]:
+    """Sequences (indices, longest first) cut into groups whose padded size stays small.
+
+    A group closes when the next sequence is shorter than `min_fill` of the group's longest, or
+    the padded group would exceed `max_group_tokens`. Empty sequences are left out.
+    """
+    order = [int(i) for i in np.argsort(-lengths, kind="stable") if lengths[i] > 0]
+    groups: list[list[int]] = []
+    current: list[int] = []
+    top = 0
+    for i in order:
+        n = int(lengths[i])
+        if current and (n < min_fill * top or (len(current) + 1) * top > max_group_tokens):
+            groups.append(current)
+            current = []
+        if not current:
+            top = n
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class GroupedBackend:
+    name: str = "torch-grouped"
+    graph_safe: bool = False
+    min_fill: float = 0.8
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        lengths: npt.NDArray[np.int64],
+        max_seqlen: int,
+        causal: bool,
+    ) -> AttentionPlan:
+        device = cu_seqlens.device
+        starts = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        groups = []
+        for members in plan_groups(lengths, self.min_fill):
+            lens = lengths[members]
+            top = int(lens[0])
+            if len(members) == 1:
+                groups.append(_Group(1, top, int(starts[members[0]]), None, None, None, None))
+                continue
+            offsets = np.arange(top, dtype=np.int64)
+            # Padded slots read the sequence's first token; the mask (or causality) hides them.
+            valid = offsets[None, :] < lens[:, None]
+            gather = starts[members][:, None] + np.where(valid, offsets[None, :], 0)
+            uniform = bool(valid.all())
+            src = None if uniform else np.flatnonzero(valid.ravel())
+            dst = gather.ravel() if uniform else gather.ravel()[src]
+            mask = None
+            if not uniform and not causal:
+                mask = torch.from_numpy(valid[:, None, None, :]).to(device)
+            groups.append(
+                _Group(
+                    batch=len(members),
+                    length=top,
+                    start=-1,
+                    gather=torch.from_numpy(gather.ravel()).to(device),
+                    scatter_src=None if src is None else torch.from_numpy(src).to(device),
+                    scatter_dst=torch.from_numpy(np.ascontiguousarray(dst)).to(device),
+                    mask=mask,
+                )
+            )
+        return _GroupedPlan(tuple(groups), causal, int(starts[-1]))
+
+
+# --------------------------------------------------------------------------------------------
+# selection
+
+BACKEND_NAMES = ("auto", "torch", "flash-attn")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested attention backend cannot run on this device or dtype."""
+
+
+def available_backends(device: torch.device, dtype: torch.dtype) -> list[AttentionBackend]:
+    """What this torch / device / dtype offers, fastest first."""
+    out: list[AttentionBackend] = []
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        flash = _flash_attn_kernel()
+        if flash is not None:
+            out.append(VarlenBackend("flash-attn", flash))
+        varlen = _torch_varlen_kernel()
+        if varlen is not None:
+            out.append(VarlenBackend("torch-varlen", varlen))
+    out.append(GroupedBackend())
+    return out
+
+
+def select_backend(choice: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    """`auto`: the first available; `torch`: torch's own kernels; `flash-attn`: that package."""
+    options = available_backends(device, dtype)
+    if choice == "auto":
+        return options[0]
+    if choice == "torch":
+        return next(b for b in options if b.name.startswith("torch"))
+    if choice == "flash-attn":
+        for b in options:
+            if b.name == "flash-attn":
+                return b
+        raise BackendUnavailableError(
+            f"flash-attn is not importable or cannot run on {device} with {dtype}"
+        )
+    raise BackendUnavailableError(
+        f"unknown attention backend {choice!r}; use one of {BACKEND_NAMES}"
+    )

@@ -1,0 +1,28 @@
+"""`embedfleet-worker`: serve one model over gRPC. Flags and env vars: docs/worker.md."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from embedfleet.common.settings import load
+from embedfleet.worker.lifecycle import serve
+from embedfleet.worker.logs import setup_logging
+from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    settings = load(
+        WorkerSettings,
+        ENV_PREFIX,
+        argv,
+        prog="embedfleet-worker",
+        description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
+    )
+    setup_logging(settings.log_level)
+    sys.exit(asyncio.run(serve(settings)))
+
+
+if __name__ == "__main__":
+    main()

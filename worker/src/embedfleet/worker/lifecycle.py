@@ -1,0 +1,193 @@
+"""A worker process's life: listen (NOT_SERVING), load, warm up, self-check, serve, drain, exit.
+
+The gRPC port opens first so probes get an answer (NOT_SERVING) while weights load; the standard
+grpc.health.v1 service flips to SERVING only after warm-up and the self-check passed. SIGTERM (or
+SIGINT) starts the drain: health goes NOT_SERVING, new requests get UNAVAILABLE, everything queued
+or computing is answered, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.worker.contract import Engine, GraphCounters
+from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.null_engine import NullEngine
+from embedfleet.worker.runner import BatchRunner, Entry
+from embedfleet.worker.scheduler import Budget, FcfsQueue
+from embedfleet.worker.selfcheck import ReferenceFn, run_selfcheck
+from embedfleet.worker.server import WorkerService, WorkerState
+from embedfleet.worker.settings import WorkerSettings
+from embedfleet.worker.warmup import measure_capacity
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "embedfleet.v1.Worker"
+_MAX_MESSAGE = 256 << 20
+
+
+def budget_of(settings: WorkerSettings) -> Budget:
+    hard = settings.max_request_tokens or 4 * settings.max_batch_tokens
+    return Budget(settings.max_batch_tokens, settings.max_batch_sequences, hard)
+
+
+class _Health(Protocol):
+    """The parts of grpc_health's asyncio servicer we use (it ships no type hints)."""
+
+    async def set(self, service: str, status: int) -> None: ...
+
+    async def enter_graceful_shutdown(self) -> None: ...
+
+
+def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
+    if settings.engine == "null":
+        return NullEngine.from_model_dir(model, settings.max_input_tokens or None)
+    from embedfleet.worker.engine import TorchEngine  # imports torch: only when needed
+
+    return TorchEngine.from_settings(settings)
+
+
+def _reference_fn(settings: WorkerSettings) -> ReferenceFn | None:
+    """The engine's float32 eager CPU path, the self-check's yardstick for uncommitted models."""
+    if settings.engine == "null":
+        return None
+    from embedfleet.worker.probe import reference_outputs
+
+    return lambda items: reference_outputs(settings.model, items, settings.max_input_tokens)
+
+
+async def _set_health(servicer: _Health, status: int) -> None:
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, status)
+
+
+async def _start_serving(
+    settings: WorkerSettings,
+    state: WorkerState,
+    servicer: _Health,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    t0 = time.monotonic()
+    engine = await asyncio.to_thread(build_engine, settings, state.model)
+    info = engine.info
+    log.info(
+        "engine loaded",
+        extra={
+            "seconds": round(time.monotonic() - t0, 3),
+            "device": info.device,
+            "dtype": info.dtype,
+        },
+    )
+    queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
+    runner = BatchRunner(engine, queue, state.metrics, loop)
+    runner.start()
+    state.engine, state.runner = engine, runner
+    t1 = time.monotonic()
+    state.capacity = await measure_capacity(
+        state.submit,
+        vocab_size=info.vocab_size,
+        max_input_tokens=info.max_input_tokens,
+        max_batch_tokens=state.budget.max_tokens,
+        seconds=settings.warmup_seconds,
+    )
+    state.metrics.capacity.set(state.capacity)
+    log.info(
+        "warm-up done",
+        extra={
+            "seconds": round(time.monotonic() - t1, 3),
+            "capacity_tokens_per_second": round(state.capacity, 1),
+        },
+    )
+    if settings.engine == "null":
+        log.info("self-check skipped: the null engine computes nothing to check")
+    else:
+        result = await run_selfcheck(state.submit, state.model, _reference_fn(settings))
+        log.info(
+            "self-check skipped" if result.skipped else "self-check passed",
+            extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
+        )
+    state.ready = True
+    state.metrics.ready.set(1)
+    await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving", extra={"startup_seconds": round(time.monotonic() - t0, 3)})
+
+
+async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health) -> None:
+    state.draining = True
+    state.metrics.draining.set(1)
+    state.metrics.ready.set(0)
+    await servicer.enter_graceful_shutdown()
+    log.info("draining", extra={"inflight": state.inflight})
+    deadline = time.monotonic() + settings.drain_seconds
+    while state.inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    if state.inflight:
+        log.warning("drain timed out", extra={"inflight": state.inflight})
+    if state.runner is not None:
+        state.runner.stop()
+        await asyncio.to_thread(state.runner.join, 5.0)
+
+
+async def serve(settings: WorkerSettings) -> int:
+    loop = asyncio.get_running_loop()
+    model = load_model_dir(resolve_model_path(settings.model))
+    # The metrics thread reads the engine's counters at scrape time, once there is an engine.
+    metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
+    state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),  # a second worker on a taken port must fail, not share it
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+        ]
+    )
+    pb_grpc.add_WorkerServicer_to_server(WorkerService(state), server)  # type: ignore[no-untyped-call]
+    servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    await server.start()
+    if settings.metrics_port:
+        metrics.serve(settings.host, settings.metrics_port)
+    if settings.port_file:
+        tmp = Path(settings.port_file + ".tmp")
+        tmp.write_text(
+            json.dumps({"port": port, "metrics_port": settings.metrics_port, "pid": os.getpid()})
+        )
+        tmp.replace(settings.port_file)  # atomic: readers never see a partial file
+    log.info("listening", extra={"port": port, "metrics_port": settings.metrics_port})
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    startup = asyncio.create_task(_start_serving(settings, state, servicer, loop))
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({startup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if startup.done() and startup.exception() is not None:
+        log.error("start-up failed", exc_info=startup.exception())
+        code = 1
+    else:
+        await stopping
+        if not startup.done():
+            startup.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await startup
+    stopping.cancel()
+    await _drain(settings, state, servicer)
+    await server.stop(grace=1.0)
+    log.info("stopped", extra={"exit_code": code})
+    return code

@@ -1,0 +1,138 @@
+"""The worker's Prometheus metrics, in a registry of its own (no process-global state).
+
+docs/worker.md lists them; `metric_rows` renders that list from the registry, so it cannot drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from embedfleet.worker.contract import GraphCounters
+
+_PREFIX = "embedfleet_worker_"
+_SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            2.5, 5.0, 10.0, 30.0)  # fmt: skip
+_TOKENS = tuple(float(2**k) for k in range(4, 18))  # 16 .. 131072
+_SEQUENCES = tuple(float(2**k) for k in range(0, 11))  # 1 .. 1024
+
+
+class _GraphCollector(Collector):
+    """Reads the engine's own counters at scrape time rather than mirroring them."""
+
+    def __init__(self, read: Callable[[], GraphCounters]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        counters = self._read()
+        yield CounterMetricFamily(
+            _PREFIX + "graph_captures", "CUDA graphs captured.", value=counters.captures
+        )
+        yield CounterMetricFamily(
+            _PREFIX + "graph_replays",
+            "Batches run by replaying a CUDA graph.",
+            value=counters.replays,
+        )
+        yield CounterMetricFamily(
+            _PREFIX + "eager_runs", "Batches run eagerly (no graph).", value=counters.eager_runs
+        )
+        yield CounterMetricFamily(
+            _PREFIX + "graph_capture_seconds",
+            "Time spent capturing CUDA graphs.",
+            value=counters.capture_seconds,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        # Same families with zero values: lets the docs list them before an engine exists.
+        return _GraphCollector(GraphCounters).collect()
+
+
+class WorkerMetrics:
+    def __init__(self, engine_counters: Callable[[], GraphCounters] = GraphCounters) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.tokens = Counter(
+            _PREFIX + "tokens",
+            "Tokens computed for requests (warm-up and self-check excluded).",
+            registry=r,
+        )
+        self.requests = Counter(
+            _PREFIX + "requests",
+            "RPCs answered, by method and gRPC status code.",
+            ("rpc", "code"),
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            _PREFIX + "batch_tokens", "Tokens per batch.", buckets=_TOKENS, registry=r
+        )
+        self.batch_sequences = Histogram(
+            _PREFIX + "batch_sequences", "Sequences per batch.", buckets=_SEQUENCES, registry=r
+        )
+        self.queue_wait = Histogram(
+            _PREFIX + "queue_wait_seconds",
+            "From a request's arrival to the launch of its batch.",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.compute = Histogram(
+            _PREFIX + "compute_seconds",
+            "From a batch's launch to its results on the host.",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.request = Histogram(
+            _PREFIX + "request_seconds",
+            "Embed/Score RPC time inside the server, from the handler's start to its reply.",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.inflight = Gauge(
+            _PREFIX + "inflight_requests", "Requests admitted and not yet answered.", registry=r
+        )
+        self.queued_tokens = Gauge(
+            _PREFIX + "queued_tokens", "Tokens waiting in the queue (not yet launched).", registry=r
+        )
+        self.queued_requests = Gauge(
+            _PREFIX + "queued_requests", "Requests waiting in the queue.", registry=r
+        )
+        self.dropped = Counter(
+            _PREFIX + "dropped_requests",
+            "Requests removed from the queue without compute, by reason (cancelled, deadline).",
+            ("reason",),
+            registry=r,
+        )
+        self.capacity = Gauge(
+            _PREFIX + "capacity_tokens_per_second",
+            "Tokens/s this worker sustained at saturation during warm-up; the autoscaler reads it.",
+            registry=r,
+        )
+        self.ready = Gauge(
+            _PREFIX + "ready", "1 once warm-up and the self-check passed, 0 otherwise.", registry=r
+        )
+        self.draining = Gauge(
+            _PREFIX + "draining", "1 after SIGTERM while in-flight requests finish.", registry=r
+        )
+        # Known series exist from the start (at 0), so dashboards and rate() see them at once.
+        for reason in ("cancelled", "deadline"):
+            self.dropped.labels(reason)
+        for rpc in ("Embed", "Score", "Info"):
+            self.requests.labels(rpc, "OK")
+        r.register(_GraphCollector(engine_counters))
+
+    def serve(self, host: str, port: int) -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+def metric_rows(metrics: WorkerMetrics) -> list[tuple[str, str, str, str]]:
+    """(name as scraped, type, labels, help) for each metric, for the docs table."""
+    rows = []
+    for family in metrics.registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = sorted(
+            {k for s in family.samples for k in s.labels if k not in ("le", "quantile")}
+        )
+        rows.append((name, family.type, ",".join(labels), family.documentation))
+    return sorted(rows)

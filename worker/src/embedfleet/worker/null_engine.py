@@ -1,0 +1,105 @@
+"""An engine that computes nothing: for measuring the server harness alone (`--engine null`).
+
+It validates exactly like a real engine (same limits, same vocabulary) and answers with cheap
+vectors derived from the token ids, so a reply can still be matched to its request in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.worker.contract import (
+    EngineInfo,
+    GraphCounters,
+    InvalidInput,
+    Pending,
+    WorkItem,
+)
+
+
+class _Done:
+    __slots__ = ("_results",)
+
+    def __init__(self, results: list[npt.NDArray[np.float32]]) -> None:
+        self._results = results
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> list[npt.NDArray[np.float32]]:
+        return self._results
+
+
+def check_tokens(item: WorkItem, max_input_tokens: int, vocab_size: int) -> None:
+    """The input checks every engine makes: non-empty, within the length limit, ids in vocab."""
+    tokens = item.tokens
+    if tokens.count == 0:
+        raise InvalidInput("the batch holds no sequences")
+    if int(tokens.lengths.min()) == 0:
+        raise InvalidInput("empty sequence")
+    longest = int(tokens.lengths.max())
+    if longest > max_input_tokens:
+        raise InvalidInput(f"a sequence has {longest} tokens; the limit is {max_input_tokens}")
+    if int(tokens.ids.min()) < 0 or int(tokens.ids.max()) >= vocab_size:
+        raise InvalidInput(f"token id outside the vocabulary [0, {vocab_size})")
+    if tokens.type_ids is not None and tokens.type_ids.size and int(tokens.type_ids.max()) > 1:
+        raise InvalidInput("token type ids must be 0 or 1")
+
+
+class NullEngine:
+    """Row i of an embed result is [length, sum of ids, first id, 0, ...] (scores: the length)."""
+
+    def __init__(self, info: EngineInfo) -> None:
+        self._info = info
+        self._runs = 0
+
+    @classmethod
+    def from_model_dir(cls, model: ModelDir, max_input_tokens: int | None = None) -> NullEngine:
+        return cls(
+            EngineInfo(
+                model_name=model.name,
+                task=model.task,
+                dimensions=model.hidden_size if model.task == "embed" else 1,
+                max_input_tokens=model.max_input_tokens(max_input_tokens),
+                vocab_size=model.vocab_size,
+                dtype="none",
+                device="null",
+                default_pooling=model.pooling,
+                default_normalize=model.normalize,
+            )
+        )
+
+    @property
+    def info(self) -> EngineInfo:
+        return self._info
+
+    def validate(self, item: WorkItem) -> None:
+        check_tokens(item, self._info.max_input_tokens, self._info.vocab_size)
+        dims = item.options.dimensions
+        if dims > self._info.dimensions:
+            raise InvalidInput(f"dimensions {dims} exceeds the model's {self._info.dimensions}")
+
+    def step(self, items: Sequence[WorkItem]) -> Pending:
+        self._runs += 1
+        return _Done([self._result(item) for item in items])
+
+    def _result(self, item: WorkItem) -> npt.NDArray[np.float32]:
+        tokens = item.tokens
+        if self._info.task == "score":
+            return tokens.lengths.astype(np.float32)
+        dims = item.options.dimensions or self._info.dimensions
+        out = np.zeros((tokens.count, dims), dtype=np.float32)
+        starts = np.concatenate(([0], np.cumsum(tokens.lengths)[:-1]))
+        out[:, 0] = tokens.lengths
+        if dims > 1:
+            out[:, 1] = np.add.reduceat(tokens.ids.astype(np.float64), starts)
+        if dims > 2:
+            out[:, 2] = tokens.ids[starts]
+        return out
+
+    def counters(self) -> GraphCounters:
+        return GraphCounters(eager_runs=self._runs)

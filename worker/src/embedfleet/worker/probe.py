@@ -1,0 +1,83 @@
+"""Fixed probe inputs and an agreement measure, for the dtype choice and for readiness self-checks.
+
+`reference_outputs` runs the probe through a float32, graph-free engine on the CPU: the yardstick a
+serving engine (bf16, graphs, another attention backend) can be compared against at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.codec import Tokens
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.worker.contract import WorkItem
+
+PROBE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings map text to vectors so that similar meanings land close together.",
+    "What is the capital of France?",
+    "Paris is the capital and most populous city of France, on the Seine.",
+)
+
+Array = npt.NDArray[np.float32]
+
+
+def probe_token_ids(model_dir: ModelDir, max_tokens: int) -> list[list[int]]:
+    """Probe sequences from short to `max_tokens` long; seeded random ids without a tokenizer."""
+    vocab = int(model_dir.config["vocab_size"])
+    if (model_dir.path / "tokenizer.json").is_file():
+        tok = model_dir.tokenizer()
+        seqs = [list(tok.encode(t).ids) for t in PROBE_TEXTS]
+        long = tok.encode(" ".join(PROBE_TEXTS * (max_tokens // 8 + 1))).ids
+        seqs.append(list(long[:max_tokens]))
+        seqs.append(list(long[: max(1, max_tokens // 3)]))
+        return [s[:max_tokens] for s in seqs if s]
+    rng = np.random.default_rng(0)
+    lengths = sorted({1, 7, min(33, max_tokens), min(128, max_tokens), max_tokens})
+    return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+def probe_items(model_dir: ModelDir, max_tokens: int) -> list[WorkItem]:
+    """One work item per probe sequence, so each runs alone (no batching effects)."""
+    items = []
+    for ids in probe_token_ids(model_dir, max_tokens):
+        tokens = Tokens(np.asarray(ids, np.int32), np.array([len(ids)], np.int32))
+        items.append(WorkItem(tokens))
+    return items
+
+
+def agreement(fast: list[Array], slow: list[Array], task: str) -> tuple[float, float]:
+    """(min cosine over rows, max absolute difference) between two runs of the same inputs."""
+    a = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in fast])
+    b = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in slow])
+    diff = float(np.abs(a - b).max()) if a.size else 0.0
+    if task == "score" or a.ndim == 1:
+        return 1.0, diff
+    return min_cosine(a, b), 0.0
+
+
+def min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    num = (a * b).sum(-1)
+    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+    return float((num / np.maximum(den, 1e-30)).min())
+
+
+def reference_outputs(model: str, items: list[WorkItem], max_input_tokens: int = 0) -> list[Array]:
+    """Outputs of a float32, eager, CPU engine for `items`: the yardstick for self-checks."""
+    from embedfleet.worker.engine import EngineConfig, TorchEngine
+
+    engine = TorchEngine(
+        EngineConfig(
+            model=model,
+            max_input_tokens=max_input_tokens,
+            device="cpu",
+            dtype="float32",
+            cuda_graphs="off",
+        )
+    )
+    return engine.run(items)

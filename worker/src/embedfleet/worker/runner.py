@@ -1,0 +1,222 @@
+"""The engine thread: takes batches off the FCFS queue, launches them, hands results back.
+
+The engine never runs on the event loop. One dedicated thread owns it (the contract allows one
+caller only) and pipelines: it launches batch N+1 before waiting on batch N, so on a GPU the
+device always has the next batch queued while the CPU packs the one after. With at most two
+batches in flight a request waits for at most one batch ahead of its own. Results cross back to
+the event loop with one `call_soon_threadsafe` per batch, not per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.worker.contract import Engine, Pending, WorkItem
+from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.scheduler import Batch, DropReason, FcfsQueue
+
+log = logging.getLogger(__name__)
+
+#: while a batch computes and the queue is empty, how often to look for new arrivals or completion
+_POLL_SECONDS = 0.0005
+
+
+class DroppedError(Exception):
+    """The request was removed from the queue without compute."""
+
+    def __init__(self, reason: DropReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+class EngineError(Exception):
+    """The engine raised while computing this request's batch."""
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """One queued request. `cancelled` is written by the event loop and read by the engine thread;
+    a single attribute store is atomic under the GIL, and a late read only costs one wasted run."""
+
+    item: WorkItem
+    future: asyncio.Future[npt.NDArray[np.float32]]
+    arrival: float
+    deadline: float = math.inf
+    seq: int = 0
+    #: warm-up and self-check work: computed like any other, but not counted as served tokens
+    internal: bool = False
+    cancelled: bool = False
+    #: the number of the batch it ran in, set by the engine thread at launch
+    batch_no: int = 0
+    tokens: int = field(init=False)
+    sequences: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.item.tokens.total
+        self.sequences = self.item.tokens.count
+
+    def drop_reason(self, now: float) -> DropReason | None:
+        # Deadline first: gRPC cancels the handler of an expired call too, setting `cancelled`.
+        if now >= self.deadline:
+            return DropReason.DEADLINE
+        if self.cancelled:
+            return DropReason.CANCELLED
+        return None
+
+
+@dataclass(slots=True)
+class _Launched:
+    entries: list[Entry]
+    pending: Pending | None
+    started: float
+    tokens: int
+    error: BaseException | None = None
+
+
+class BatchRunner:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: FcfsQueue[Entry],
+        metrics: WorkerMetrics,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._queue = queue
+        self._loop = loop
+        self._cond = threading.Condition(threading.Lock())
+        self._stopping = False
+        self._arrivals = 0
+        self._batches = 0
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item: WorkItem, deadline: float = math.inf, internal: bool = False) -> Entry:
+        """Queue `item` (called on the event loop); raises QueueFullError."""
+        entry = Entry(item, self._loop.create_future(), time.monotonic(), deadline)
+        entry.internal = internal
+        with self._cond:
+            self._arrivals += 1
+            entry.seq = self._arrivals
+            self._queue.push(entry)
+            self._publish_queue()
+            self._cond.notify()
+        return entry
+
+    def queued(self) -> tuple[int, int]:
+        """(requests, tokens) waiting; racy by design, for Info and balancing."""
+        return len(self._queue), self._queue.tokens
+
+    def stop(self) -> None:
+        """Finish everything queued and in flight, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def join(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # --- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        prev: _Launched | None = None
+        while True:
+            if prev is not None and (prev.pending is None or prev.pending.ready()):
+                self._finish(prev)
+                prev = None
+            with self._cond:
+                batch = self._queue.next_batch(time.monotonic())
+                if not batch.items and not batch.dropped:
+                    if prev is None:
+                        if self._stopping:
+                            return
+                        self._cond.wait()
+                    else:
+                        self._cond.wait(_POLL_SECONDS)
+                    continue
+                self._publish_queue()
+            self._drop(batch)
+            if not batch.items:
+                continue
+            launched = self._launch(batch)
+            if prev is not None:
+                self._finish(prev)
+            prev = launched
+
+    def _publish_queue(self) -> None:
+        self.metrics.queued_requests.set(len(self._queue))
+        self.metrics.queued_tokens.set(self._queue.tokens)
+
+    def _drop(self, batch: Batch[Entry]) -> None:
+        if not batch.dropped:
+            return
+        for _, reason in batch.dropped:
+            self.metrics.dropped.labels(reason.value).inc()
+        self._loop.call_soon_threadsafe(_fail, [e for e, _ in batch.dropped], None, batch.dropped)
+
+    def _launch(self, batch: Batch[Entry]) -> _Launched:
+        self._batches += 1
+        started = time.monotonic()
+        for entry in batch.items:
+            entry.batch_no = self._batches
+            self.metrics.queue_wait.observe(started - entry.arrival)
+        self.metrics.batch_tokens.observe(batch.tokens)
+        self.metrics.batch_sequences.observe(batch.sequences)
+        launched = _Launched(batch.items, None, started, batch.tokens)
+        try:
+            launched.pending = self.engine.step([e.item for e in batch.items])
+        except Exception as exc:
+            log.exception("engine step failed", extra={"batch": self._batches})
+            launched.error = exc
+        return launched
+
+    def _finish(self, launched: _Launched) -> None:
+        results: list[npt.NDArray[np.float32]] | None = None
+        if launched.pending is not None:
+            try:
+                results = launched.pending.wait()
+            except Exception as exc:
+                log.exception("engine results failed")
+                launched.error = exc
+        self.metrics.compute.observe(time.monotonic() - launched.started)
+        if results is None or len(results) != len(launched.entries):
+            error = launched.error or RuntimeError("engine returned a wrong number of results")
+            self._loop.call_soon_threadsafe(_fail, launched.entries, error, None)
+            return
+        served = sum(e.tokens for e in launched.entries if not e.internal)
+        if served:
+            self.metrics.tokens.inc(served)
+        self._loop.call_soon_threadsafe(_deliver, launched.entries, results)
+
+
+def _deliver(entries: list[Entry], results: list[npt.NDArray[np.float32]]) -> None:
+    for entry, result in zip(entries, results, strict=True):
+        if not entry.future.done():
+            entry.future.set_result(result)
+
+
+def _fail(
+    entries: list[Entry],
+    error: BaseException | None,
+    dropped: list[tuple[Entry, DropReason]] | None,
+) -> None:
+    reasons = dict(dropped or ())
+    for entry in entries:
+        if entry.future.done():
+            continue
+        if entry in reasons:
+            entry.future.set_exception(DroppedError(reasons[entry]))
+        else:
+            entry.future.set_exception(EngineError(str(error)))

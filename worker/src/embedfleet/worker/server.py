@@ -1,0 +1,265 @@
+"""The worker's gRPC service (asyncio): admission, status codes and replies.
+
+Handlers only decode, validate and queue; the engine thread (runner.py) does the compute. A request
+is refused at admission rather than failing later: malformed or out-of-range input ->
+INVALID_ARGUMENT, a full queue -> RESOURCE_EXHAUSTED, warming up or draining -> UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpack_tokens
+from embedfleet.common.modeldir import ModelDir, Pooling
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.worker.contract import Engine, InvalidInput, Options, WorkItem
+from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
+from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
+
+Code = grpc.StatusCode
+
+_POOLING: dict[int, Pooling | None] = {
+    pb.POOLING_DEFAULT: None,
+    pb.POOLING_MEAN: "mean",
+    pb.POOLING_CLS: "cls",
+    pb.POOLING_LAST_TOKEN: "last_token",
+}
+_POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
+_TASKS = {"Embed": "embed", "Score": "score"}
+R = TypeVar("R")
+
+
+class StatusError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class WorkerState:
+    """What the handlers and the lifecycle share; mutated on the event loop only."""
+
+    model: ModelDir
+    budget: Budget
+    metrics: WorkerMetrics
+    engine: Engine | None = None
+    runner: BatchRunner | None = None
+    ready: bool = False
+    draining: bool = False
+    capacity: float = 0.0
+    inflight: int = field(default=0)
+
+    async def compute(
+        self, item: WorkItem, deadline: float = math.inf, internal: bool = False
+    ) -> Entry:
+        """Queue `item` on the serving path and wait for its result (also used by warm-up)."""
+        if self.runner is None:
+            raise StatusError(Code.UNAVAILABLE, "the engine is still loading")
+        entry = self.runner.submit(item, deadline, internal)
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        try:
+            await entry.future
+        except asyncio.CancelledError:
+            # Marks it for the engine thread, which drops it before compute if not yet launched.
+            entry.cancelled = True
+            raise
+        finally:
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+        return entry
+
+    async def submit(self, item: WorkItem) -> npt.NDArray[np.float32]:
+        """The warm-up's and self-check's way in: the serving path, not counted as served."""
+        entry = await self.compute(item, internal=True)
+        return entry.future.result()
+
+
+class WorkerService(pb_grpc.WorkerServicer):
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+
+    async def Embed(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.EmbedRequest,
+        context: grpc.aio.ServicerContext[pb.EmbedRequest, pb.EmbedResponse],
+    ) -> pb.EmbedResponse:
+        def reply(entry: Entry) -> pb.EmbedResponse:
+            result = entry.future.result()
+            return pb.EmbedResponse(
+                embeddings=pack_floats(result, request.format),
+                count=int(result.shape[0]),
+                dimensions=int(result.shape[1]),
+                format=request.format,
+                prompt_tokens=entry.tokens,
+            )
+
+        return await self._serve(
+            "Embed", request.batch, lambda: _embed_options(request), reply, context
+        )
+
+    async def Score(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.ScoreRequest,
+        context: grpc.aio.ServicerContext[pb.ScoreRequest, pb.ScoreResponse],
+    ) -> pb.ScoreResponse:
+        def reply(entry: Entry) -> pb.ScoreResponse:
+            scores = entry.future.result()
+            return pb.ScoreResponse(
+                scores=pack_floats(scores.reshape(-1)),
+                count=int(scores.size),
+                prompt_tokens=entry.tokens,
+            )
+
+        options = Options(activate=request.activate)
+        return await self._serve("Score", request.batch, lambda: options, reply, context)
+
+    async def Info(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.InfoRequest,
+        context: grpc.aio.ServicerContext[pb.InfoRequest, pb.InfoResponse],
+    ) -> pb.InfoResponse:
+        state = self.state
+        queued_requests, queued_tokens = state.runner.queued() if state.runner else (0, 0)
+        reply = pb.InfoResponse(
+            model_name=state.model.name,
+            task=state.model.task,
+            max_batch_tokens=state.budget.max_tokens,
+            vocab_size=state.model.vocab_size,
+            capacity_tokens_per_second=state.capacity,
+            default_pooling=_POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
+            default_normalize=state.model.normalize,
+            queued_requests=queued_requests,
+            queued_tokens=queued_tokens,
+            ready=state.ready and not state.draining,
+            draining=state.draining,
+        )
+        if state.engine is not None:
+            info = state.engine.info
+            reply.dimensions = info.dimensions
+            reply.max_input_tokens = info.max_input_tokens
+            reply.dtype = info.dtype
+            reply.device = info.device
+        self._record("Info", Code.OK, None)
+        return reply
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    async def _serve(
+        self,
+        rpc: str,
+        batch: pb.TokenBatch,
+        options: Callable[[], Options],
+        reply: Callable[[Entry], R],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> R:
+        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes."""
+        started = time.perf_counter()
+        code = Code.OK
+        try:
+            self._check_task(_TASKS[rpc])
+            entry = await self._run(batch, options(), context)
+            return reply(entry)
+        except StatusError as failure:
+            code = failure.code
+            await context.abort(failure.code, failure.message)
+        except asyncio.CancelledError:
+            code = _cancel_code(context)
+            raise
+        finally:
+            self._record(rpc, code, started)
+        raise AssertionError("unreachable: abort raises")
+
+    def _check_task(self, task: str) -> None:
+        if self.state.model.task != task:
+            raise StatusError(
+                Code.FAILED_PRECONDITION,
+                f"this worker serves a {self.state.model.task} model; it cannot {task}",
+            )
+
+    async def _run(
+        self,
+        batch: pb.TokenBatch,
+        options: Options,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> Entry:
+        state = self.state
+        if state.draining:
+            raise StatusError(Code.UNAVAILABLE, "the worker is draining")
+        if not state.ready or state.engine is None:
+            raise StatusError(Code.UNAVAILABLE, "the worker is warming up")
+        try:
+            tokens = unpack_tokens(batch)
+        except CodecError as exc:
+            raise StatusError(Code.INVALID_ARGUMENT, f"malformed token batch: {exc}") from None
+        if admit(tokens.total, tokens.count, state.budget) is Admission.REJECT:
+            raise StatusError(
+                Code.INVALID_ARGUMENT,
+                f"the request has {tokens.total} tokens; "
+                f"the limit is {state.budget.hard_max_tokens}",
+            )
+        dims = state.engine.info.dimensions
+        if options.dimensions > dims:
+            raise StatusError(
+                Code.INVALID_ARGUMENT, f"dimensions {options.dimensions} exceeds the model's {dims}"
+            )
+        item = WorkItem(tokens, options)
+        try:
+            state.engine.validate(item)
+        except InvalidInput as exc:
+            raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
+        remaining = context.time_remaining()
+        deadline = math.inf if remaining is None else time.monotonic() + remaining
+        try:
+            entry = await state.compute(item, deadline)
+        except QueueFullError as exc:
+            raise StatusError(
+                Code.RESOURCE_EXHAUSTED, f"the worker's queue is full: {exc}"
+            ) from None
+        except DroppedError as exc:
+            if exc.reason is DropReason.DEADLINE:
+                raise StatusError(Code.DEADLINE_EXCEEDED, "deadline passed while queued") from None
+            raise StatusError(Code.CANCELLED, "cancelled while queued") from None
+        except EngineError as exc:
+            raise StatusError(Code.INTERNAL, f"the engine failed: {exc}") from None
+        context.set_trailing_metadata(
+            (("embedfleet-batch", str(entry.batch_no)), ("embedfleet-arrival", str(entry.seq)))
+        )
+        return entry
+
+    def _record(self, rpc: str, code: grpc.StatusCode, started: float | None) -> None:
+        metrics = self.state.metrics
+        metrics.requests.labels(rpc, code.name).inc()
+        if started is not None:
+            metrics.request.observe(time.perf_counter() - started)
+
+
+def _embed_options(request: pb.EmbedRequest) -> Options:
+    if request.format not in FLOAT_DTYPES:
+        raise StatusError(Code.INVALID_ARGUMENT, f"unknown float format {request.format}")
+    if request.pooling not in _POOLING:
+        raise StatusError(Code.INVALID_ARGUMENT, f"unknown pooling {request.pooling}")
+    return Options(
+        pooling=_POOLING[request.pooling],
+        normalize=request.normalize if request.HasField("normalize") else None,
+        dimensions=int(request.dimensions),
+    )
+
+
+def _cancel_code(context: grpc.aio.ServicerContext[Any, Any]) -> grpc.StatusCode:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return Code.DEADLINE_EXCEEDED
+    return Code.CANCELLED
