@@ -7,7 +7,7 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto proto-check tools bench clean
+.PHONY: install run test lint format proto tools prometheus bench clean
 
 install: $(STAMP)
 
@@ -38,7 +38,11 @@ proto: install
 tools:
 	bash hack/build-tools.sh
 
-test: install tools lint
+# Debian's prometheus + promtool, for the dashboard and alert tests (idempotent).
+prometheus:
+	bash hack/install-prometheus.sh
+
+test: install tools prometheus lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install

@@ -1,4 +1,4 @@
-"""Bad input raises InvalidInput, and the engine keeps working afterwards."""
+"""Bad input raises InvalidInputError, and the engine keeps working afterwards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from engine_helpers import item
 
 from embedfleet.common.codec import Tokens
-from embedfleet.worker.contract import InvalidInput, Options, WorkItem
+from embedfleet.worker.contract import InvalidInputError, Options, WorkItem
 from embedfleet.worker.engine import TorchEngine
 
 
@@ -49,10 +49,10 @@ def test_bad_input_is_refused_and_engine_recovers(minilm_fp32: TorchEngine, case
     good = item([[101, 7592, 2088, 102]])
     [before] = minilm_fp32.run([good])
     bad = bad_items(minilm_fp32)[case]
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInputError):
         minilm_fp32.validate(bad)
     # step() guards too (an id past the vocabulary would be a device assert on CUDA).
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInputError):
         minilm_fp32.step([good, bad])
     [after] = minilm_fp32.run([good])
     np.testing.assert_array_equal(before, after)
@@ -64,7 +64,7 @@ def test_limit_defaults_to_sentence_transformers_max_seq_length() -> None:
     engine = TorchEngine(EngineConfig(device="cpu", dtype="float32"))
     assert engine.info.max_input_tokens == 256
     engine.validate(item([[101] * 256]))
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInputError):
         engine.validate(item([[101] * 257]))
 
 

@@ -7,8 +7,8 @@ the benchmark can put other servers (granian, ...) in front of the same app, e.g
 
 from __future__ import annotations
 
+from embedfleet.common import logs
 from embedfleet.common.settings import load
-from embedfleet.gateway import logs
 from embedfleet.gateway.app import Gateway
 from embedfleet.gateway.settings import ENV_PREFIX, GatewaySettings
 

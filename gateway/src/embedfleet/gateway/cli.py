@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from embedfleet.common import logs
 from embedfleet.common.settings import load
-from embedfleet.gateway import logs
 from embedfleet.gateway.app import Gateway
 from embedfleet.gateway.settings import ENV_PREFIX, GatewaySettings
 

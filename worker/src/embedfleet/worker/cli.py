@@ -6,9 +6,9 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from embedfleet.common import logs
 from embedfleet.common.settings import load
 from embedfleet.worker.lifecycle import serve
-from embedfleet.worker.logs import setup_logging
 from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
 
 
@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="embedfleet-worker",
         description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
     )
-    setup_logging(settings.log_level)
+    logs.configure(settings.log_level)
     sys.exit(asyncio.run(serve(settings)))
 
 

@@ -20,7 +20,7 @@ from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import Pooling, Task
 
 
-class InvalidInput(ValueError):
+class InvalidInputError(ValueError):
     """A request the model cannot take (empty, too long, id outside the vocabulary).
 
     The server maps it to gRPC INVALID_ARGUMENT; the engine stays usable afterwards.
@@ -85,7 +85,7 @@ class Engine(Protocol):
     def info(self) -> EngineInfo: ...
 
     def validate(self, item: WorkItem) -> None:
-        """Raise InvalidInput if `item` can't run; cheap, called at admission."""
+        """Raise InvalidInputError if `item` can't run; cheap, called at admission."""
         ...
 
     def step(self, items: Sequence[WorkItem]) -> Pending:

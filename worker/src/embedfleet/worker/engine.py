@@ -19,7 +19,13 @@ from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, Pooling, load_model_dir, resolve_model_path
 from embedfleet.worker.attention import AttentionBackend, GroupedBackend, select_backend
 from embedfleet.worker.batch import DeviceBatch, HostBatch, pack, to_device
-from embedfleet.worker.contract import EngineInfo, GraphCounters, InvalidInput, Pending, WorkItem
+from embedfleet.worker.contract import (
+    EngineInfo,
+    GraphCounters,
+    InvalidInputError,
+    Pending,
+    WorkItem,
+)
 from embedfleet.worker.cuda_graphs import GraphRunner
 from embedfleet.worker.graphs import Action, BucketPolicy, GraphCache, GraphKey, GraphMode
 from embedfleet.worker.models import Model
@@ -136,26 +142,26 @@ class TorchEngine:
     def validate(self, item: WorkItem) -> None:
         tokens = item.tokens
         if tokens.count == 0:
-            raise InvalidInput("no sequences to run")
+            raise InvalidInputError("no sequences to run")
         lengths = tokens.lengths
         if int(lengths.min()) <= 0:
-            raise InvalidInput(f"sequence {int(np.argmin(lengths))} is empty")
+            raise InvalidInputError(f"sequence {int(np.argmin(lengths))} is empty")
         longest = int(lengths.max())
         if longest > self.max_tokens:
-            raise InvalidInput(
+            raise InvalidInputError(
                 f"sequence of {longest} tokens exceeds the limit of {self.max_tokens} tokens"
             )
         ids = tokens.ids
         if int(ids.min()) < 0 or int(ids.max()) >= self.shape.vocab_size:
-            raise InvalidInput(f"token id outside the vocabulary [0, {self.shape.vocab_size})")
+            raise InvalidInputError(f"token id outside the vocabulary [0, {self.shape.vocab_size})")
         types = tokens.type_ids
         if types is not None and types.size and int(types.max()) >= self.shape.type_vocab_size:
-            raise InvalidInput(
+            raise InvalidInputError(
                 f"token type id outside [0, {self.shape.type_vocab_size}) for this model"
             )
         dims = item.options.dimensions
         if self.model_dir.task == "embed" and not 0 <= dims <= self.shape.hidden_size:
-            raise InvalidInput(
+            raise InvalidInputError(
                 f"dimensions must be between 1 and {self.shape.hidden_size} (0 for all)"
             )
 

@@ -15,7 +15,7 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.worker.contract import (
     EngineInfo,
     GraphCounters,
-    InvalidInput,
+    InvalidInputError,
     Pending,
     WorkItem,
 )
@@ -38,16 +38,16 @@ def check_tokens(item: WorkItem, max_input_tokens: int, vocab_size: int) -> None
     """The input checks every engine makes: non-empty, within the length limit, ids in vocab."""
     tokens = item.tokens
     if tokens.count == 0:
-        raise InvalidInput("the batch holds no sequences")
+        raise InvalidInputError("the batch holds no sequences")
     if int(tokens.lengths.min()) == 0:
-        raise InvalidInput("empty sequence")
+        raise InvalidInputError("empty sequence")
     longest = int(tokens.lengths.max())
     if longest > max_input_tokens:
-        raise InvalidInput(f"a sequence has {longest} tokens; the limit is {max_input_tokens}")
+        raise InvalidInputError(f"a sequence has {longest} tokens; the limit is {max_input_tokens}")
     if int(tokens.ids.min()) < 0 or int(tokens.ids.max()) >= vocab_size:
-        raise InvalidInput(f"token id outside the vocabulary [0, {vocab_size})")
+        raise InvalidInputError(f"token id outside the vocabulary [0, {vocab_size})")
     if tokens.type_ids is not None and tokens.type_ids.size and int(tokens.type_ids.max()) > 1:
-        raise InvalidInput("token type ids must be 0 or 1")
+        raise InvalidInputError("token type ids must be 0 or 1")
 
 
 class NullEngine:
@@ -81,7 +81,9 @@ class NullEngine:
         check_tokens(item, self._info.max_input_tokens, self._info.vocab_size)
         dims = item.options.dimensions
         if dims > self._info.dimensions:
-            raise InvalidInput(f"dimensions {dims} exceeds the model's {self._info.dimensions}")
+            raise InvalidInputError(
+                f"dimensions {dims} exceeds the model's {self._info.dimensions}"
+            )
 
     def step(self, items: Sequence[WorkItem]) -> Pending:
         self._runs += 1

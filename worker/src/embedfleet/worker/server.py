@@ -22,7 +22,7 @@ from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpac
 from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.worker.contract import Engine, InvalidInput, Options, WorkItem
+from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
 from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
@@ -218,7 +218,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         item = WorkItem(tokens, options)
         try:
             state.engine.validate(item)
-        except InvalidInput as exc:
+        except InvalidInputError as exc:
             raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
         remaining = context.time_remaining()
         deadline = math.inf if remaining is None else time.monotonic() + remaining

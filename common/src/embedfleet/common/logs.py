@@ -1,4 +1,8 @@
-"""JSON-lines logging for the worker. Records carry counts and timings, never request content."""
+"""JSON-lines logging shared by every component.
+
+One object per record: timestamp, level, logger, message and any `extra=` fields. Callers pass
+counts, timings and ids in `extra`, never request text or secrets.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,19 @@ import sys
 from typing import Any, TextIO
 
 # Attributes every LogRecord has; anything else came through `extra=` and is logged as a field.
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+# uvicorn adds `color_message`, a duplicate of the message with terminal colours.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
+            # Epoch seconds: sortable, comparable with time.time(), parsed by every log shipper.
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -27,8 +38,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def setup_logging(level: str, stream: TextIO = sys.stderr) -> None:
-    handler = logging.StreamHandler(stream)
+def configure(level: str, stream: TextIO | None = None) -> None:
+    """Route the root logger to `stream` (stderr) as JSON lines at `level`."""
+    handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
