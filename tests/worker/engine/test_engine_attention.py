@@ -30,8 +30,16 @@ def per_sequence(q, k, v, lengths, causal):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
-def test_grouped_matches_per_sequence(causal: bool, kv_heads: int) -> None:
-    lengths = np.array([5, 1, 64, 63, 60, 17, 16, 130, 2, 2, 2], np.int64)
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [5, 1, 64, 63, 60, 17, 16, 130, 2, 2, 2],  # mixed; the adjacent 2s are read as one view
+        [32, 32, 32, 32],  # the whole batch one view
+        [7, 32, 9, 32, 32],  # equal lengths, not all adjacent: gathered
+    ],
+)
+def test_grouped_matches_per_sequence(causal: bool, kv_heads: int, sizes: list[int]) -> None:
+    lengths = np.array(sizes, np.int64)
     total = int(lengths.sum())
     g = torch.Generator().manual_seed(0)
     q = torch.randn(total, 4, 8, generator=g)

@@ -84,6 +84,10 @@ class Fleet:
     def _plan(self) -> None:
         ports = free_ports(2 * self.workers)
         model = ["--model", self.model] if self.model else []
+        threads: list[str] = []
+        if not any(a.startswith("--threads") for a in self.worker_args):
+            # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
+            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // self.workers))]
         for i in range(self.workers):
             argv = [
                 _script("embedfleet-worker"),
@@ -92,6 +96,7 @@ class Fleet:
                 str(ports[2 * i]),
                 "--metrics-port",
                 str(ports[2 * i + 1]),
+                *threads,
                 *self.worker_args,
             ]
             self.children.append(Child(f"worker-{i}", argv, ports[2 * i]))

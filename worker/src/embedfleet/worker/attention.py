@@ -151,7 +151,8 @@ class VarlenBackend:
 class _Group:
     batch: int
     length: int
-    #: token start when the group is one unpadded sequence (gathered by slicing), else -1
+    #: token start when the group's sequences are equal in length and adjacent in the packed
+    #: batch (read as a view, no gather), else -1
     start: int
     gather: torch.Tensor | None  # [B * L] token index per padded slot
     scatter_src: torch.Tensor | None  # rows of the padded output that hold real tokens
@@ -168,21 +169,13 @@ class _GroupedPlan:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
         first = self.groups[0] if self.groups else None
-        if first is not None and first.start == 0 and first.length == self.total:
-            # One sequence: the whole batch, no gather or scatter.
-            return _sdpa(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), None, self.causal, gqa)[0]
+        if first is not None and first.start == 0 and first.batch * first.length == self.total:
+            # The whole batch is one run of equal-length sequences: views only, no copies.
+            return self._span(first, q, k, v, gqa)
         out = q.new_empty(q.shape)
         for g in self.groups:
             if g.start >= 0:
-                span = slice(g.start, g.start + g.length)
-                out[span] = _sdpa(
-                    q[span].unsqueeze(0),
-                    k[span].unsqueeze(0),
-                    v[span].unsqueeze(0),
-                    None,
-                    self.causal,
-                    gqa,
-                )[0]
+                out[g.start : g.start + g.batch * g.length] = self._span(g, q, k, v, gqa)
                 continue
             assert g.gather is not None
             shape = (g.batch, g.length)
@@ -197,6 +190,21 @@ class _GroupedPlan:
                 assert g.scatter_dst is not None
                 out.index_copy_(0, g.scatter_dst, res.index_select(0, g.scatter_src))
         return out
+
+    def _span(
+        self, g: _Group, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool
+    ) -> torch.Tensor:
+        """A group stored contiguously in the packed batch: [B * L] rows viewed as [B, L]."""
+        span = slice(g.start, g.start + g.batch * g.length)
+        shape = (g.batch, g.length)
+        return _sdpa(
+            q[span].view(*shape, *q.shape[1:]),
+            k[span].view(*shape, *k.shape[1:]),
+            v[span].view(*shape, *v.shape[1:]),
+            None,
+            self.causal,
+            gqa,
+        ).flatten(0, 1)
 
 
 def _sdpa(
@@ -266,6 +274,11 @@ class GroupedBackend:
             top = int(lens[0])
             if len(members) == 1:
                 groups.append(_Group(1, top, int(starts[members[0]]), None, None, None, None))
+                continue
+            member_starts = starts[members]
+            if (lens == top).all() and (np.diff(member_starts) == top).all():
+                # Equal lengths, stored one after another: a view of the packed rows suffices.
+                groups.append(_Group(len(members), top, int(member_starts[0]), *(None,) * 4))
                 continue
             offsets = np.arange(top, dtype=np.int64)
             # Padded slots read the sequence's first token; the mask (or causality) hides them.

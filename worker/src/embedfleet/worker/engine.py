@@ -56,6 +56,7 @@ class EngineConfig:
     max_input_tokens: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    threads: int = 0
     attention: str = "auto"
     cuda_graphs: GraphMode = "lazy"
     graph_buckets: tuple[int, ...] = ()
@@ -74,6 +75,7 @@ class EngineConfig:
             max_input_tokens=s.max_input_tokens,
             device=s.device,
             dtype=s.dtype,
+            threads=s.threads,
             attention=s.attention,
             cuda_graphs=mode,
             graph_buckets=tuple(s.graph_buckets),
@@ -91,6 +93,9 @@ class TorchEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.threads > 0:
+            # Process-wide, and set before the first op: the engine is the process's only user.
+            torch.set_num_threads(config.threads)
         self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model))
         self.device = resolve_device(config.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)

@@ -39,6 +39,11 @@ class WorkerSettings:
         "fp32), float32, bfloat16, float16.",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
+    threads: int = setting(
+        0,
+        "CPU threads torch uses inside one operation; 0 keeps torch's default (one per core). "
+        "Give each worker its share when several run on one machine (embedfleet serve does).",
+    )
     attention: str = setting(
         "auto",
         "Attention backend: auto (fastest available for the device), torch, flash-attn.",
