@@ -1,0 +1,289 @@
+"""Gateway benchmarks: harness overhead with the null engine, the concurrency suite against the
+worker alone, and the HTTP server candidates behind the same app.
+
+Run: ``python -m embedfleet.bench.gateway [--suites overhead,concurrency,servers] [--engine null]``.
+Every system runs in this process tree on the same inputs; ratios are printed side by side. The
+client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so its own cost stays small next
+to the gateway's (httpx costs a few hundred microseconds per request by itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import grpc
+import orjson
+
+from embedfleet.bench.http_load import Call, run_point
+from embedfleet.common.codec import pack_tokens
+from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.gateway.fleet import Fleet, free_ports
+
+TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
+CONCURRENCY = (1, 2, 4, 8, 16)
+
+
+class RawHttp:
+    """One keep-alive HTTP/1.1 connection; requests are pre-encoded bytes."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> bytes:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode()
+        self._writer.write(head + body)
+        status_and_headers = await self._reader.readuntil(b"\r\n\r\n")
+        status = int(status_and_headers[9:12])
+        length = 0
+        for line in status_and_headers.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        data = await self._reader.readexactly(length)
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+        return data
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+@dataclass(frozen=True)
+class Row:
+    suite: str
+    system: str
+    clients: int
+    p50_ms: float
+    p99_ms: float
+    requests_per_second: float
+    errors: int
+    #: CPU time the measured server process tree spent per request: unlike latency, this barely
+    #: moves when other jobs share the machine
+    server_cpu_us: float
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User+system CPU of `pid` and all its descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += stats.get(current, (0, 0.0))[1]
+        todo += [child for child, (parent, _) in stats.items() if parent == current]
+    return total
+
+
+async def measure_row(
+    suite: str, system: str, call: Call, clients: int, seconds: float, pid: int
+) -> Row:
+    warm = min(1.0, seconds / 3)
+    await run_point(call, clients, warm, 0, 0, 1)
+    before = tree_cpu_seconds(pid)
+    m = await run_point(call, clients, seconds, 0, 0, 1, min_requests=20)
+    cpu = (tree_cpu_seconds(pid) - before) / max(1, m.requests) * 1e6
+    return Row(suite, system, m.clients, m.p50_ms, m.p99_ms, m.requests_per_second, m.errors, cpu)
+
+
+def gateway_call(port: int, clients: int, body: bytes) -> tuple[Call, list[RawHttp]]:
+    conns = [RawHttp("127.0.0.1", port) for _ in range(clients)]
+
+    async def call(index: int, n: int) -> None:
+        await conns[index].post("/v1/embeddings", body)
+
+    return call, conns
+
+
+def worker_call(address: str, batch: pb.TokenBatch) -> tuple[Call, grpc.aio.Channel]:
+    channel = grpc.aio.insecure_channel(address)
+    stub = pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
+    request = pb.EmbedRequest(batch=batch)
+
+    async def call(index: int, n: int) -> None:
+        await stub.Embed(request, timeout=30)
+
+    return call, channel
+
+
+def _spawn_gateway(
+    argv: list[str], env: dict[str, str], port: int, log: Path
+) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{argv[:3]} exited; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{argv[:3]} not ready; see {log}")
+
+
+def server_candidates(workers: str, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The same gateway app behind each HTTP server (configured by env vars, asgi.py)."""
+    env = {"EMBEDFLEET_GATEWAY_WORKERS": workers, "EMBEDFLEET_GATEWAY_LOG_LEVEL": "warning"}
+    py = sys.executable
+    factory = "embedfleet.gateway.asgi:create_app"
+    uvicorn = [py, "-m", "uvicorn", "--factory", factory, "--port", str(port), "--no-access-log"]
+    granian = [
+        py,
+        "-m",
+        "granian",
+        "--interface",
+        "asgi",
+        "--factory",
+        factory,
+        "--port",
+        str(port),
+    ]
+    granian += ["--loop", "uvloop", "--no-log"]
+    candidates = {
+        "uvicorn+uvloop+httptools": ([*uvicorn, "--loop", "uvloop", "--http", "httptools"], env),
+        "uvicorn+asyncio+h11": ([*uvicorn, "--loop", "asyncio", "--http", "h11"], env),
+        "granian(asgi,uvloop,st)": ([*granian, "--runtime-mode", "st"], env),
+        "granian(asgi,uvloop,mt)": ([*granian, "--runtime-mode", "mt"], env),
+    }
+    if importlib.util.find_spec("granian") is None:  # optional: `pip install granian` to compare
+        print("granian is not installed: its candidates are skipped", file=sys.stderr)
+        candidates = {k: v for k, v in candidates.items() if not k.startswith("granian")}
+    return candidates
+
+
+async def run(args: argparse.Namespace) -> list[Row]:
+    suites = set(args.suites.split(","))
+    model = load_model_dir(default_model_path())
+    ids = model.tokenizer().encode(TEXT).ids
+    batch = pack_tokens([ids])
+    body = orjson.dumps({"input": TEXT})
+    worker_args = ["--engine", args.engine, "--warmup-seconds", "0.5"]
+    (gw_port,) = free_ports(1)
+    rows: list[Row] = []
+    logs = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    with Fleet(workers=args.workers, port=gw_port, worker_args=worker_args, log_dir=logs) as fleet:
+        worker, gateway = fleet.worker_children[0], fleet.children[-1]
+        assert worker.process is not None
+        assert gateway.process is not None
+        levels = (1,) if suites == {"overhead"} else CONCURRENCY
+        for clients in levels if suites & {"overhead", "concurrency"} else ():
+            wcall, channel = worker_call(worker.address, batch)
+            name = "worker alone (gRPC)"
+            pid = worker.process.pid
+            rows.append(await measure_row("concurrency", name, wcall, clients, args.seconds, pid))
+            await channel.close(None)
+            gcall, conns = gateway_call(gw_port, clients, body)
+            name = "gateway+worker (HTTP)"
+            pid = gateway.process.pid
+            rows.append(await measure_row("concurrency", name, gcall, clients, args.seconds, pid))
+            for c in conns:
+                c.close()
+        if "servers" in suites:
+            addresses = ",".join(c.address for c in fleet.worker_children)
+            (port,) = free_ports(1)
+            for name, (argv, env) in server_candidates(addresses, port).items():
+                proc = _spawn_gateway(argv, env, port, logs / "server.log")
+                try:
+                    for clients in (1, 16):
+                        call, conns = gateway_call(port, clients, body)
+                        row = await measure_row(
+                            "servers", name, call, clients, args.seconds, proc.pid
+                        )
+                        rows.append(row)
+                        for c in conns:
+                            c.close()
+                finally:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(20)
+    return rows
+
+
+def table(rows: Sequence[Row]) -> str:
+    lines = [
+        "| suite | system | clients | p50 ms | p99 ms | req/s | server CPU µs/req | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.suite} | {r.system} | {r.clients} | {r.p50_ms:.3f} | {r.p99_ms:.3f} | "
+            f"{r.requests_per_second:.0f} | {r.server_cpu_us:.0f} | {r.errors} |"
+        )
+    # The overhead the gateway adds: same clients, same input, gateway path minus worker alone.
+    by = {(r.system, r.clients): r for r in rows if r.suite == "concurrency"}
+    extra = []
+    for (system, clients), r in sorted(by.items()):
+        if system.startswith("gateway") and ("worker alone (gRPC)", clients) in by:
+            w = by[("worker alone (gRPC)", clients)]
+            extra.append(
+                f"| {clients} | {r.p50_ms - w.p50_ms:+.3f} | "
+                f"{r.requests_per_second / max(w.requests_per_second, 1e-9):.2f} |"
+            )
+    if extra:
+        lines += [
+            "",
+            "| clients | gateway p50 overhead ms | gateway/worker req/s |",
+            "| --- | --- | --- |",
+            *extra,
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.gateway")
+    parser.add_argument("--suites", default="overhead,concurrency,servers")
+    parser.add_argument("--engine", default="null", help="worker engine: null (harness) or torch")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
+    parser.add_argument("--json", default="", help="also write the rows here")
+    args = parser.parse_args(argv)
+    rows = asyncio.run(run(args))
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
