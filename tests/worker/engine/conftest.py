@@ -93,21 +93,3 @@ def qwen3_bidir_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (path / "config.json").write_text(json.dumps(config))
     write_pooling(path, "mean_tokens", normalize=True)
     return path
-
-
-@pytest.fixture(scope="session")
-def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(2)
-    config = BertConfig(
-        vocab_size=500,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=128,
-        num_labels=1,
-    )
-    model = BertForSequenceClassification(config).eval()
-    return save_model(model, tmp_path_factory.mktemp("cross-encoder"))

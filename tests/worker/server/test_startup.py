@@ -73,31 +73,11 @@ def test_null_engine_serves_replies_derived_from_the_ids(tmp_path: Path) -> None
         assert worker.metric("embedfleet_worker_eager_runs_total") > 0
 
 
-def _tiny_cross_encoder(path: Path) -> Path:
-    """A random-weight BERT cross-encoder (one logit), saved as transformers saves it."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=500,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        num_labels=1,
-    )  # type: ignore[call-arg]
-    model = BertForSequenceClassification(config).eval()  # type: ignore[no-untyped-call]
-    model.save_pretrained(str(path))
-    return path
-
-
-def test_score_rpc_matches_transformers(tmp_path: Path) -> None:
+def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path) -> None:
     import torch
     from transformers import BertForSequenceClassification
 
-    model = _tiny_cross_encoder(tmp_path / "ce")
+    model = cross_encoder_dir
     rng = np.random.default_rng(0)
     pairs = [rng.integers(5, 500, n).tolist() for n in (3, 17, 60)]
     types = [[0] * (len(p) // 2) + [1] * (len(p) - len(p) // 2) for p in pairs]
