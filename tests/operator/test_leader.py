@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedfleet.operator.leader import Observation, may_take, record_of
+from embedfleet.operator.leader import Observation, may_take, pod_owner, record_of
 
 
 def _lease(holder: str | None, renew: str = "t1", transitions: int = 0) -> dict[str, Any]:
@@ -26,3 +26,17 @@ def test_a_held_lease_waits_a_full_duration_from_first_sight() -> None:
 def test_a_renewal_restarts_the_wait() -> None:
     seen = Observation(record_of(_lease("other", "t1")), since=100.0)
     assert not may_take(_lease("other", "t2"), "me", seen, 200.0, 15.0)
+
+
+def test_the_holders_pod_owns_the_lease() -> None:
+    env = {"POD_NAME": "op-7c9", "POD_UID": "u-1", "POD_NAMESPACE": "embedfleet-system"}
+    assert pod_owner(env, "embedfleet-system") == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "op-7c9", "uid": "u-1"}
+    ]
+
+
+def test_no_owner_outside_a_pod_or_across_namespaces() -> None:
+    assert pod_owner({}, "default") == []
+    assert pod_owner({"POD_NAME": "op", "POD_NAMESPACE": "default"}, "default") == []
+    env = {"POD_NAME": "op", "POD_UID": "u-1", "POD_NAMESPACE": "embedfleet-system"}
+    assert pod_owner(env, "elsewhere") == []

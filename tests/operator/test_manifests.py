@@ -218,3 +218,71 @@ def test_user_settings_reach_the_pods() -> None:
     assert data["EMBEDFLEET_WORKER_MAX_INPUT_TOKENS"] == "128"
     assert data["EMBEDFLEET_WORKER_DTYPE"] == "float32"
     assert data["EMBEDFLEET_WORKER_DEVICE"] == "cpu"
+
+
+def _probes(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    kinds = ("startupProbe", "readinessProbe", "livenessProbe")
+    return {kind: container[kind] for kind in kinds if kind in container}
+
+
+@pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
+def test_probes_and_services_target_declared_ports(example: str) -> None:
+    objs = _children(_example(example))
+    pods = {
+        component: objs[f"Deployment/minilm-{component}"]["spec"]["template"]["spec"]
+        for component in ("worker", "gateway")
+    }
+    for pod in pods.values():
+        (container,) = pod["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for kind, probe in _probes(container).items():
+            if "grpc" in probe:
+                assert probe["grpc"]["port"] in ports.values(), kind
+            else:
+                assert probe["httpGet"]["port"] in ports, kind
+            # kubelet's default timeout is 1 s, too short for a loaded node.
+            assert probe["timeoutSeconds"] >= 5, kind
+    for service, component in (("minilm-worker", "worker"), ("minilm", "gateway")):
+        (container,) = pods[component]["containers"]
+        names = {p["name"] for p in container["ports"]}
+        for port in objs[f"Service/{service}"]["spec"]["ports"]:
+            assert port["targetPort"] in names, (service, port)
+
+
+def test_worker_start_up_may_take_minutes_and_readiness_follows_it_soon() -> None:
+    dep = _children(_example("minilm.yaml"))["Deployment/minilm-worker"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
+    # Readiness is probed only after start-up succeeded: at most these seconds after SERVING.
+    assert startup["periodSeconds"] + container["readinessProbe"]["periodSeconds"] <= 7
+
+
+def test_grace_periods_cover_the_pre_stop_sleep_and_the_drain() -> None:
+    raw = {"model": {"source": "file:///m"}, "worker": {"drainSeconds": 50}}
+    objs = _children(raw)
+    for component, drain in (("worker", 50), ("gateway", 60)):
+        pod = objs[f"Deployment/minilm-{component}"]["spec"]["template"]["spec"]
+        pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert pod["terminationGracePeriodSeconds"] > pre_stop + drain, component
+
+
+@pytest.mark.parametrize(
+    ("resources", "threads"),
+    [
+        ({}, None),
+        ({"requests": {"cpu": "250m"}}, "1"),
+        ({"requests": {"cpu": "1"}}, "1"),
+        ({"requests": {"cpu": "1500m"}}, "2"),
+        ({"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}, "4"),
+        ({"limits": {"cpu": "2.5"}}, "3"),
+        ({"requests": {"memory": "1Gi"}}, None),
+    ],
+)
+def test_worker_threads_follow_the_pods_cpu_share(
+    resources: dict[str, Any], threads: str | None
+) -> None:
+    raw = {"model": {"source": "file:///m"}, "worker": {"resources": resources}}
+    data = _children(raw)["ConfigMap/minilm-config"]["data"]
+    # "0" keeps torch's default: a pod with no CPU figure may use the node's cores.
+    assert data["EMBEDFLEET_WORKER_THREADS"] == (threads or "0")

@@ -10,7 +10,9 @@ by comparing another host's wall clock with ours.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +52,17 @@ def may_take(
     return now - seen.since >= duration
 
 
+def pod_owner(env: Mapping[str, str], namespace: str) -> list[dict[str, Any]]:
+    """ownerReferences that name this replica's own pod (downward API: POD_NAME, POD_UID,
+    POD_NAMESPACE), so the garbage collector removes the Lease once its holder's pod is gone and
+    `helm uninstall` leaves none behind. None across namespaces: an owner must share the Lease's
+    namespace, or the garbage collector takes it for gone and deletes the Lease at once."""
+    name, uid = env.get("POD_NAME", ""), env.get("POD_UID", "")
+    if not name or not uid or env.get("POD_NAMESPACE") != namespace:
+        return []
+    return [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}]
+
+
 def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -64,6 +77,7 @@ class LeaderElector:
         self.name = name
         self.identity = identity
         self.duration = duration
+        self.owners = pod_owner(os.environ, namespace)
         self._seen: Observation | None = None
 
     def _spec(self, transitions: int, acquired: str) -> dict[str, Any]:
@@ -84,7 +98,11 @@ class LeaderElector:
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": self.namespace,
+                        "ownerReferences": self.owners,
+                    },
                     "spec": self._spec(0, _now_rfc3339()),
                 }
                 self.kube.request("POST", self.path.rsplit("/", 1)[0], body)
@@ -100,6 +118,9 @@ class LeaderElector:
             if holder != self.identity:
                 transitions += 1
             lease["spec"] = self._spec(transitions, acquired or _now_rfc3339())
+            if self.owners:
+                # The holder's pod owns the Lease (pod_owner); a successor takes that over too.
+                lease["metadata"]["ownerReferences"] = self.owners
             # The PUT carries resourceVersion: two candidates racing for it cannot both win.
             self.kube.request("PUT", self.path, lease)
             return True

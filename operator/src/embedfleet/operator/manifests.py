@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -146,12 +147,36 @@ def model_path(source: ModelSource) -> str:
     return source.path
 
 
+def cpu_cores(quantity: str) -> float | None:
+    """A Kubernetes CPU quantity ("2", "1.5", "500m") in cores; None for forms CPUs never use."""
+    text = quantity.strip()
+    scale = 1.0
+    if text.endswith("m"):
+        text, scale = text[:-1], 1e-3
+    try:
+        return float(text) * scale
+    except ValueError:
+        return None
+
+
+def worker_threads(resources: Resources) -> int:
+    """Torch's intra-op threads for a worker pod: its CPU share, rounded up (0: torch's default).
+
+    In a container torch counts the node's cores, not the pod's share: a 1-CPU worker on a
+    64-core node would start 64 threads that the CFS quota then throttles, and several workers on
+    one node would oversubscribe it. The limit is the share a pod may use; else its request.
+    """
+    cores = cpu_cores(resources.limits.get("cpu") or resources.requests.get("cpu") or "")
+    return max(1, math.ceil(cores)) if cores else 0
+
+
 def worker_env(spec: Spec) -> dict[str, str]:
     """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
     engine = spec.worker.engine
     return _env(
         WORKER_PREFIX,
         {
+            "threads": worker_threads(spec.worker.resources),
             "model": model_path(spec.model.source),
             "max_input_tokens": spec.model.max_input_tokens,
             "device": "cuda" if spec.worker.gpus > 0 else "cpu",
@@ -363,8 +388,9 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
             {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
         ],
-        # Loading weights, warm-up and the self-check may take minutes on a cold node.
-        "startupProbe": _grpc_probe(period=5, failures=180),
+        # Loading weights, warm-up and the self-check may take minutes on a cold node (15 at
+        # most); a short period lets readiness (checked only after start-up) follow SERVING soon.
+        "startupProbe": _grpc_probe(period=2, failures=450),
         "readinessProbe": _grpc_probe(period=5, failures=2),
         "livenessProbe": _grpc_probe(period=10, failures=6),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
@@ -420,14 +446,18 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
         "envFrom": [{"configMapRef": {"name": names.config}}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [http],
+        # The default 1 s timeout is too short for a busy node: one slow answer under load would
+        # take the gateway out of its Service (with one replica, the whole endpoint).
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": "http"},
             "periodSeconds": 5,
+            "timeoutSeconds": 5,
             "failureThreshold": 2,
         },
         "livenessProbe": {
             "httpGet": {"path": "/health", "port": "http"},
             "periodSeconds": 10,
+            "timeoutSeconds": 5,
             "failureThreshold": 6,
         },
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},

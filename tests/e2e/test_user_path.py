@@ -1,0 +1,372 @@
+"""The user's path on a real node, in order: `helm install`, `kubectl apply -f
+examples/minilm.yaml`, the unmodified openai client through the gateway Service, disruptions
+under steady load, scaling, deletion, `helm uninstall`. Pods run the images `make images` builds;
+nothing is faked.
+
+Each test starts from where the previous one left the cluster (pytest runs them in file order);
+every wait is bounded and names what it waited for. Figures go to the session's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.request
+from typing import Any
+
+import numpy as np
+from e2efleet import (
+    CHART,
+    EMB_PATH,
+    FIGURES,
+    NAME,
+    NAMESPACE,
+    RELEASE,
+    SYSTEM,
+    Applied,
+    Fleet,
+    Report,
+    is_ready,
+)
+
+TEXTS = [
+    "hello",
+    "Kubernetes keeps the declared number of replicas running.",
+    "A sentence about rivers, mountains and the weather in spring, long enough to need a "
+    "few dozen tokens of its own so that pooling sees more than a handful of positions.",
+]
+MIN_COSINE = 0.999
+"""Within 0.1% cosine of sentence-transformers."""
+MODEL = "all-MiniLM-L6-v2"
+
+
+def _cosines(got: list[list[float]], want: np.ndarray) -> list[float]:
+    rows = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(want, dtype=np.float64)
+    dots = (rows * ref).sum(axis=1)
+    return list(dots / (np.linalg.norm(rows, axis=1) * np.linalg.norm(ref, axis=1)))
+
+
+def _embed_ok(pod: dict[str, Any]) -> int:
+    """Embed RPCs a worker pod answered OK, from its /metrics (the host routes to pod IPs)."""
+    url = f"http://{pod['status']['podIP']}:9090/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    pattern = r'^embedfleet_worker_requests_total\{code="OK",rpc="Embed"\} ([0-9.e+]+)$'
+    match = re.search(pattern, text, re.MULTILINE)
+    return int(float(match.group(1))) if match else 0
+
+
+def _lossless(name: str, report: Report) -> None:
+    """Records the figure, then: the load ran, and not one request failed."""
+    FIGURES[f"{name}: requests sent, lost"] = (len(report.records), len(report.failures))
+    assert report.records
+    assert not report.failures, report.summary()
+
+
+def _patch(fleet: Fleet, spec: dict[str, Any]) -> None:
+    fleet.kubectl("patch", "-n", NAMESPACE, "embeddingdeployment", NAME, "--type=merge",
+                  "-p", json.dumps({"spec": spec}))  # fmt: skip
+
+
+def test_helm_install_runs_the_operator_under_the_charts_rbac(installed: Fleet) -> None:
+    fleet = installed
+    (pod,) = fleet.pods("operator", SYSTEM)
+    assert is_ready(pod)
+    assert pod["spec"]["serviceAccountName"] == RELEASE
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert fleet.forbidden_lines() == []
+    lease = fleet.api(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/{RELEASE}")
+    assert lease["spec"]["holderIdentity"] == pod["metadata"]["name"]
+    # Owned by the holder's pod, so `helm uninstall` leaves no Lease behind.
+    assert [o["uid"] for o in lease["metadata"]["ownerReferences"]] == [pod["metadata"]["uid"]]
+
+    # A changed pod template rolls the operator: the old pod must hand the Lease over.
+    started = time.monotonic()
+    fleet.node.cluster.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", SYSTEM, "--reuse-values",
+        "--set", "operator.resyncSeconds=30", "--wait", "--timeout", "120s", timeout=140,
+    )  # fmt: skip
+
+    def new_leader() -> str | None:
+        pods = [p for p in fleet.pods("operator", SYSTEM) if is_ready(p)]
+        lease = fleet.api(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/{RELEASE}")
+        holder = lease["spec"].get("holderIdentity")
+        names = [p["metadata"]["name"] for p in pods]
+        return holder if names == [holder] and holder != pod["metadata"]["name"] else None
+
+    fleet.wait("the upgraded operator pod to hold the Lease", new_leader, timeout=60)
+    FIGURES["helm upgrade: operator rolled and leading (s)"] = round(time.monotonic() - started, 1)
+
+
+def test_available_only_once_real_worker_pods_passed_readiness(applied: Applied) -> None:
+    fleet = applied.fleet
+    for sample in applied.samples:
+        if sample["available"]:
+            assert sample["workers"] >= 1, applied.samples
+            assert sample["gateways"] >= 1, applied.samples
+    assert not applied.samples[0]["available"], "Available before any pod could have started"
+    workers = fleet.pods("worker")
+    assert len(workers) == 2
+    for pod in workers:
+        name = pod["metadata"]["name"]
+        log = fleet.logs(NAMESPACE, name)
+        # Readiness came from the worker itself: weights loaded, warmed up, self-checked.
+        for line in ("engine loaded", "warm-up done", "self-check passed", "serving"):
+            assert line in log, f"{name} never logged {line!r}:\n{log[-3000:]}"
+    for component in ("worker", "gateway"):
+        pod = fleet.pods(component)[0]
+        name = pod["metadata"]["name"]
+        # The restricted security context holds in the running container.
+        probe = "import os; print(os.getuid(), os.getgid(), os.statvfs('/').f_flag & os.ST_RDONLY)"
+        out = fleet.kubectl("exec", "-n", NAMESPACE, name, "--", "python3", "-c", probe)
+        assert out.split() == ["65532", "65532", "1"], (component, out)  # uid, gid, read-only /
+
+
+def test_printer_columns_show_the_fleet(applied: Applied) -> None:
+    fleet = applied.fleet
+    out = fleet.kubectl("get", "-n", NAMESPACE, "embeddingdeployment", NAME, "-o", "wide")
+    header, row = out.strip().splitlines()
+    columns = dict(
+        zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip()), strict=False)
+    )
+    ready = sum(is_ready(p) for p in fleet.pods("worker"))
+    assert columns["NAME"] == NAME
+    assert columns["MODEL"] == "file:///opt/embedfleet/models/all-MiniLM-L6-v2"
+    assert columns["READY"] == str(ready) == "2"
+    assert columns["DESIRED"] == "2"
+    assert columns["AVAILABLE"] == "True"
+    FIGURES["kubectl get emb -o wide"] = " | ".join(f"{k}={v}" for k, v in columns.items())
+
+
+def test_openai_client_through_kubectl_port_forward(applied: Applied, reference: Any) -> None:
+    import openai
+
+    fleet = applied.fleet
+    cluster = fleet.node.cluster
+    argv = [str(cluster.tools.path("kubectl")), f"--kubeconfig={cluster.kubeconfig}"]
+    argv += ["port-forward", "-n", NAMESPACE, f"svc/{NAME}", ":80"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
+        match = re.search(r"127\.0\.0\.1:(\d+)", line)
+        assert match, line
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{match.group(1)}/v1", api_key="x")
+        reply = client.embeddings.create(model=MODEL, input=TEXTS)
+        assert [m.id for m in client.models.list()] == [MODEL]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    got = [item.embedding for item in reply.data]
+    assert min(_cosines(got, reference.encode(TEXTS))) >= MIN_COSINE
+
+
+def test_openai_client_in_cluster_through_the_service_address(
+    applied: Applied, reference: Any
+) -> None:
+    fleet = applied.fleet
+    got = fleet.embed_in_node(f"http://{fleet.cluster_ip()}/v1", TEXTS)
+    assert min(_cosines(got, reference.encode(TEXTS))) >= MIN_COSINE
+
+
+def test_deleting_a_worker_pod_loses_no_request(applied: Applied) -> None:
+    fleet = applied.fleet
+    fleet.wait_settled(2, timeout=120)
+    with fleet.load("worker-delete") as load:
+        load.wait_running(4)
+        victim = fleet.ready_pods("worker")[0]
+        assert _embed_ok(victim) > 0, "the load never reached the worker about to be deleted"
+        started = time.monotonic()
+        fleet.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
+        gone = victim["metadata"]["uid"]
+        fleet.wait(
+            "the deleted worker gone and its replacement ready",
+            lambda: (
+                all(p["metadata"]["uid"] != gone for p in fleet.pods("worker"))
+                and len(fleet.ready_pods("worker")) == 2
+            ),
+            timeout=240,
+        )
+        FIGURES["worker pod deleted: replaced and ready (s)"] = round(time.monotonic() - started, 1)
+        load.wait_running(3)
+    _lossless("worker pod deleted", load.finish())
+
+
+def test_a_rolling_update_loses_no_request(applied: Applied) -> None:
+    fleet = applied.fleet
+    before = {p["metadata"]["uid"] for p in fleet.pods("worker")}
+    with fleet.load("rolling-update") as load:
+        load.wait_running(4)
+        started = time.monotonic()
+        _patch(fleet, {"worker": {"engine": {"maxBatchTokens": 8192}}})
+        fleet.wait(
+            "the workers rolled to the new spec",
+            lambda: (
+                not before & {p["metadata"]["uid"] for p in fleet.pods("worker")}
+                and len(fleet.ready_pods("worker")) == 2
+            ),
+            timeout=360,
+        )
+        fleet.wait_settled(2, timeout=60)
+        FIGURES["rolling update of 2 workers (s)"] = round(time.monotonic() - started, 1)
+        load.wait_running(3)
+    _lossless("rolling update", load.finish())
+    config = fleet.api(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config")
+    assert config["data"]["EMBEDFLEET_WORKER_MAX_BATCH_TOKENS"] == "8192"
+
+
+def test_scaling_to_three_sends_traffic_to_the_new_worker(applied: Applied) -> None:
+    fleet = applied.fleet
+    before = {p["metadata"]["uid"] for p in fleet.pods("worker")}
+    with fleet.load("scale") as load:
+        load.wait_running(3)
+        fleet.kubectl("scale", "-n", NAMESPACE, f"embeddingdeployment/{NAME}", "--replicas=3")
+
+        def new_ready() -> dict[str, Any] | None:
+            fresh = [p for p in fleet.ready_pods("worker") if p["metadata"]["uid"] not in before]
+            return fresh[0] if fresh else None
+
+        pod = fleet.wait("the third worker ready", new_ready, timeout=240)
+        ready_at = time.monotonic()
+        fleet.wait("the third worker's first request", lambda: _embed_ok(pod) > 0, timeout=30)
+        seconds = round(time.monotonic() - ready_at, 2)
+        FIGURES["scaled to 3: Ready to first request on the new worker (s)"] = seconds
+        load.wait_running(2)
+    _lossless("scale to 3", load.finish())
+    assert seconds < 5
+    status = fleet.emb()["status"]
+    assert (status["readyReplicas"], status["desiredReplicas"]) == (3, 3)
+
+
+def test_a_killed_gateway_pod_fails_only_what_it_held(applied: Applied) -> None:
+    fleet = applied.fleet
+    _patch(fleet, {"gateway": {"replicas": 2}})
+    slices = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+
+    def ready_addresses() -> set[str]:
+        found = fleet.api(slices, labelSelector=f"kubernetes.io/service-name={NAME}")
+        return {
+            address
+            for s in found["items"]
+            for e in s.get("endpoints") or ()
+            if (e.get("conditions") or {}).get("ready")
+            for address in e["addresses"]
+        }
+
+    fleet.wait("two ready gateway endpoints", lambda: len(ready_addresses()) == 2, timeout=120)
+    with fleet.load("gateway-kill", streams=4) as load:
+        load.wait_running(4)
+        victim = fleet.ready_pods("gateway")[0]
+        container = victim["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+        killed = time.monotonic()
+        fleet.node.ctr("tasks", "kill", "--signal", "SIGKILL", container)
+        ip = victim["status"]["podIP"]
+        fleet.wait("the killed gateway out of the Service", lambda: ip not in ready_addresses(),
+                   timeout=30)  # fmt: skip
+        removed = time.monotonic()
+        load.wait_running(5)
+        fleet.wait("the killed gateway restarted and back", lambda: len(ready_addresses()) == 2,
+                   timeout=120)  # fmt: skip
+        back = time.monotonic()
+        load.wait_running(3)
+    report = load.finish()
+    failed = report.failures
+    held = [r for r in failed if r["start"] < killed]
+    FIGURES["gateway SIGKILL: requests sent, failed (in flight at the kill, sent after)"] = (
+        len(report.records),
+        len(failed),
+        len(held),
+        len(failed) - len(held),
+    )
+    FIGURES["gateway SIGKILL: out of the Service after (s), back after (s)"] = (
+        round(removed - killed, 2),
+        round(back - killed, 2),
+    )
+    # The other gateway served throughout, and once the endpoint was gone (plus kube-proxy's
+    # sync) nothing failed: only what the killed pod held or was sent before it left.
+    assert [r for r in report.between(killed, removed + 1) if not r["error"]]
+    late = [r for r in failed if r["start"] >= removed + 1]
+    assert not late, report.summary()
+    assert fleet.forbidden_lines() == []
+
+
+def test_deleting_the_fleet_removes_everything(applied: Applied) -> None:
+    fleet = applied.fleet
+    started = time.monotonic()
+    fleet.kubectl("delete", "-n", NAMESPACE, "embeddingdeployment", NAME, timeout=120)
+    kinds = {
+        "/api/v1": ("configmaps", "services", "serviceaccounts", "pods"),
+        "/apis/apps/v1": ("deployments", "replicasets"),
+        "/apis/rbac.authorization.k8s.io/v1": ("roles", "rolebindings"),
+        "/apis/policy/v1": ("poddisruptionbudgets",),
+    }
+
+    def left() -> list[str]:
+        found = []
+        for root, plurals in kinds.items():
+            for plural in plurals:
+                items = fleet.api(
+                    f"{root}/namespaces/{NAMESPACE}/{plural}",
+                    labelSelector=f"app.kubernetes.io/instance={NAME}",
+                )["items"]
+                found += [f"{plural}/{i['metadata']['name']}" for i in items]
+        slices = fleet.api(f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices")
+        for s in slices["items"]:
+            if s["metadata"]["labels"].get("kubernetes.io/service-name") in (
+                NAME,
+                f"{NAME}-worker",
+            ):
+                found.append(f"endpointslices/{s['metadata']['name']}")
+        return found
+
+    try:
+        fleet.wait("every child of minilm gone", lambda: not left(), timeout=120)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}: {left()}") from err
+    assert fleet.api_or_none(f"{EMB_PATH}/{NAME}") is None
+    FIGURES["kubectl delete emb: everything gone (s)"] = round(time.monotonic() - started, 1)
+
+
+def test_helm_uninstall_leaves_no_operator_objects(installed: Fleet) -> None:
+    fleet = installed
+    assert fleet.forbidden_lines() == []
+    (pod,) = fleet.pods("operator", SYSTEM)
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    started = time.monotonic()
+    fleet.node.cluster.helm("uninstall", RELEASE, "--namespace", SYSTEM, "--wait",
+                            "--timeout", "120s", timeout=140)  # fmt: skip
+    namespaced = {
+        "/api/v1": ("pods", "services", "configmaps", "serviceaccounts"),
+        "/apis/apps/v1": ("deployments", "replicasets"),
+        "/apis/rbac.authorization.k8s.io/v1": ("roles", "rolebindings"),
+        "/apis/coordination.k8s.io/v1": ("leases",),
+    }
+    # What every namespace has whatever is installed.
+    expected = {"configmaps/kube-root-ca.crt", "serviceaccounts/default"}
+
+    def left() -> list[str]:
+        found = []
+        for root, plurals in namespaced.items():
+            for plural in plurals:
+                items = fleet.api(f"{root}/namespaces/{SYSTEM}/{plural}")["items"]
+                found += [f"{plural}/{i['metadata']['name']}" for i in items]
+        for plural in ("clusterroles", "clusterrolebindings"):
+            items = fleet.api(f"/apis/rbac.authorization.k8s.io/v1/{plural}")["items"]
+            found += [
+                f"{plural}/{i['metadata']['name']}"
+                for i in items
+                if i["metadata"]["name"].startswith(RELEASE)
+            ]
+        return sorted(set(found) - expected)
+
+    try:
+        fleet.wait("no operator object left", lambda: not left(), timeout=90)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}: {left()}") from err
+    FIGURES["helm uninstall: nothing left (s)"] = round(time.monotonic() - started, 1)
+    # Helm never deletes a chart's crds/ (README.md: CRDs are upgraded and removed by hand).
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    assert fleet.api_or_none(f"{crds}/embeddingdeployments.embedfleet.dev") is not None
