@@ -48,6 +48,8 @@ T = TypeVar("T")
 
 # libcni (inside containerd) caches each attachment's result here, named after the network.
 CNI_CACHE = Path("/var/lib/cni/results")
+# Paths kubelet and libcni fix for every instance on a host (kubelet's device-plugin socket).
+SHARED_HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/lib/cni"))
 CRI_NAMESPACE = "k8s.io"
 RUNTIME_CGROUP = "runtime"
 """The cgroup (below the node's) of containerd, kubelet and kube-proxy; shims inherit it."""
@@ -137,7 +139,7 @@ class RealNode:
         if os.geteuid() != 0:
             raise NodeError("a real node needs root (network namespaces, cgroups, mounts)")
         tools = ensure_node_tools(build=config.build)
-        state = nodeslots.claim(nodeslots.node_root(), undo)
+        state = nodeslots.claim(nodeslots.node_root(), undo, SHARED_HOST_PATHS)
         node = cls(config, tools, state)
         try:
             for directory in (node.paths.root, node.paths.pki, node.paths.cni_conf_dir):
@@ -206,6 +208,7 @@ class RealNode:
                 f"--config={kubelet_yaml}",
                 f"--kubeconfig={kubeconfigs['kubelet']}",
                 f"--root-dir={paths.kubelet_root}",
+                f"--cert-dir={paths.kubelet_root / 'pki'}",
                 f"--hostname-override={slot.name}",
                 f"--node-ip={slot.node_ip}",
                 "--v=1",

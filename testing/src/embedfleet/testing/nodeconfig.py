@@ -196,6 +196,8 @@ disabled_plugins = [
     bin_dirs = [{q(str(cni_bin_dir))}]
     conf_dir = {q(str(paths.cni_conf_dir))}
     max_conf_num = 1
+    # containerd raises lo itself: libcni would cache a result per pod outside our directory.
+    use_internal_loopback = true
 """
 
 

@@ -5,6 +5,10 @@ $EMBEDFLEET_NODE_ROOT (default /var/lib/embedfleet/nodes) holds <index>.json per
 <index>/, the node's directory. The record is written before anything is created and removed
 after everything is gone. A slot is live while its owner (the process that claimed it) or any
 recorded component runs; otherwise it is stale and reclaimed under the same lock.
+
+A few host paths are fixed by the components themselves (kubelet's device-plugin socket dir,
+libcni's cache dir) and shared by every node. host.json records the ones that did not exist
+before a node here made them; they are removed with the last slot.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Callable, Iterator
+import shutil
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,28 @@ def locked(root: Path) -> Iterator[None]:
         yield
 
 
+def _host_record(root: Path) -> Path:
+    return root / "host.json"
+
+
+def _note_shared(root: Path, paths: Sequence[Path]) -> None:
+    """Records which of the shared host paths a node is about to create."""
+    record = _host_record(root)
+    created = set(json.loads(record.read_text())["created"]) if record.exists() else set()
+    created.update(str(path) for path in paths if not path.exists())
+    record.write_text(json.dumps({"created": sorted(created)}) + "\n")
+
+
+def _drop_shared(root: Path) -> None:
+    """With no slot left, removes the shared host paths that nodes here created."""
+    record = _host_record(root)
+    if not record.exists() or any(read(root, i) is not None for i in range(MAX_SLOTS)):
+        return
+    for path in json.loads(record.read_text())["created"]:
+        shutil.rmtree(path, ignore_errors=True)
+    record.unlink()
+
+
 def reclaim_stale(root: Path, undo: Callable[[State], None]) -> list[int]:
     """Undoes every stale slot (call under `locked`); returns their indexes."""
     reclaimed = []
@@ -91,13 +118,17 @@ def reclaim_stale(root: Path, undo: Callable[[State], None]) -> list[int]:
             undo(state)
             state_path(root, index).unlink()
             reclaimed.append(index)
+    _drop_shared(root)
     return reclaimed
 
 
-def claim(root: Path, undo: Callable[[State], None]) -> State:
+def claim(
+    root: Path, undo: Callable[[State], None], shared_paths: Sequence[Path] = ()
+) -> State:
     """Reclaims stale slots, then records and returns the lowest free one."""
     with locked(root):
         reclaim_stale(root, undo)
+        _note_shared(root, shared_paths)
         for index in range(MAX_SLOTS):
             if read(root, index) is None:
                 slot = NodeSlot(index)
@@ -117,3 +148,4 @@ def release(root: Path, state: State, undo: Callable[[State], None]) -> None:
     with locked(root):
         undo(state)
         state_path(root, int(state["index"])).unlink(missing_ok=True)
+        _drop_shared(root)
