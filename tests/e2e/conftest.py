@@ -73,18 +73,10 @@ def applied(installed: Fleet) -> Applied:
     try:
         fleet.wait("EmbeddingDeployment minilm Available", available, timeout=420)
     except TimeoutError as err:
-        raise AssertionError(f"{err}; seen: {json.dumps(samples)}; {describe(fleet)}") from err
+        raise AssertionError(f"{err}; seen: {json.dumps(samples)}; {fleet.describe()}") from err
     seconds = round(time.monotonic() - started, 1)
     FIGURES["kubectl apply to Available=True (s)"] = seconds
     return Applied(fleet, seconds, samples)
-
-
-def describe(fleet: Fleet) -> str:
-    """What a user would look at when the fleet does not come up."""
-    out = fleet.node.cluster.kubectl(
-        "get", "pods,deployments,events", "-A", "-o", "wide", check=False
-    )
-    return out.stdout[-6000:] + out.stderr[-1000:]
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,13 @@ class Fleet:
                 found += [line for line in text.splitlines() if FORBIDDEN.search(line)]
         return found
 
+    def describe(self) -> str:
+        """What a user would look at when something does not come up."""
+        out = self.node.cluster.kubectl(
+            "get", "pods,deployments,events", "-A", "-o", "wide", check=False
+        )
+        return out.stdout[-6000:] + out.stderr[-1000:]
+
     def cluster_ip(self) -> str:
         return str(self.api(f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}")["spec"]["clusterIP"])
 

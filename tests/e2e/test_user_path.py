@@ -74,7 +74,7 @@ def _patch(fleet: Fleet, spec: dict[str, Any]) -> None:
 def test_helm_install_runs_the_operator_under_the_charts_rbac(installed: Fleet) -> None:
     fleet = installed
     (pod,) = fleet.pods("operator", SYSTEM)
-    assert is_ready(pod)
+    assert is_ready(pod), fleet.describe()
     assert pod["spec"]["serviceAccountName"] == RELEASE
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     assert fleet.forbidden_lines() == []

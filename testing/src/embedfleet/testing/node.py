@@ -281,7 +281,16 @@ class RealNode:
     def import_image(self, archive: Path, timeout: float = 600.0) -> None:
         """Imports a docker-archive or OCI tar into the node's containerd, where kubelet finds
         it (use `imagePullPolicy: Never` or `IfNotPresent`: this node pulls from nowhere)."""
-        self.ctr("images", "import", str(archive), timeout=timeout)
+        # Unpacked layers are all a node runs; keeping the archive's blobs too would double the
+        # disk an image takes (GBs for the worker).
+        self.ctr(
+            "images",
+            "import",
+            "--local",
+            "--discard-unpacked-layers",
+            str(archive),
+            timeout=timeout,
+        )
 
     def images(self) -> list[str]:
         """References of the images the node's kubelet can run."""
