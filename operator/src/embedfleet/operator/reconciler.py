@@ -150,21 +150,11 @@ class Reconciler:
                 key = f"{manifest['kind']}/{manifest['metadata']['name']}"
                 observed[key] = self.kube.apply(paths.of(manifest), manifest, MANAGER)
             if monitors and not spec.service_monitor.enabled:
-                self._delete_monitor(owner, spec)
+                self.kube.delete(paths.of(service_monitor(owner, spec)))
         except KubeError as err:
             log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
             return observed, err.message
         return observed, ""
-
-    def _delete_monitor(self, owner: Owner, spec: Spec) -> None:
-        """Removes a ServiceMonitor that monitoring no longer asks for."""
-        try:
-            self.kube.delete(paths.of(service_monitor(owner, spec)))
-        except KubeError as err:
-            # Forbidden: this operator may not manage ServiceMonitors (the chart's
-            # rbac.serviceMonitors is off), so it never made one; the CRD merely exists.
-            if err.status != 403:
-                raise
 
     def _deployment(
         self, observed: dict[str, Any], owner: Owner, component: str
