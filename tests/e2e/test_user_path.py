@@ -81,7 +81,8 @@ def test_helm_install_runs_the_operator_under_the_charts_rbac(installed: Fleet) 
     lease = fleet.api(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/{RELEASE}")
     assert lease["spec"]["holderIdentity"] == pod["metadata"]["name"]
     # Owned by the holder's pod, so `helm uninstall` leaves no Lease behind.
-    assert [o["uid"] for o in lease["metadata"]["ownerReferences"]] == [pod["metadata"]["uid"]]
+    owners = lease["metadata"].get("ownerReferences") or []
+    assert [o["uid"] for o in owners] == [pod["metadata"]["uid"]], lease["metadata"]
 
     # A changed pod template rolls the operator: the old pod must hand the Lease over.
     started = time.monotonic()
@@ -128,10 +129,13 @@ def test_available_only_once_real_worker_pods_passed_readiness(applied: Applied)
 def test_printer_columns_show_the_fleet(applied: Applied) -> None:
     fleet = applied.fleet
     out = fleet.kubectl("get", "-n", NAMESPACE, "embeddingdeployment", NAME, "-o", "wide")
-    header, row = out.strip().splitlines()
-    columns = dict(
-        zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip()), strict=False)
-    )
+    header, row = out.rstrip("\n").splitlines()
+    # Cells start where their headers do (kubectl aligns them); an empty cell is blank there.
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    columns = {
+        header[a:b].strip(): row[a:b].strip()
+        for a, b in zip(starts, [*starts[1:], None], strict=True)
+    }
     ready = sum(is_ready(p) for p in fleet.pods("worker"))
     assert columns["NAME"] == NAME
     assert columns["MODEL"] == "file:///opt/embedfleet/models/all-MiniLM-L6-v2"
