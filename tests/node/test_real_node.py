@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from embedfleet.testing import nodeslots
+from embedfleet.testing.cluster import CommandError
 from embedfleet.testing.node import RealNode, leftovers, undo
 from embedfleet.testing.nodeconfig import NodeSlot
 from embedfleet.testing.polling import wait_for
@@ -63,9 +64,13 @@ def apply(node: RealNode, namespace: str, *objects: Any) -> None:
 
 def wait_ready(node: RealNode, namespace: str, *pods: str) -> None:
     names = [f"pod/{pod}" for pod in pods]
-    node.cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", "--timeout=90s", *names, timeout=100
-    )
+    try:
+        node.cluster.kubectl(
+            "wait", "-n", namespace, "--for=condition=Ready", "--timeout=90s", *names, timeout=100
+        )
+    except CommandError as err:
+        described = node.cluster.kubectl("describe", "-n", namespace, *names, check=False)
+        raise AssertionError(f"{err}\n{described.stdout}") from err
 
 
 def pod(node: RealNode, namespace: str, name: str) -> Any:

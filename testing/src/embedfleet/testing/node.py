@@ -70,14 +70,19 @@ class NodeConfig:
     """Harness images (nodetools.NodeToolset.image) to import at start; pause always is."""
 
 
+def stop_daemons(
+    records: Sequence[ProcessRecord], children: Sequence[subprocess.Popen[bytes]] = ()
+) -> None:
+    # Clients of containerd first, so that neither logs errors about the other going away.
+    process.stop([r for r in records if r.name != "containerd"], children)
+    process.stop([r for r in records if r.name == "containerd"], children)
+
+
 def undo(state: nodeslots.State, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
     """Removes everything a node made, from its slot record alone; idempotent."""
     slot = NodeSlot(int(state["index"]))
     root = Path(state["dir"])
-    records = nodeslots.records(state)
-    # Clients of containerd first, so that neither logs errors about the other going away.
-    process.stop([r for r in records if r.name != "containerd"], children)
-    process.stop([r for r in records if r.name == "containerd"], children)
+    stop_daemons(nodeslots.records(state), children)
     problems = []
     if left := cgroups.kill_all(slot.name):
         problems.append(f"processes {sorted(left)} survived SIGKILL")
@@ -249,12 +254,15 @@ class RealNode:
             return
         self._stopped = True
         try:
+            if self._cluster is not None and self.owns_cluster:
+                # The API server's clients go first, and the address it binds last: its shutdown
+                # waits on requests to itself through that address.
+                stop_daemons(self.processes, self._children)
+                self._cluster.stop(keep_run_dir=keep_logs)
+        finally:
             nodeslots.release(
                 self.root, self.state, functools.partial(undo, children=self._children)
             )
-        finally:
-            if self._cluster is not None and self.owns_cluster:
-                self._cluster.stop(keep_run_dir=keep_logs)
 
     def __enter__(self) -> RealNode:
         return self

@@ -122,9 +122,7 @@ def reclaim_stale(root: Path, undo: Callable[[State], None]) -> list[int]:
     return reclaimed
 
 
-def claim(
-    root: Path, undo: Callable[[State], None], shared_paths: Sequence[Path] = ()
-) -> State:
+def claim(root: Path, undo: Callable[[State], None], shared_paths: Sequence[Path] = ()) -> State:
     """Reclaims stale slots, then records and returns the lowest free one."""
     with locked(root):
         reclaim_stale(root, undo)
