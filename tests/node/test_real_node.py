@@ -189,7 +189,7 @@ node = start_with_cluster()
 node.cluster.kubectl("run", "leftover", "--image", node.image_ref("testserver"),
                      "--image-pull-policy=Never", "--restart=Never")
 node.cluster.kubectl("wait", "--for=condition=Ready", "--timeout=90s", "pod/leftover", timeout=100)
-print(json.dumps({"index": node.slot.index, "dir": str(node.paths.root),
+print(json.dumps({"index": node.slot.index, "run": node.slot.run, "dir": str(node.paths.root),
                   "run_dir": str(node.cluster.layout.run_dir)}), flush=True)
 time.sleep(600)
 """
@@ -208,7 +208,7 @@ def test_a_killed_run_is_reclaimed_leaving_nothing(k8s_real_node: RealNode) -> N
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-    slot, directory = NodeSlot(started["index"]), Path(started["dir"])
+    slot, directory = NodeSlot(started["index"], started["run"]), Path(started["dir"])
     shutil.rmtree(started["run_dir"], ignore_errors=True)  # the dead control plane's temp dir
     before = leftovers(slot, directory)
     for kind in ("processes", "cgroups", "mounts", "network", "files"):

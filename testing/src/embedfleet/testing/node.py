@@ -80,18 +80,18 @@ def stop_daemons(
 
 def undo(state: nodeslots.State, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
     """Removes everything a node made, from its slot record alone; idempotent."""
-    slot = NodeSlot(int(state["index"]))
+    slot = NodeSlot(int(state["index"]), str(state["run"]))
     root = Path(state["dir"])
     stop_daemons(nodeslots.records(state), children)
     problems = []
-    if left := cgroups.kill_all(slot.name):
+    if left := cgroups.kill_all(slot.host_name):
         problems.append(f"processes {sorted(left)} survived SIGKILL")
     if stuck := mounts.unmount_all(root):
         problems.append(f"mounts stayed: {', '.join(map(str, stuck))}")
     nodenet.teardown(slot)
-    if busy := cgroups.remove(slot.name):
+    if busy := cgroups.remove(slot.host_name):
         problems.append(f"cgroups stayed: {', '.join(map(str, busy))}")
-    for cached in CNI_CACHE.glob(f"{slot.name}-*"):
+    for cached in CNI_CACHE.glob(f"{slot.host_name}-*"):
         cached.unlink(missing_ok=True)
     shutil.rmtree(root, ignore_errors=True)
     if root.exists():
@@ -108,7 +108,7 @@ class RealNode:
         self.tools = tools
         self.state = state
         self.root = nodeslots.node_root()
-        self.slot = NodeSlot(int(state["index"]))
+        self.slot = NodeSlot(int(state["index"]), str(state["run"]))
         self.paths = NodePaths(Path(state["dir"]))
         self._cluster: Cluster | None = None
         self.owns_cluster = False
@@ -150,7 +150,7 @@ class RealNode:
             for directory in (node.paths.root, node.paths.pki, node.paths.cni_conf_dir):
                 directory.mkdir(parents=True, exist_ok=True)
             nodenet.setup(node.slot)
-            cgroups.create(f"{node.slot.name}/{RUNTIME_CGROUP}")
+            cgroups.create(f"{node.slot.host_name}/{RUNTIME_CGROUP}")
         except BaseException:
             node.stop()
             raise
@@ -309,6 +309,8 @@ class RealNode:
         return {
             "root": str(self.root),
             "index": self.slot.index,
+            "run": self.slot.run,
+            "dir": str(self.paths.root),
             "name": self.name,
             "processes": [record.to_json() for record in self.processes],
         }
@@ -336,7 +338,7 @@ class RealNode:
         self.processes.append(record)
         self.state["processes"] = [r.to_json() for r in self.processes]
         nodeslots.write(self.root, self.state)
-        cgroups.add_process(f"{self.slot.name}/{RUNTIME_CGROUP}", record.pid)
+        cgroups.add_process(f"{self.slot.host_name}/{RUNTIME_CGROUP}", record.pid)
         return record
 
     def _wait(
@@ -392,11 +394,11 @@ def start_with_cluster(
 def leftovers(slot: NodeSlot, directory: Path) -> dict[str, list[str]]:
     """What of a node is still on the host, by kind; every list is empty once it is gone."""
     found = {
-        "processes": [str(pid) for pid in sorted(cgroups.pids(slot.name))],
-        "cgroups": [str(path) for path in cgroups.exists(slot.name)],
+        "processes": [str(pid) for pid in sorted(cgroups.pids(slot.host_name))],
+        "cgroups": [str(path) for path in cgroups.exists(slot.host_name)],
         "mounts": [str(point) for point in mounts.under(directory)],
         "network": nodenet.host_mentions(slot),
-        "cni cache": [str(path) for path in CNI_CACHE.glob(f"{slot.name}-*")],
+        "cni cache": [str(path) for path in CNI_CACHE.glob(f"{slot.host_name}-*")],
         "files": [str(directory)] if directory.exists() else [],
     }
     if nodenet.netns_path(slot).exists():
