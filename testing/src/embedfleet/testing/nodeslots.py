@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,14 +113,20 @@ def _drop_shared(root: Path) -> None:
 
 
 def reclaim_stale(root: Path, undo: Callable[[State], None]) -> list[int]:
-    """Undoes every stale slot (call under `locked`); returns their indexes."""
+    """Undoes every stale slot (call under `locked`); returns their indexes. A slot that cannot
+    be undone keeps its record, so it stays taken (and named) rather than reused half-clean."""
     reclaimed = []
     for index in range(MAX_SLOTS):
         state = read(root, index)
-        if state is not None and not is_live(state):
+        if state is None or is_live(state):
+            continue
+        try:
             undo(state)
-            state_path(root, index).unlink()
-            reclaimed.append(index)
+        except Exception as err:  # any failure: keep the slot, say why
+            print(f"nodeslots: cannot reclaim {state_path(root, index)}: {err!r}", file=sys.stderr)
+            continue
+        state_path(root, index).unlink()
+        reclaimed.append(index)
     _drop_shared(root)
     return reclaimed
 
