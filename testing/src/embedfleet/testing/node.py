@@ -263,6 +263,10 @@ class RealNode:
             nodeslots.release(
                 self.root, self.state, functools.partial(undo, children=self._children)
             )
+        if left := {
+            kind: found for kind, found in leftovers(self.slot, self.paths.root).items() if found
+        }:
+            raise NodeError(f"{self.name} left behind: {left}")
 
     def __enter__(self) -> RealNode:
         return self
