@@ -255,6 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_IMAGES),
         help=f"comma-separated, of {', '.join(SPECS)} (default: %(default)s)",
     )
+    parser.add_argument(
+        "--print",
+        default="manifest",
+        choices=("manifest", "paths"),
+        help="what to print: the manifest as JSON, or the archives' paths one per line",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "lock":
@@ -269,7 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = f"built in {image.seconds:.0f} s" if image.built else "reused"
         size = image.archive.stat().st_size / 2**20
         _log(f"{image.ref}: {state}, {size:.0f} MiB archive")
-    print(json.dumps(manifest(images), indent=2, sort_keys=True))
+    if args.print == "paths":
+        print("\n".join(str(image.archive) for image in images))
+    else:
+        print(json.dumps(manifest(images), indent=2, sort_keys=True))
     return 0
 
 
