@@ -41,11 +41,18 @@ from embedfleet.testing.imagespec import (
     component_version,
     content_key,
     declared_dependencies,
+    disk_needed,
     image_key,
+    lock_pins,
     lock_roots,
     lock_text,
+    wheel_prefixes,
 )
 from embedfleet.testing.tools import REPO_ROOT
+
+KEEP_BUILDS = 3
+STORAGE = Path("/var/lib/containers/storage")
+"""buildah's storage as root (Debian's default graphroot)."""
 
 
 class ImagesError(RuntimeError):
@@ -135,15 +142,36 @@ def ensure_wheels(root: Path, lock: str, pool: Path) -> None:
     stamp.touch()
 
 
-def _prune(cache: Path, name: str, keep: str) -> None:
-    """Drops this image's older builds: their archives and their tags in buildah's storage."""
+def _check_space(root: Path, spec: ImageSpec, pool: Path, cache: Path) -> None:
+    """Refuses a build that would fill the disk (shared by others) halfway through."""
+    prefixes = wheel_prefixes(
+        lock_pins((root / "docker" / "locks" / f"{spec.lock}.txt").read_text())
+    )
+    wheels = sum(p.stat().st_size for p in pool.iterdir() if p.name.lower().startswith(prefixes))
+    needed = disk_needed(wheels)
+    for where in (STORAGE, cache):
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        if free < needed:
+            raise ImagesError(
+                f"building {spec.name} needs about {needed / 1e9:.1f} GB free in {where} "
+                f"({wheels / 1e9:.1f} GB of wheels, unpacked in a container, committed, archived); "
+                f"{free / 1e9:.1f} GB are"
+            )
+
+
+def _prune(cache: Path, name: str, keep: int = KEEP_BUILDS) -> None:
+    """Drops all but this image's `keep` newest builds (archives and their tags in buildah's
+    storage). Not just the newest: worktrees sharing the cache alternate between their trees."""
     pattern = re.compile(rf"{re.escape(name)}-([0-9a-f]{{{KEY_LENGTH}}})\.tar")
-    for stale in cache.iterdir():
-        match = pattern.fullmatch(stale.name)
-        if match and match.group(1) != keep:
-            stale.unlink()
-            rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{match.group(1)}"]
-            subprocess.run(rmi, capture_output=True, check=False)
+    builds = [
+        (p.stat().st_mtime, p, m.group(1))
+        for p in cache.iterdir()
+        if (m := pattern.fullmatch(p.name))
+    ]
+    for _, stale, key in sorted(builds, reverse=True)[keep:]:
+        stale.unlink(missing_ok=True)
+        rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{key}"]
+        subprocess.run(rmi, capture_output=True, check=False)
 
 
 def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> BuiltImage:
@@ -158,6 +186,7 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         pool = cache / "wheels"
         for lock in (BUILD_LOCK, spec.lock):
             ensure_wheels(root, lock, pool)
+        _check_space(root, spec, pool, cache)
         _log(f"building {ref} ({spec.dockerfile}, key {key})")
         argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
         argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
@@ -173,7 +202,7 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         iidfile.unlink()
         run_tool(["buildah", "push", "--quiet", image_id, f"docker-archive:{partial}:{ref}"])
         partial.rename(archive)
-        _prune(cache, spec.name, key)
+        _prune(cache, spec.name)
     elif not _exists(local_ref):
         # Storage was reset but the archive survived: load it instead of building again.
         run_tool(["buildah", "pull", "--quiet", f"docker-archive:{archive}"])
