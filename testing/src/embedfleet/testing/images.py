@@ -3,7 +3,7 @@ component images built from docker/*.Dockerfile by buildah with no network, each
 docker-archive under the cache. Every step is keyed by its inputs' content, so an unchanged tree
 reuses what an earlier run built.
 
-`ensure_images()` returns the manifest (image reference -> archive path) that a node imports;
+`built_manifest()` returns the manifest (image reference -> archive path) that a node imports;
 `python -m embedfleet.testing.images` (what `make images` runs) prints it as JSON, and
 `python -m embedfleet.testing.images lock` rewrites docker/locks/ from PyPI.
 """
@@ -222,6 +222,12 @@ def ensure_images(
         images = [ensure_image(root, spec, base, cache) for spec in specs]
         write_manifest(cache / "manifest.json", images)
     return images
+
+
+def built_manifest(names: Iterable[str] = DEFAULT_IMAGES) -> dict[str, str]:
+    """Builds or reuses the images and returns what a node imports: {image ref: archive path}.
+    For a test fixture: `for path in built_manifest().values(): node.import_image(path)`."""
+    return manifest(ensure_images(names))
 
 
 def manifest(images: Iterable[BuiltImage]) -> dict[str, str]:
