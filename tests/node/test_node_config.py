@@ -31,8 +31,9 @@ MOUNTINFO = """\
 
 
 def test_slots_never_share_a_name_or_an_address() -> None:
-    slots = [NodeSlot(i) for i in range(MAX_SLOTS)]
-    for attribute in ("name", "host_veth", "host_ip", "node_ip", "pod_cidr", "pod_gateway"):
+    slots = [NodeSlot(i, f"{i:06x}") for i in range(MAX_SLOTS)]
+    attributes = ("name", "host_name", "host_veth", "host_ip", "node_ip", "pod_cidr", "pod_gateway")
+    for attribute in attributes:
         values = [getattr(slot, attribute) for slot in slots]
         assert len(set(values)) == MAX_SLOTS, attribute
     networks = [ipaddress.ip_network(s.link_cidr) for s in slots]
@@ -42,11 +43,18 @@ def test_slots_never_share_a_name_or_an_address() -> None:
         assert not any(a.overlaps(b) for b in networks[i + 1 :]), a
     assert all(len(slot.host_veth) <= 15 for slot in slots)
     with pytest.raises(ValueError, match="outside"):
-        NodeSlot(MAX_SLOTS)
+        NodeSlot(MAX_SLOTS, "abcdef")
+    with pytest.raises(ValueError, match="hex"):
+        NodeSlot(0, "xyz")
+    # A later run in the same slot shares the addresses, never a name left on the host.
+    again = NodeSlot(3, "fedcba")
+    assert again.host_ip == NodeSlot(3, "abcdef").host_ip
+    assert again.host_veth != NodeSlot(3, "abcdef").host_veth
+    assert again.host_name != NodeSlot(3, "abcdef").host_name
 
 
 def test_pods_route_only_to_services_and_the_host_link() -> None:
-    slot = NodeSlot(3)
+    slot = NodeSlot(3, "abcdef")
     conf = cni_conflist(slot, NodePaths(Path("/n/3")))
     bridge = conf["plugins"][0]
     assert bridge["isGateway"] is False  # the bridge plugin would set ip_forward=1 itself
@@ -67,13 +75,13 @@ def test_runtime_config_keeps_every_path_under_the_node_dir() -> None:
         if line.strip().startswith(("root =", "state =", "address =", "socket_dir =", "Root =")):
             value = line.split("=", 1)[1].strip().strip('"')
             assert value == "" or value.startswith(str(paths.root)), line
-    kubelet = kubelet_config(NodeSlot(3), paths, Path("/ca.crt"))
+    kubelet = kubelet_config(NodeSlot(3, "abcdef"), paths, Path("/ca.crt"))
     assert kubelet["failCgroupV1"] is False
     assert kubelet["cgroupDriver"] == "cgroupfs"
     assert kubelet["authentication"]["anonymous"]["enabled"] is False
     assert kubelet["authorization"]["mode"] == "Webhook"
-    assert kubelet["address"] == NodeSlot(3).node_ip
-    proxy = kube_proxy_config(NodeSlot(3), Path("/kp.kubeconfig"))
+    assert kubelet["address"] == NodeSlot(3, "abcdef").node_ip
+    proxy = kube_proxy_config(NodeSlot(3, "abcdef"), Path("/kp.kubeconfig"))
     assert proxy["conntrack"]["maxPerCore"] == 0  # global sysctl: left alone
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
 import shutil
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from embedfleet.testing import nodeslots
+from embedfleet.testing.cluster import CommandError
 from embedfleet.testing.node import RealNode, leftovers, undo
 from embedfleet.testing.nodeconfig import NodeSlot
 from embedfleet.testing.polling import wait_for
@@ -63,9 +63,13 @@ def apply(node: RealNode, namespace: str, *objects: Any) -> None:
 
 def wait_ready(node: RealNode, namespace: str, *pods: str) -> None:
     names = [f"pod/{pod}" for pod in pods]
-    node.cluster.kubectl(
-        "wait", "-n", namespace, "--for=condition=Ready", "--timeout=90s", *names, timeout=100
-    )
+    try:
+        node.cluster.kubectl(
+            "wait", "-n", namespace, "--for=condition=Ready", "--timeout=90s", *names, timeout=100
+        )
+    except CommandError as err:
+        described = node.cluster.kubectl("describe", "-n", namespace, *names, check=False)
+        raise AssertionError(f"{err}\n{described.stdout}") from err
 
 
 def pod(node: RealNode, namespace: str, name: str) -> Any:
@@ -184,26 +188,30 @@ node = start_with_cluster()
 node.cluster.kubectl("run", "leftover", "--image", node.image_ref("testserver"),
                      "--image-pull-policy=Never", "--restart=Never")
 node.cluster.kubectl("wait", "--for=condition=Ready", "--timeout=90s", "pod/leftover", timeout=100)
-print(json.dumps({"index": node.slot.index, "dir": str(node.paths.root),
+print(json.dumps({"index": node.slot.index, "run": node.slot.run, "dir": str(node.paths.root),
                   "run_dir": str(node.cluster.layout.run_dir)}), flush=True)
 time.sleep(600)
 """
 
 
-def test_a_killed_run_is_reclaimed_leaving_nothing(k8s_real_node: RealNode) -> None:
+def test_a_killed_run_is_reclaimed_leaving_nothing(k8s_real_node: RealNode, tmp_path: Path) -> None:
     # A run killed by SIGKILL never tears down: its daemons die with it (PR_SET_PDEATHSIG),
     # while shims, containers, mounts, the network namespace and cgroups stay. The next claim
     # of a slot reclaims it from the record alone.
-    child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN], stdout=subprocess.PIPE, text=True, env=os.environ
-    )
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILLED_RUN], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     try:
         assert child.stdout is not None
-        started = json.loads(child.stdout.readline())
+        line = child.stdout.readline()
+        assert line, f"the run to be killed failed:\n{errors.read_text()[-3000:]}"
+        started = json.loads(line)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-    slot, directory = NodeSlot(started["index"]), Path(started["dir"])
+    slot, directory = NodeSlot(started["index"], started["run"]), Path(started["dir"])
     shutil.rmtree(started["run_dir"], ignore_errors=True)  # the dead control plane's temp dir
     before = leftovers(slot, directory)
     for kind in ("processes", "cgroups", "mounts", "network", "files"):
@@ -213,8 +221,11 @@ def test_a_killed_run_is_reclaimed_leaving_nothing(k8s_real_node: RealNode) -> N
     state = nodeslots.read(root, slot.index)
     assert state is not None
     wait_for("the killed run's daemons to die", lambda: not nodeslots.is_live(state), timeout=10)
+    # Any node starting on this machine reclaims stale slots, so another run may have done it
+    # (and even claimed the slot anew, under another run id) before this one gets the lock.
     with nodeslots.locked(root):
-        assert slot.index in nodeslots.reclaim_stale(root, undo)
+        nodeslots.reclaim_stale(root, undo)
+        record = nodeslots.read(root, slot.index)
+    assert record is None or record.get("run") != slot.run
     assert leftovers(slot, directory) == {kind: [] for kind in before}
-    assert nodeslots.read(root, slot.index) is None
     k8s_real_node.assert_running()

@@ -90,7 +90,15 @@ def etcd_argv(tools: Toolset, layout: Layout) -> list[str]:
 
 def apiserver_argv(tools: Toolset, layout: Layout) -> list[str]:
     pki = layout.pki
-    kubelet_client = pki.clients["kube-apiserver-kubelet-client"]
+    kubelet_client = pki.clients.get("kube-apiserver-kubelet-client")
+    kubelet_flags = (
+        [
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+        ]
+        if kubelet_client
+        else []
+    )
     return [
         str(tools.path("kube-apiserver")),
         f"--advertise-address={layout.api_address}",
@@ -107,8 +115,7 @@ def apiserver_argv(tools: Toolset, layout: Layout) -> list[str]:
         # The `kubernetes` Service's endpoints may not be loopback, and the lease reconciler
         # stalls the API server's shutdown; a real node writes the endpoint it reaches instead.
         "--endpoint-reconciler-type=none",
-        f"--kubelet-client-certificate={kubelet_client.cert}",
-        f"--kubelet-client-key={kubelet_client.key}",
+        *kubelet_flags,
         # Node names need not resolve: reach kubelets at the address they report.
         "--kubelet-preferred-address-types=InternalIP,Hostname",
         # Real kubelets authenticate as system:node:<name>; the Node authorizer and

@@ -74,9 +74,13 @@ def _all_running(state: dict[str, Any]) -> bool:
 
 
 def _stop(state: dict[str, Any]) -> None:
-    if "node" in state:
-        node.stop_recorded(state["node"])
+    real_node = state.get("node")
+    if real_node:
+        # The API server's clients first; its address (on the node's link) goes last.
+        node.stop_daemons([ProcessRecord.from_json(item) for item in real_node["processes"]])
     left = stop_recorded(state)
+    if real_node:
+        node.stop_recorded(real_node)
     if left:
         names = ", ".join(f"{r.name} (pid {r.pid})" for r in left)
         raise SystemExit(f"dev-cluster: could not stop {names}")

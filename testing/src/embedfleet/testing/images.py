@@ -3,7 +3,7 @@ component images built from docker/*.Dockerfile by buildah with no network, each
 docker-archive under the cache. Every step is keyed by its inputs' content, so an unchanged tree
 reuses what an earlier run built.
 
-`ensure_images()` returns the manifest (image reference -> archive path) that a node imports;
+`built_manifest()` returns the manifest (image reference -> archive path) that a node imports;
 `python -m embedfleet.testing.images` (what `make images` runs) prints it as JSON, and
 `python -m embedfleet.testing.images lock` rewrites docker/locks/ from PyPI.
 """
@@ -41,11 +41,18 @@ from embedfleet.testing.imagespec import (
     component_version,
     content_key,
     declared_dependencies,
+    disk_needed,
     image_key,
+    lock_pins,
     lock_roots,
     lock_text,
+    wheel_prefixes,
 )
 from embedfleet.testing.tools import REPO_ROOT
+
+KEEP_BUILDS = 3
+STORAGE = Path("/var/lib/containers/storage")
+"""buildah's storage as root (Debian's default graphroot)."""
 
 
 class ImagesError(RuntimeError):
@@ -135,15 +142,36 @@ def ensure_wheels(root: Path, lock: str, pool: Path) -> None:
     stamp.touch()
 
 
-def _prune(cache: Path, name: str, keep: str) -> None:
-    """Drops this image's older builds: their archives and their tags in buildah's storage."""
+def _check_space(root: Path, spec: ImageSpec, pool: Path, cache: Path) -> None:
+    """Refuses a build that would fill the disk (shared by others) halfway through."""
+    prefixes = wheel_prefixes(
+        lock_pins((root / "docker" / "locks" / f"{spec.lock}.txt").read_text())
+    )
+    wheels = sum(p.stat().st_size for p in pool.iterdir() if p.name.lower().startswith(prefixes))
+    needed = disk_needed(wheels)
+    for where in (STORAGE, cache):
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        if free < needed:
+            raise ImagesError(
+                f"building {spec.name} needs about {needed / 1e9:.1f} GB free in {where} "
+                f"({wheels / 1e9:.1f} GB of wheels, unpacked in a container, committed, archived); "
+                f"{free / 1e9:.1f} GB are"
+            )
+
+
+def _prune(cache: Path, name: str, keep: int = KEEP_BUILDS) -> None:
+    """Drops all but this image's `keep` newest builds (archives and their tags in buildah's
+    storage). Not just the newest: worktrees sharing the cache alternate between their trees."""
     pattern = re.compile(rf"{re.escape(name)}-([0-9a-f]{{{KEY_LENGTH}}})\.tar")
-    for stale in cache.iterdir():
-        match = pattern.fullmatch(stale.name)
-        if match and match.group(1) != keep:
-            stale.unlink()
-            rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{match.group(1)}"]
-            subprocess.run(rmi, capture_output=True, check=False)
+    builds = [
+        (p.stat().st_mtime, p, m.group(1))
+        for p in cache.iterdir()
+        if (m := pattern.fullmatch(p.name))
+    ]
+    for _, stale, key in sorted(builds, reverse=True)[keep:]:
+        stale.unlink(missing_ok=True)
+        rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{key}"]
+        subprocess.run(rmi, capture_output=True, check=False)
 
 
 def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> BuiltImage:
@@ -158,6 +186,7 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         pool = cache / "wheels"
         for lock in (BUILD_LOCK, spec.lock):
             ensure_wheels(root, lock, pool)
+        _check_space(root, spec, pool, cache)
         _log(f"building {ref} ({spec.dockerfile}, key {key})")
         argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
         argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
@@ -173,7 +202,7 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         iidfile.unlink()
         run_tool(["buildah", "push", "--quiet", image_id, f"docker-archive:{partial}:{ref}"])
         partial.rename(archive)
-        _prune(cache, spec.name, key)
+        _prune(cache, spec.name)
     elif not _exists(local_ref):
         # Storage was reset but the archive survived: load it instead of building again.
         run_tool(["buildah", "pull", "--quiet", f"docker-archive:{archive}"])
@@ -193,6 +222,12 @@ def ensure_images(
         images = [ensure_image(root, spec, base, cache) for spec in specs]
         write_manifest(cache / "manifest.json", images)
     return images
+
+
+def built_manifest(names: Iterable[str] = DEFAULT_IMAGES) -> dict[str, str]:
+    """Builds or reuses the images and returns what a node imports: {image ref: archive path}.
+    For a test fixture: `for path in built_manifest().values(): node.import_image(path)`."""
+    return manifest(ensure_images(names))
 
 
 def manifest(images: Iterable[BuiltImage]) -> dict[str, str]:
@@ -255,6 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(DEFAULT_IMAGES),
         help=f"comma-separated, of {', '.join(SPECS)} (default: %(default)s)",
     )
+    parser.add_argument(
+        "--print",
+        default="manifest",
+        choices=("manifest", "paths"),
+        help="what to print: the manifest as JSON, or the archives' paths one per line",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "lock":
@@ -269,7 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = f"built in {image.seconds:.0f} s" if image.built else "reused"
         size = image.archive.stat().st_size / 2**20
         _log(f"{image.ref}: {state}, {size:.0f} MiB archive")
-    print(json.dumps(manifest(images), indent=2, sort_keys=True))
+    if args.print == "paths":
+        print("\n".join(str(image.archive) for image in images))
+    else:
+        print(json.dumps(manifest(images), indent=2, sort_keys=True))
     return 0
 
 

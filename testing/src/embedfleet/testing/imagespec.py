@@ -189,6 +189,18 @@ def lock_roots(dependencies: Iterable[str], spec: ImageSpec) -> tuple[list[str],
     )
 
 
+def wheel_prefixes(pins: Mapping[str, str]) -> tuple[str, ...]:
+    """How the pins' wheel files start (`name_with_underscores-version-`), lower-cased."""
+    return tuple(f"{name.replace('-', '_')}-{version}-".lower() for name, version in pins.items())
+
+
+def disk_needed(wheel_bytes: int) -> int:
+    """Free bytes a build of an image with this many bytes of wheels takes at its peak: wheels
+    unpack to about 1.7 times their size, once in the build container, once more while buildah
+    commits that as a layer, once more as the archive."""
+    return int(3 * 1.7 * wheel_bytes)
+
+
 def lock_pins(text: str) -> dict[str, str]:
     """name -> version of a lock file's pins."""
     pins = {}

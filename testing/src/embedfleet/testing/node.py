@@ -70,23 +70,28 @@ class NodeConfig:
     """Harness images (nodetools.NodeToolset.image) to import at start; pause always is."""
 
 
-def undo(state: nodeslots.State, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
-    """Removes everything a node made, from its slot record alone; idempotent."""
-    slot = NodeSlot(int(state["index"]))
-    root = Path(state["dir"])
-    records = nodeslots.records(state)
+def stop_daemons(
+    records: Sequence[ProcessRecord], children: Sequence[subprocess.Popen[bytes]] = ()
+) -> None:
     # Clients of containerd first, so that neither logs errors about the other going away.
     process.stop([r for r in records if r.name != "containerd"], children)
     process.stop([r for r in records if r.name == "containerd"], children)
+
+
+def undo(state: nodeslots.State, children: Sequence[subprocess.Popen[bytes]] = ()) -> None:
+    """Removes everything a node made, from its slot record alone; idempotent."""
+    slot = NodeSlot(int(state["index"]), str(state["run"]))
+    root = Path(state["dir"])
+    stop_daemons(nodeslots.records(state), children)
     problems = []
-    if left := cgroups.kill_all(slot.name):
+    if left := cgroups.kill_all(slot.host_name):
         problems.append(f"processes {sorted(left)} survived SIGKILL")
     if stuck := mounts.unmount_all(root):
         problems.append(f"mounts stayed: {', '.join(map(str, stuck))}")
     nodenet.teardown(slot)
-    if busy := cgroups.remove(slot.name):
+    if busy := cgroups.remove(slot.host_name):
         problems.append(f"cgroups stayed: {', '.join(map(str, busy))}")
-    for cached in CNI_CACHE.glob(f"{slot.name}-*"):
+    for cached in CNI_CACHE.glob(f"{slot.host_name}-*"):
         cached.unlink(missing_ok=True)
     shutil.rmtree(root, ignore_errors=True)
     if root.exists():
@@ -103,7 +108,7 @@ class RealNode:
         self.tools = tools
         self.state = state
         self.root = nodeslots.node_root()
-        self.slot = NodeSlot(int(state["index"]))
+        self.slot = NodeSlot(int(state["index"]), str(state["run"]))
         self.paths = NodePaths(Path(state["dir"]))
         self._cluster: Cluster | None = None
         self.owns_cluster = False
@@ -145,7 +150,7 @@ class RealNode:
             for directory in (node.paths.root, node.paths.pki, node.paths.cni_conf_dir):
                 directory.mkdir(parents=True, exist_ok=True)
             nodenet.setup(node.slot)
-            cgroups.create(f"{node.slot.name}/{RUNTIME_CGROUP}")
+            cgroups.create(f"{node.slot.host_name}/{RUNTIME_CGROUP}")
         except BaseException:
             node.stop()
             raise
@@ -249,12 +254,19 @@ class RealNode:
             return
         self._stopped = True
         try:
+            if self._cluster is not None and self.owns_cluster:
+                # The API server's clients go first, and the address it binds last: its shutdown
+                # waits on requests to itself through that address.
+                stop_daemons(self.processes, self._children)
+                self._cluster.stop(keep_run_dir=keep_logs)
+        finally:
             nodeslots.release(
                 self.root, self.state, functools.partial(undo, children=self._children)
             )
-        finally:
-            if self._cluster is not None and self.owns_cluster:
-                self._cluster.stop(keep_run_dir=keep_logs)
+        if left := {
+            kind: found for kind, found in leftovers(self.slot, self.paths.root).items() if found
+        }:
+            raise NodeError(f"{self.name} left behind: {left}")
 
     def __enter__(self) -> RealNode:
         return self
@@ -310,6 +322,8 @@ class RealNode:
         return {
             "root": str(self.root),
             "index": self.slot.index,
+            "run": self.slot.run,
+            "dir": str(self.paths.root),
             "name": self.name,
             "processes": [record.to_json() for record in self.processes],
         }
@@ -337,7 +351,7 @@ class RealNode:
         self.processes.append(record)
         self.state["processes"] = [r.to_json() for r in self.processes]
         nodeslots.write(self.root, self.state)
-        cgroups.add_process(f"{self.slot.name}/{RUNTIME_CGROUP}", record.pid)
+        cgroups.add_process(f"{self.slot.host_name}/{RUNTIME_CGROUP}", record.pid)
         return record
 
     def _wait(
@@ -393,11 +407,11 @@ def start_with_cluster(
 def leftovers(slot: NodeSlot, directory: Path) -> dict[str, list[str]]:
     """What of a node is still on the host, by kind; every list is empty once it is gone."""
     found = {
-        "processes": [str(pid) for pid in sorted(cgroups.pids(slot.name))],
-        "cgroups": [str(path) for path in cgroups.exists(slot.name)],
+        "processes": [str(pid) for pid in sorted(cgroups.pids(slot.host_name))],
+        "cgroups": [str(path) for path in cgroups.exists(slot.host_name)],
         "mounts": [str(point) for point in mounts.under(directory)],
         "network": nodenet.host_mentions(slot),
-        "cni cache": [str(path) for path in CNI_CACHE.glob(f"{slot.name}-*")],
+        "cni cache": [str(path) for path in CNI_CACHE.glob(f"{slot.host_name}-*")],
         "files": [str(directory)] if directory.exists() else [],
     }
     if nodenet.netns_path(slot).exists():

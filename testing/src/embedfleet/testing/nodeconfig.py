@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ KUBE_PROXY_HEALTHZ_PORT = 10256
 @dataclass(frozen=True)
 class NodeSlot:
     """One of MAX_SLOTS concurrent real nodes on this machine; every host-visible name and
-    address derives from its index, so a later run finds what a killed one left behind.
+    address derives from its index and its run, so a later run finds what a killed one left
+    behind, and never mistakes what another run in the same slot made for its own.
 
     The node runs in its own network namespace, joined to the host by one veth pair (a /30):
     the API server listens on the host end, kubelet and kube-proxy on the node end. Pods sit on
@@ -35,19 +37,28 @@ class NodeSlot:
     """
 
     index: int
+    run: str
+    """Six hex digits naming one claim of the slot."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < MAX_SLOTS:
             raise ValueError(f"slot {self.index} outside 0..{MAX_SLOTS - 1}")
+        if not re.fullmatch(r"[0-9a-f]{6}", self.run):
+            raise ValueError(f"run {self.run!r} is not six hex digits")
 
     @property
     def name(self) -> str:
-        """Node name, network namespace, cgroup and CNI network name."""
+        """The Node object's name (also kubelet's and kube-proxy's hostname)."""
         return f"embedfleet-node-{self.index}"
 
     @property
+    def host_name(self) -> str:
+        """The network namespace, cgroup and CNI network of this run."""
+        return f"embedfleet-{self.index}-{self.run}"
+
+    @property
     def host_veth(self) -> str:
-        return f"efnode{self.index}"  # at most 15 characters (IFNAMSIZ)
+        return f"ef{self.run}n{self.index}"  # at most 15 characters (IFNAMSIZ)
 
     def _link(self) -> ipaddress.IPv4Network:
         return ipaddress.IPv4Network((int(LINK_SUPERNET.network_address) + 256 * self.index, 30))
@@ -208,7 +219,7 @@ def cni_conflist(slot: NodeSlot, paths: NodePaths) -> dict[str, Any]:
     """
     return {
         "cniVersion": "1.0.0",
-        "name": slot.name,
+        "name": slot.host_name,
         "plugins": [
             {
                 "type": "bridge",
@@ -238,7 +249,7 @@ def kubelet_config(slot: NodeSlot, paths: NodePaths, ca_cert: Path) -> dict[str,
         # This VM has hybrid cgroup v1 and no systemd.
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": f"/{slot.name}",
+        "cgroupRoot": f"/{slot.host_name}",
         "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
         "address": slot.node_ip,
         "port": KUBELET_PORT,

@@ -24,7 +24,7 @@ class NetworkError(RuntimeError):
 
 
 def netns_path(slot: NodeSlot) -> Path:
-    return NETNS_DIR / slot.name
+    return NETNS_DIR / slot.host_name
 
 
 def in_netns(slot: NodeSlot, argv: Sequence[str]) -> list[str]:
@@ -33,7 +33,7 @@ def in_netns(slot: NodeSlot, argv: Sequence[str]) -> list[str]:
 
 
 def setup_commands(slot: NodeSlot) -> list[list[str]]:
-    ns = slot.name
+    ns = slot.host_name
     host_prefix = slot.link_cidr.split("/")[1]
     pod_prefix = slot.pod_cidr.split("/")[1]
     return [
@@ -79,7 +79,7 @@ def teardown(slot: NodeSlot) -> None:
     """Idempotent: removes the namespace and the host's veth, whichever still exist. Processes
     that hold the namespace must be gone first (pods' namespaces are separate mounts)."""
     if netns_path(slot).exists():
-        _run(["ip", "netns", "delete", slot.name])
+        _run(["ip", "netns", "delete", slot.host_name])
     # The namespace's end going takes the host's end too, asynchronously: a failed delete of an
     # already vanishing link is fine; one that stays is not.
     if link_exists(slot.host_veth):
@@ -88,15 +88,16 @@ def teardown(slot: NodeSlot) -> None:
 
 
 def host_mentions(slot: NodeSlot) -> list[str]:
-    """Lines of the host's addresses, routes and firewall rules naming this node's interface or
-    ranges: empty once the node is gone."""
-    needles = (slot.host_veth, slot.pod_cidr, slot.host_ip, slot.node_ip, slot.name)
+    """Lines of the host's addresses, routes, namespaces and firewall rules naming this run's
+    interface or namespace: empty once the node is gone. (By name, not address: a later run in
+    the same slot reuses the addresses.)"""
+    needles = (slot.host_veth, slot.host_name)
     outputs = [
         _run(["ip", "-o", "addr"]).stdout,
         _run(["ip", "route"]).stdout,
         _run(["ip", "netns", "list"]).stdout,
         _run(["nft", "list", "ruleset"], check=False).stdout,
     ]
-    # Whole words only: embedfleet-node-1 must not match embedfleet-node-12.
+    # Whole words only: embedfleet-1-... must not match embedfleet-12-...
     pattern = re.compile("|".join(rf"(?<![\w.-]){re.escape(n)}(?![\w-]|\.\d)" for n in needles))
     return [line for out in outputs for line in out.splitlines() if pattern.search(line)]

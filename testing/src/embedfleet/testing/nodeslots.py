@@ -1,10 +1,11 @@
 """Which real-node slots are taken on this machine, recorded so that a killed run's leftovers
-are found and removed by the next one (never by guessing: every name derives from the slot).
+are found and removed by the next one (never by guessing: every name derives from the slot and
+its run, six hex digits new for every claim).
 
 $EMBEDFLEET_NODE_ROOT (default /var/lib/embedfleet/nodes) holds <index>.json per slot in use and
-<index>/, the node's directory. The record is written before anything is created and removed
-after everything is gone. A slot is live while its owner (the process that claimed it) or any
-recorded component runs; otherwise it is stale and reclaimed under the same lock.
+<index>-<run>/, the node's directory. The record is written before anything is created and
+removed after everything is gone. A slot is live while its owner (the process that claimed it)
+or any recorded component runs; otherwise it is stale and reclaimed under the same lock.
 
 A few host paths are fixed by the components themselves (kubelet's device-plugin socket dir,
 libcni's cache dir) and shared by every node. host.json records the ones that did not exist
@@ -16,7 +17,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import shutil
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +30,8 @@ from embedfleet.testing.process import ProcessRecord, is_running, start_ticks
 
 ROOT_ENV = "EMBEDFLEET_NODE_ROOT"
 DEFAULT_ROOT = Path("/var/lib/embedfleet/nodes")
-# containerd refuses a shim socket dir longer than 42 characters; ours is <root>/<index>/s.
-MAX_ROOT_LENGTH = 42 - len("/31/s")
+# containerd refuses a shim socket dir longer than 42 characters; ours is <root>/<index>-<run>/s.
+MAX_ROOT_LENGTH = 42 - len("/31-abcdef/s")
 
 State = dict[str, Any]
 
@@ -110,32 +113,37 @@ def _drop_shared(root: Path) -> None:
 
 
 def reclaim_stale(root: Path, undo: Callable[[State], None]) -> list[int]:
-    """Undoes every stale slot (call under `locked`); returns their indexes."""
+    """Undoes every stale slot (call under `locked`); returns their indexes. A slot that cannot
+    be undone keeps its record, so it stays taken (and named) rather than reused half-clean."""
     reclaimed = []
     for index in range(MAX_SLOTS):
         state = read(root, index)
-        if state is not None and not is_live(state):
+        if state is None or is_live(state):
+            continue
+        try:
             undo(state)
-            state_path(root, index).unlink()
-            reclaimed.append(index)
+        except Exception as err:  # any failure: keep the slot, say why
+            print(f"nodeslots: cannot reclaim {state_path(root, index)}: {err!r}", file=sys.stderr)
+            continue
+        state_path(root, index).unlink()
+        reclaimed.append(index)
     _drop_shared(root)
     return reclaimed
 
 
-def claim(
-    root: Path, undo: Callable[[State], None], shared_paths: Sequence[Path] = ()
-) -> State:
+def claim(root: Path, undo: Callable[[State], None], shared_paths: Sequence[Path] = ()) -> State:
     """Reclaims stale slots, then records and returns the lowest free one."""
     with locked(root):
         reclaim_stale(root, undo)
         _note_shared(root, shared_paths)
         for index in range(MAX_SLOTS):
             if read(root, index) is None:
-                slot = NodeSlot(index)
+                slot = NodeSlot(index, secrets.token_hex(3))
                 state: State = {
                     "index": index,
+                    "run": slot.run,
                     "name": slot.name,
-                    "dir": str(root / str(index)),
+                    "dir": str(root / f"{index}-{slot.run}"),
                     "owner": owner_record(),
                     "processes": [],
                 }
