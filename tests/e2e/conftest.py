@@ -25,13 +25,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="module")
 def fleet(k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Fleet:
     """The node with the operator, gateway and CPU worker images imported into its containerd."""
-    from embedfleet.testing.images import ensure_images, manifest
+    from embedfleet.testing.images import built_manifest
 
     started = time.monotonic()
-    built = ensure_images()
+    archives = built_manifest()
     FIGURES["images built or reused (s)"] = round(time.monotonic() - started, 1)
     started = time.monotonic()
-    for archive in manifest(built).values():
+    for archive in archives.values():
         k8s_real_node.import_image(Path(archive))
     FIGURES["images imported (s)"] = round(time.monotonic() - started, 1)
     return Fleet(k8s_real_node, tmp_path_factory.mktemp("e2e"))
