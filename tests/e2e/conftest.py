@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from e2efleet import CHART, EXAMPLE, FIGURES, RELEASE, SYSTEM, Applied, Fleet, condition, is_ready
 
+from embedfleet.testing.cluster import CommandError
+
 if TYPE_CHECKING:
     from embedfleet.testing.node import RealNode
 
@@ -41,10 +43,13 @@ def fleet(k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
 def installed(fleet: Fleet) -> Fleet:
     """`helm install` with the chart's defaults: the operator pod runs under the chart's RBAC."""
     started = time.monotonic()
-    fleet.node.cluster.helm(
-        "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace",
-        "--wait", "--timeout", "180s", timeout=200,
-    )  # fmt: skip
+    try:
+        fleet.node.cluster.helm(
+            "install", RELEASE, str(CHART), "--namespace", SYSTEM, "--create-namespace",
+            "--wait", "--timeout", "180s", timeout=200,
+        )  # fmt: skip
+    except CommandError as err:
+        raise AssertionError(f"{err}\n{fleet.describe(SYSTEM)}") from err
     FIGURES["helm install to operator Ready (s)"] = round(time.monotonic() - started, 1)
     return fleet
 

@@ -110,12 +110,17 @@ class Fleet:
                 found += [line for line in text.splitlines() if FORBIDDEN.search(line)]
         return found
 
-    def describe(self) -> str:
-        """What a user would look at when something does not come up."""
-        out = self.node.cluster.kubectl(
-            "get", "pods,deployments,events", "-A", "-o", "wide", check=False
-        )
-        return out.stdout[-6000:] + out.stderr[-1000:]
+    def describe(self, namespace: str = NAMESPACE) -> str:
+        """What a user would look at when something does not come up: pods, events, logs."""
+        kubectl = self.node.cluster.kubectl
+        out = [kubectl("get", "pods,deployments,events", "-A", "-o", "wide", check=False).stdout]
+        out.append(kubectl("describe", "pods", "-n", namespace, check=False).stdout[-4000:])
+        for previous in ("false", "true"):
+            args = ["logs", "-n", namespace, "-l", "app.kubernetes.io/name", "--all-containers"]
+            args += ["--prefix", "--tail=40", f"--previous={previous}"]
+            logs = kubectl(*args, check=False)
+            out.append(logs.stdout + logs.stderr)
+        return "\n".join(out)[-15000:]
 
     def cluster_ip(self) -> str:
         return str(self.api(f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}")["spec"]["clusterIP"])
