@@ -276,12 +276,17 @@ def kubelet_config(slot: NodeSlot, paths: NodePaths, ca_cert: Path) -> dict[str,
         # The disk is shared: never evict or garbage-collect the images tests imported.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        # The host's disk is shared with other builds that fill and free GBs in seconds: a 1%
+        # threshold (2.5 GB here) tainted the node DiskPressure for minutes, leaving pods
+        # unschedulable or evicted. Evict only when writes are about to fail anyway, and lift the
+        # taint soon after (the default transition period is 5 minutes).
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "1%",
+            "nodefs.available": "100Mi",
             "nodefs.inodesFree": "1%",
-            "imagefs.available": "1%",
+            "imagefs.available": "100Mi",
         },
+        "evictionPressureTransitionPeriod": "10s",
         "podCIDR": slot.pod_cidr,
         "serializeImagePulls": False,
         "shutdownGracePeriod": "0s",
