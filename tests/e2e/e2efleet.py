@@ -122,6 +122,14 @@ class Fleet:
             out.append(logs.stdout + logs.stderr)
         return "\n".join(out)[-15000:]
 
+    def gateway_errors(self) -> str:
+        """The gateways' warnings and errors, with tracebacks: why a request failed."""
+        out = []
+        for pod in self.pods("gateway"):
+            text = self.logs(NAMESPACE, pod["metadata"]["name"])
+            out += [line for line in text.splitlines() if '"severity": "info"' not in line]
+        return "\n".join(out)[-8000:]
+
     def cluster_ip(self) -> str:
         return str(self.api(f"/api/v1/namespaces/{NAMESPACE}/services/{NAME}")["spec"]["clusterIP"])
 

@@ -59,11 +59,11 @@ def _embed_ok(pod: dict[str, Any]) -> int:
     return int(float(match.group(1))) if match else 0
 
 
-def _lossless(name: str, report: Report) -> None:
+def _lossless(fleet: Fleet, name: str, report: Report) -> None:
     """Records the figure, then: the load ran, and not one request failed."""
     FIGURES[f"{name}: requests sent, lost"] = (len(report.records), len(report.failures))
     assert report.records
-    assert not report.failures, report.summary()
+    assert not report.failures, f"{report.summary()}\n{fleet.gateway_errors()}"
 
 
 def _patch(fleet: Fleet, spec: dict[str, Any]) -> None:
@@ -196,7 +196,7 @@ def test_deleting_a_worker_pod_loses_no_request(applied: Applied) -> None:
         )
         FIGURES["worker pod deleted: replaced and ready (s)"] = round(time.monotonic() - started, 1)
         load.wait_running(3)
-    _lossless("worker pod deleted", load.finish())
+    _lossless(fleet, "worker pod deleted", load.finish())
 
 
 def test_a_rolling_update_loses_no_request(applied: Applied) -> None:
@@ -217,7 +217,7 @@ def test_a_rolling_update_loses_no_request(applied: Applied) -> None:
         fleet.wait_settled(2, timeout=60)
         FIGURES["rolling update of 2 workers (s)"] = round(time.monotonic() - started, 1)
         load.wait_running(3)
-    _lossless("rolling update", load.finish())
+    _lossless(fleet, "rolling update", load.finish())
     config = fleet.api(f"/api/v1/namespaces/{NAMESPACE}/configmaps/{NAME}-config")
     assert config["data"]["EMBEDFLEET_WORKER_MAX_BATCH_TOKENS"] == "8192"
 
@@ -239,7 +239,7 @@ def test_scaling_to_three_sends_traffic_to_the_new_worker(applied: Applied) -> N
         seconds = round(time.monotonic() - ready_at, 2)
         FIGURES["scaled to 3: Ready to first request on the new worker (s)"] = seconds
         load.wait_running(2)
-    _lossless("scale to 3", load.finish())
+    _lossless(fleet, "scale to 3", load.finish())
     assert seconds < 5
     status = fleet.emb()["status"]
     assert (status["readyReplicas"], status["desiredReplicas"]) == (3, 3)

@@ -3,6 +3,7 @@ classification of its failures."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -69,6 +70,13 @@ async def _call(call: Awaitable[T]) -> T:
         return await call
     except grpc.aio.AioRpcError as exc:
         raise UpstreamError(exc.code(), exc.details() or "") from None
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # our caller gave up (the client went away)
+        # The channel was closed under the call (its worker left the pool, e.g. a pod being
+        # replaced): grpc cancels the call, which says nothing about the chunk; retry it elsewhere.
+        raise UpstreamError(grpc.StatusCode.CANCELLED, "the worker's channel closed") from None
 
 
 class WorkerClient:
