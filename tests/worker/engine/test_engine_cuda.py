@@ -10,7 +10,7 @@ import torch
 from engine_helpers import item, min_cosine, random_sequences
 
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.torch_engine import EngineConfig, TorchEngine
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.worker.graphs import Action, BucketPolicy, Decision, GraphCache, GraphKey
+from embedfleet.worker.engine.graph_policy import (
+    Action,
+    BucketPolicy,
+    Decision,
+    GraphCache,
+    GraphKey,
+)
 
 
 def test_token_buckets_round_up_in_two_steps() -> None:

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from engine_helpers import item, min_cosine
 
-from embedfleet.worker.batch import pack, to_device
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.batch import pack, to_device
+from embedfleet.worker.engine.torch_engine import EngineConfig, TorchEngine
 
 
 @pytest.mark.parametrize("engine_name", ["minilm_fp32", "minilm_bf16"])
@@ -31,8 +31,8 @@ def test_parity_mixed_lengths_one_batch(
 def test_auto_dtype_needs_native_bf16_speed_and_parity(
     monkeypatch: pytest.MonkeyPatch, pays: bool
 ) -> None:
-    from embedfleet.worker import engine as engine_module
-    from embedfleet.worker.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine import torch_engine as engine_module
+    from embedfleet.worker.engine.precision import cpu_has_native_bf16
 
     # The speed half of the choice is a timing; fix its answer to test both branches.
     monkeypatch.setattr(engine_module, "reduced_precision_pays", lambda dtype, hidden: pays)

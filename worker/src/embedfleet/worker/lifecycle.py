@@ -55,7 +55,7 @@ class _Health(Protocol):
 def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
     if settings.engine == "null":
         return NullEngine.from_model_dir(model, settings.max_input_tokens or None)
-    from embedfleet.worker.engine import TorchEngine  # imports torch: only when needed
+    from embedfleet.worker.engine.torch_engine import TorchEngine  # imports torch: only when needed
 
     return TorchEngine.from_settings(settings)
 
@@ -64,7 +64,7 @@ def _reference_fn(settings: WorkerSettings) -> ReferenceFn | None:
     """The engine's float32 eager CPU path, the self-check's yardstick for uncommitted models."""
     if settings.engine == "null":
         return None
-    from embedfleet.worker.probe import reference_outputs
+    from embedfleet.worker.engine.probe import reference_outputs
 
     return lambda items: reference_outputs(settings.model, items, settings.max_input_tokens)
 

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker.contract import WorkItem
-from embedfleet.worker.probe import min_cosine
+from embedfleet.worker.engine.probe import min_cosine
 
 log = logging.getLogger(__name__)
 

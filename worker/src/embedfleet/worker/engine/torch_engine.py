@@ -17,8 +17,6 @@ import torch
 
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, Pooling, load_model_dir, resolve_model_path
-from embedfleet.worker.attention import AttentionBackend, GroupedBackend, select_backend
-from embedfleet.worker.batch import DeviceBatch, HostBatch, pack, to_device
 from embedfleet.worker.contract import (
     EngineInfo,
     GraphCounters,
@@ -26,13 +24,21 @@ from embedfleet.worker.contract import (
     Pending,
     WorkItem,
 )
-from embedfleet.worker.cuda_graphs import GraphRunner
-from embedfleet.worker.graphs import Action, BucketPolicy, GraphCache, GraphKey, GraphMode
-from embedfleet.worker.models import Model
-from embedfleet.worker.models.family import load_model
-from embedfleet.worker.pending import Done, InFlight, Slice, split
-from embedfleet.worker.pooling import finish, pool
-from embedfleet.worker.precision import (
+from embedfleet.worker.engine.attention import AttentionBackend, GroupedBackend, select_backend
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
+from embedfleet.worker.engine.graph_policy import (
+    Action,
+    BucketPolicy,
+    GraphCache,
+    GraphKey,
+    GraphMode,
+)
+from embedfleet.worker.engine.graph_runner import GraphRunner
+from embedfleet.worker.engine.models import Model
+from embedfleet.worker.engine.models.family import load_model
+from embedfleet.worker.engine.pending import Done, InFlight, Slice, split
+from embedfleet.worker.engine.pooling import finish, pool
+from embedfleet.worker.engine.precision import (
     candidate_dtype,
     dtype_name,
     reduced_precision_pays,
@@ -359,7 +365,7 @@ class TorchEngine:
     def _check_reduced_precision(self) -> None:
         """Keep the reduced dtype only if it is faster here and the probe's outputs match
         float32's; else fall back to float32."""
-        from embedfleet.worker.probe import agreement, probe_items
+        from embedfleet.worker.engine.probe import agreement, probe_items
 
         if not reduced_precision_pays(self.dtype, self.shape.hidden_size):
             log.info("%s GEMMs are not faster than float32 here: using float32", self.dtype)

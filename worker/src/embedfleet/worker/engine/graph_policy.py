@@ -3,8 +3,8 @@
 A graph replays fixed shapes, so every batch is padded up to a bucket: total tokens rounded up (fine
 steps while batches are small, coarser above a switch point) and sequence count rounded up to a
 power of two. The cache decides per bucket whether to run eager, capture or replay, and which graph
-to drop when the bound is hit. No torch here: the runner in `cuda_graphs.py` executes the decisions,
-and tests drive this module without a GPU.
+to drop when the bound is hit. No torch here: the runner in `graph_runner.py` executes the
+decisions, and tests drive this module without a GPU.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
 
 def reference_outputs(model: str, items: list[WorkItem], max_input_tokens: int = 0) -> list[Array]:
     """Outputs of a float32, eager, CPU engine for `items`: the yardstick for self-checks."""
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
+    from embedfleet.worker.engine.torch_engine import EngineConfig, TorchEngine
 
     engine = TorchEngine(
         EngineConfig(
