@@ -12,9 +12,18 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 GraphMode = Literal["lazy", "eager", "off"]
+GRAPH_MODES: tuple[GraphMode, ...] = get_args(GraphMode)
+
+
+def graph_mode(name: str) -> GraphMode:
+    """The mode named `name` (a --cuda-graphs value), typed; ValueError for any other string."""
+    for mode in GRAPH_MODES:
+        if mode == name:
+            return mode
+    raise ValueError(f"unknown CUDA graph mode {name!r}; use one of {list(GRAPH_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)
