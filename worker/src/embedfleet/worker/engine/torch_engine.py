@@ -19,6 +19,7 @@ from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker.contract import (
+    Done,
     EngineInfo,
     GraphCounters,
     InvalidInputError,
@@ -32,7 +33,7 @@ from embedfleet.worker.engine.forward import forward
 from embedfleet.worker.engine.graph_policy import Action, GraphCache, GraphKey
 from embedfleet.worker.engine.graph_runner import GraphRunner
 from embedfleet.worker.engine.outputs import apply_options
-from embedfleet.worker.engine.pending import Done, InFlight, Slice, split
+from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.settings import WorkerSettings
 
