@@ -38,7 +38,7 @@ for name in ("numpy", "safetensors", "tokenizers", "google.protobuf", "pytest", 
         missing.append(name)
 print("missing modules:", ", ".join(missing) or "none")
 try:
-    from embedfleet.worker.attention import available_backends
+    from embedfleet.worker.engine.attention import available_backends
     names = [b.name for b in available_backends(torch.device("cuda"), torch.bfloat16)]
     print("attention backends (fastest first):", names)
 except Exception as exc:

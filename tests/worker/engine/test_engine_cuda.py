@@ -10,7 +10,8 @@ import torch
 from engine_helpers import item, min_cosine, random_sequences
 
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
 
 pytestmark = pytest.mark.gpu
 

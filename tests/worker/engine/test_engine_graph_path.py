@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from engine_helpers import item, min_cosine
 
-from embedfleet.worker.attention import VarlenBackend
-from embedfleet.worker.batch import DeviceBatch, HostBatch, from_tensors
 from embedfleet.worker.contract import Options
-from embedfleet.worker.cuda_graphs import Body
-from embedfleet.worker.engine import EngineConfig, TorchEngine
-from embedfleet.worker.graphs import GraphKey
+from embedfleet.worker.engine.attention import VarlenBackend
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.graph_policy import GraphKey
+from embedfleet.worker.engine.graph_runner import Body
+from embedfleet.worker.engine.torch_engine import TorchEngine
 
 
 def varlen_reference(

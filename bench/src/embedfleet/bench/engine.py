@@ -72,7 +72,7 @@ def _best(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
 
 
 def _min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
-    from embedfleet.worker.probe import min_cosine
+    from embedfleet.worker.engine.probe import min_cosine
 
     return min_cosine(a, b)
 
@@ -108,8 +108,9 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
-    from embedfleet.worker.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine.torch_engine import TorchEngine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -331,7 +332,8 @@ def _qwen3_dir(root: Path, seed: int) -> Path:
 def cuda(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.torch_engine import TorchEngine
 
     def engine(graphs: str, model: str) -> TorchEngine:
         config = EngineConfig(model=model, device="cuda", cuda_graphs=graphs)  # type: ignore[arg-type]

@@ -232,7 +232,7 @@ def run_torch(sizes: Sizes, workdir: Path, extra: Sequence[str]) -> dict[str, fl
 
     from embedfleet.common.settings import load
     from embedfleet.worker.contract import WorkItem
-    from embedfleet.worker.engine import TorchEngine
+    from embedfleet.worker.engine.torch_engine import TorchEngine
     from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
     from embedfleet.worker.testing import running_worker, worker_stub
 
