@@ -18,7 +18,7 @@ OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-export PYTHONPATH="common/src:worker/src:bench/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="common/src:worker/src:bench/src:testing/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 echo "== environment" | tee "$OUT/summary.txt"

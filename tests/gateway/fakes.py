@@ -26,6 +26,7 @@ import uvicorn
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens, pack_floats, unpack_tokens
 from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.gateway.app import Gateway
@@ -33,7 +34,7 @@ from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.pool import WorkerPool
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.ports import free_ports
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 DIMS = 4
 
@@ -244,11 +245,18 @@ class GatewayThread:
 
     def start(self) -> GatewayThread:
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
+
+        def started() -> bool:
+            if self.server.started:
+                return True
+            if not self.thread.is_alive():
                 raise RuntimeError("gateway thread did not start")
-            time.sleep(0.02)
+            return False
+
+        try:
+            wait_for("the gateway thread to start", started, timeout=20, interval=0.02)
+        except WaitTimeoutError as exc:
+            raise RuntimeError("gateway thread did not start") from exc
         return self
 
     def stop(self) -> None:

@@ -15,7 +15,7 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
 
 from .fakes import FakeWorker, GatewayThread
-from .support import metric, wait_until
+from .helpers import metric, wait_until
 
 
 @pytest.fixture

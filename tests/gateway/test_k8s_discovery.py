@@ -16,7 +16,7 @@ from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.cluster import Cluster
 
 from .fakes import FakeWorker, GatewayThread
-from .support import wait_until
+from .helpers import wait_until
 
 SERVICE = "workers"
 

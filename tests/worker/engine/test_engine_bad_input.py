@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import item
 
 from embedfleet.common.codec import Tokens
 from embedfleet.worker.contract import InvalidInputError, Options, WorkItem
 from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 def bad_items(engine: TorchEngine) -> dict[str, WorkItem]:

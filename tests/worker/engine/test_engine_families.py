@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine, random_sequences
 
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item, random_sequences
 
 LENGTHS = (1, 2, 7, 16, 33, 64, 100, 255)
 

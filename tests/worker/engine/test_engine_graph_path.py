@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine
 
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
 from embedfleet.worker.engine.attention import VarlenBackend
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
@@ -19,6 +19,8 @@ from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.graph_policy import GraphKey
 from embedfleet.worker.engine.graph_runner import Body
 from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 def varlen_reference(

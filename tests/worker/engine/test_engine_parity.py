@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine
 
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
 from embedfleet.worker.engine.batch import pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 @pytest.mark.parametrize("engine_name", ["minilm_fp32", "minilm_bf16"])

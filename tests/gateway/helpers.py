@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+
+from embedfleet.testing.polling import wait_for
 
 
 def wait_until(what: str, probe: Callable[[], object], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """`wait_for` at the pace of in-process fakes: they change state within milliseconds."""
+    wait_for(what, probe, timeout=timeout, interval=0.02)
 
 
 def metric(text: str, name: str) -> float:
