@@ -172,11 +172,13 @@ OWNER_LABEL = "embedfleet.dev/deployment"
 
 
 def get_json(cluster: Cluster, ns: str, *what: str) -> Any:
+    """`kubectl get <what> -o json` in `ns`; None when kubectl fails (e.g. not found)."""
     proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
 def child_objects(cluster: Cluster, ns: str, owner: str) -> dict[str, Any]:
+    """The children the operator labelled as `owner`'s, by "Kind/name"."""
     selector = f"{OWNER_LABEL}={owner}"
     found = get_json(cluster, ns, CHILD_KINDS, "-l", selector, "--show-managed-fields")
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in (found or {}).get("items", ())}
@@ -188,6 +190,7 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def available(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    """The EmbeddingDeployment once Available=True for its current generation, else None."""
     obj = get_json(cluster, ns, "emb", name)
     if obj is None or condition(obj, "Available").get("status") != "True":
         return None
