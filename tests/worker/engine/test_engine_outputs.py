@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item
 
 from embedfleet.common.modeldir import Task
 from embedfleet.worker.contract import EngineInfo, Options
@@ -12,6 +11,8 @@ from embedfleet.worker.engine.batch import pack, to_device
 from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import Slice
 from embedfleet.worker.engine.pooling import pool
+
+from .helpers import item
 
 HIDDEN = 8
 
