@@ -180,7 +180,13 @@ def test_cancelled_and_expired_requests_are_dropped_and_counted(served: Served) 
     cancelled = [stub.Embed.future(embed_request(rand_seqs(64))) for _ in range(3)]
     last_request = embed_request(rand_seqs(40))
     last = stub.Embed.future(last_request)
-    time.sleep(0.02)
+    # Cancel only once the server holds all eight behind the blocker: a call cancelled before it
+    # arrived would end CANCELLED on the client with nothing for the worker to drop or count.
+    wait_for(
+        "the eight calls queued behind the blocker",
+        lambda: worker.metric("embedfleet_worker_queued_requests") >= 8,
+        timeout=30,
+    )
     for future in cancelled:
         future.cancel()
     assert last.result(timeout=120).count == 1

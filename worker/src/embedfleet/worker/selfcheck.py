@@ -29,8 +29,8 @@ import numpy as np
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import WorkItem
-from embedfleet.worker.engine.probe import min_cosine
 
 log = logging.getLogger(__name__)
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import numpy.typing as npt
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import WorkItem
 
 PROBE_TEXTS = (
@@ -52,11 +50,3 @@ def agreement(fast: list[FloatArray], slow: list[FloatArray], task: str) -> tupl
     if task == "score" or a.ndim == 1:
         return 1.0, diff
     return min_cosine(a, b), 0.0
-
-
-def min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    num = (a * b).sum(-1)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return float((num / np.maximum(den, 1e-30)).min())
