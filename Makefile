@@ -7,7 +7,7 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto tools prometheus bench clean
+.PHONY: install run test lint format proto tools node prometheus bench clean
 
 install: $(STAMP)
 
@@ -38,11 +38,18 @@ proto: install
 tools:
 	bash hack/build-tools.sh
 
+# One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
+# kube-proxy, containerd, CNI plugins and the harness images, built or reused from
+# ~/.cache/embedfleet/node.
+node:
+	bash hack/install-node-deps.sh
+	bash hack/build-node.sh
+
 # Debian's prometheus + promtool, for the dashboard and alert tests (idempotent).
 prometheus:
 	bash hack/install-prometheus.sh
 
-test: install tools prometheus lint
+test: install tools node prometheus lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install

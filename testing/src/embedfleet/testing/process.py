@@ -14,7 +14,11 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
+
+T = TypeVar("T")
 
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
@@ -148,3 +152,33 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def died(record: ProcessRecord) -> str:
+    return f"{record.name} exited; last lines of {record.log}:\n{log_tail(record.log)}"
+
+
+def wait_while_running(
+    what: str,
+    record: ProcessRecord,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    transient: tuple[type[Exception], ...],
+    error: type[Exception],
+) -> T:
+    """wait_for(probe), failing at once with the log's tail if `record` exits, or with it at the
+    timeout; a probe raising one of `transient` counts as not there yet."""
+
+    def checked() -> T | None:
+        if not is_running(record):
+            raise error(died(record))
+        try:
+            return probe()
+        except transient:
+            return None
+
+    try:
+        return wait_for(what, checked, timeout=timeout)
+    except WaitTimeoutError as err:
+        raise error(f"{err}; last lines of {record.log}:\n{log_tail(record.log)}") from err
