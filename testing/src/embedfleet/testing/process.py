@@ -20,8 +20,6 @@ from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 T = TypeVar("T")
 
-from embedfleet.testing.polling import WaitTimeoutError, wait_for
-
 
 @dataclass(frozen=True)
 class ProcessRecord:
