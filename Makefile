@@ -7,7 +7,8 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto tools prometheus image-tools images images-lock bench clean
+.PHONY: install run test lint format proto tools node prometheus image-tools images images-lock \
+	bench clean
 
 install: $(STAMP)
 
@@ -38,6 +39,13 @@ proto: install
 tools:
 	bash hack/build-tools.sh
 
+# One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
+# kube-proxy, containerd, CNI plugins and the harness images, built or reused from
+# ~/.cache/embedfleet/node.
+node:
+	bash hack/install-node-deps.sh
+	bash hack/build-node.sh
+
 # Debian's prometheus + promtool, for the dashboard and alert tests (idempotent).
 prometheus:
 	bash hack/install-prometheus.sh
@@ -48,8 +56,8 @@ image-tools:
 
 # Builds (or reuses, keyed by content) the operator, gateway and CPU worker images on a Debian base
 # made by debootstrap, with no registry and no network in the build; writes each as a docker-archive
-# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON. IMAGES=worker adds the
-# CUDA worker (~4 GB more). See docs/development.md, "Images".
+# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON.
+# IMAGES=operator,gateway,worker-cpu,worker adds the CUDA worker. See docs/development.md, "Images".
 IMAGES ?= operator,gateway,worker-cpu
 images: install image-tools
 	$(BIN)/python -m embedfleet.testing.images --images $(IMAGES)
@@ -58,7 +66,7 @@ images: install image-tools
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
-test: install tools prometheus image-tools lint
+test: install tools node prometheus image-tools lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install

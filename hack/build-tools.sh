@@ -16,16 +16,12 @@ tools_dir="$(cd "$(dirname "$0")/tools" && pwd)"
 # shellcheck source=tools/versions.env
 . "$tools_dir/versions.env"
 
-k8s_minor="${K8S_VERSION#v1.}"
-k8s_minor="${k8s_minor%%.*}"
+# shellcheck source=lib/k8s-ldflags.sh
+. "$tools_dir/../lib/k8s-ldflags.sh"
 helm_ver="${HELM_VERSION#v}"
 # The variables the upstream release builds set (kubernetes hack/lib/version.sh, helm's Makefile,
 # kwok's hack/releases.sh), so /version, `kubectl version` and Helm's kubeVersion checks are real.
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=${K8S_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${k8s_minor}"
-  ldflags+=" -X $pkg.gitTreeState=clean"
-done
+ldflags="$k8s_ldflags"
 ldflags+=" -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
 ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do

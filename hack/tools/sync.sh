@@ -24,7 +24,7 @@ staging_modules=$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging
   echo
   echo "tool ("
   echo "	go.etcd.io/etcd/server/v3"
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
     echo "	k8s.io/kubernetes/cmd/$cmd"
   done
   echo "	sigs.k8s.io/kwok/cmd/kwok"

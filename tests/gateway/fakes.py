@@ -1,30 +1,47 @@
 """FAKE workers for unit tests of splitting, ordering, retries and backpressure (not the engine).
 
-A FakeWorker is an in-process gRPC server speaking the real proto. Its "embedding" of a sequence is
-[first id, last id, length, worker number], so a test can see which input landed where and in which
-order. Integration tests use real worker processes instead (test_fleet.py).
+A FakeWorker is an in-process gRPC server speaking the real proto, for tests through the whole
+gateway app. An InMemoryFakeWorker is a `pool.Worker` in the test's own event loop (no gRPC), for
+tests of the pool and dispatcher alone. Either's "embedding" of a sequence is [first id, last id,
+length, worker number], so a test can see which input landed where and in which order.
+Integration tests use real worker processes instead (test_fleet.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import threading
 import time
+from collections.abc import Coroutine, Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
 
 import grpc
 import numpy as np
-import uvicorn
 
-from embedfleet.common.codec import pack_floats, unpack_tokens
-from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.arrays import FloatArray
+from embedfleet.common.codec import Tokens, pack_floats, unpack_tokens
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.gateway.app import Gateway
-from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.ports import free_ports
+from embedfleet.gateway.balancer import Balancer
+from embedfleet.gateway.client import UpstreamError
+from embedfleet.gateway.pool import WorkerPool
 
 DIMS = 4
+
+
+def _rows(tokens: Tokens, number: int) -> FloatArray:
+    return np.array([[s[0], s[-1], len(s), number] for s in tokens.sequences()], dtype=np.float32)
+
+
+def _scores(tokens: Tokens) -> FloatArray:
+    """Score = the number of second-segment (document) tokens: shows type ids arrived."""
+    assert tokens.type_ids is not None
+    bounds = np.cumsum(tokens.lengths)[:-1]
+    return np.array([t.sum() for t in np.split(tokens.type_ids, bounds)], dtype=np.float32)
 
 
 @dataclass
@@ -59,9 +76,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
                 self.cancelled += 1
                 context.abort(grpc.StatusCode.CANCELLED, "client went away")
             time.sleep(0.01)
-        rows = np.array(
-            [[s[0], s[-1], len(s), self.number] for s in tokens.sequences()], dtype=np.float32
-        )
+        rows = _rows(tokens, self.number)
         return pb.EmbedResponse(
             embeddings=pack_floats(rows),
             count=rows.shape[0],
@@ -70,11 +85,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
         )
 
     def Score(self, request: pb.ScoreRequest, context: grpc.ServicerContext) -> pb.ScoreResponse:
-        """Score = the number of second-segment (document) tokens: shows type ids arrived."""
         tokens = unpack_tokens(request.batch)
-        assert tokens.type_ids is not None
-        bounds = np.cumsum(tokens.lengths)[:-1]
-        scores = np.array([t.sum() for t in np.split(tokens.type_ids, bounds)], dtype=np.float32)
+        scores = _scores(tokens)
         self.calls.append(tokens.count)
         return pb.ScoreResponse(
             scores=pack_floats(scores), count=len(scores), prompt_tokens=tokens.total
@@ -106,28 +118,107 @@ class FakeWorker(pb_grpc.WorkerServicer):
         return f"{self.host}:{self.port}"
 
 
-class GatewayThread:
-    """The real Gateway app under uvicorn, in a thread of the test process."""
+@dataclass
+class InMemoryFakeWorker:
+    """FAKE `pool.Worker`: answers in the test's event loop, fails and stalls on command."""
 
-    def __init__(self, settings: GatewaySettings, model: ModelDir) -> None:
-        (port,) = free_ports(1)
-        self.app = Gateway(GatewaySettings(**{**settings.__dict__, "port": port}), model=model)
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, loop="asyncio", lifespan="on", log_config=None
+    number: int
+    ready: bool = True
+    queued_tokens: int = 0
+    #: the next calls fail with these codes, one each, in order
+    failures: list[grpc.StatusCode] = field(default_factory=list)
+    #: while not None and not set, calls wait on it (a stalled worker)
+    gate: asyncio.Event | None = None
+    calls: list[int] = field(default_factory=list)  # sequences per call, failed ones included
+    cancelled: int = 0
+    closed: bool = False
+    #: set once a call has begun (reached the gate), so a test can act while it runs
+    busy: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set on every Info, so a test can wait for the pool's probe instead of sleeping
+    probed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _run(self, tokens: Tokens) -> None:
+        self.calls.append(tokens.count)
+        if self.failures:
+            raise UpstreamError(self.failures.pop(0), "fake failure")
+        self.busy.set()
+        if self.gate is not None:
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+
+    async def embed(
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+    ) -> tuple[FloatArray, int]:
+        tokens = unpack_tokens(batch)
+        await self._run(tokens)
+        return _rows(tokens, self.number), tokens.total
+
+    async def score(self, batch: pb.TokenBatch, timeout: float) -> tuple[FloatArray, int]:
+        tokens = unpack_tokens(batch)
+        await self._run(tokens)
+        return _scores(tokens), tokens.total
+
+    async def info(self, timeout: float) -> pb.InfoResponse:
+        self.probed.set()
+        return pb.InfoResponse(
+            model_name="fake",
+            task="embed",
+            dimensions=DIMS,
+            ready=self.ready,
+            queued_tokens=self.queued_tokens,
         )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self) -> GatewayThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("gateway thread did not start")
-            time.sleep(0.02)
+    async def close(self) -> None:
+        self.closed = True
+
+
+class InMemoryFleet:
+    """A real WorkerPool and Balancer over InMemoryFakeWorkers named w0, w1, ..."""
+
+    def __init__(self, count: int) -> None:
+        self.fakes = {f"w{i}": InMemoryFakeWorker(i) for i in range(count)}
+        # Long probe and ejection times: nothing changes behind a test's back. A 100-token limit.
+        self.balancer = Balancer(60, 100, rng=random.Random(0))
+        self.pool = WorkerPool(self.balancer, probe_seconds=60, connect=self.fakes.__getitem__)
+
+    async def connect(self, addresses: Iterable[str] | None = None) -> None:
+        """Points the pool at `addresses` (default: every fake) and waits for each new one's
+        first probe to land."""
+        wanted = list(self.fakes if addresses is None else addresses)
+        new = [a for a in wanted if a not in self.balancer.endpoints]
+        for a in new:
+            self.fakes[a].probed.clear()
+        self.pool.update(wanted)
+        async with asyncio.timeout(5):
+            for a in new:
+                await self.fakes[a].probed.wait()
+        # A probe records the answer before its task next yields, and we resume only after that.
+
+    async def __aenter__(self) -> InMemoryFleet:
+        await self.connect()
         return self
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.pool.close()
+
+    def outstanding(self) -> dict[str, int]:
+        return {a: e.outstanding_tokens for a, e in self.balancer.endpoints.items()}
+
+    def cancelled(self) -> int:
+        """Calls cancelled while they were stalled, over every fake."""
+        return sum(f.cancelled for f in self.fakes.values())
+
+    async def stalled(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Runs `work` with every worker stalling its calls; returns once a call has begun."""
+        gate, busy = asyncio.Event(), asyncio.Event()
+        for fake in self.fakes.values():
+            fake.gate, fake.busy = gate, busy
+        task = asyncio.ensure_future(work)
+        async with asyncio.timeout(5):
+            await busy.wait()
+        return task

@@ -142,9 +142,11 @@ def test_the_cpu_worker_embeds_with_the_bundled_model(
     ids, want = reference["token_ids"][0], reference["embeddings"][0]
     script = (
         "import json, torch\n"
-        "from embedfleet.worker.engine import EngineConfig, TorchEngine\n"
+        "from embedfleet.worker.engine.config import EngineConfig\n"
+        "from embedfleet.worker.engine.torch_engine import TorchEngine\n"
+        "from embedfleet.worker.selfcheck import item_of\n"
         f"engine = TorchEngine(EngineConfig(model={MODEL!r}, device='cpu'))\n"
-        f"vector = engine.embed([{ids!r}])[0]\n"
+        f"(vector,) = engine.run([item_of({ids!r})])[0]\n"
         "print(json.dumps({'cuda': torch.cuda.is_available(), 'vector': vector.tolist()}))\n"
     )
     with container(built_images["worker-cpu"].local_ref, ["-c", script], command=["python3"]) as c:

@@ -104,7 +104,9 @@ class Gateway:
         s = self.settings
         self.pool = WorkerPool(self.balancer, s.probe_seconds)
         dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
-        self.service = Service(s, self.model, self.tokenization, dispatcher, self.metrics)
+        self.service = Service(
+            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics
+        )
         self._posts = {
             "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
             "/v1/rerank": (RerankRequest, self.service.rerank),

@@ -1,4 +1,5 @@
-"""The gateway's gRPC client for one worker, and the classification of its failures."""
+"""The gRPC client for one worker (the `pool.Worker` the gateway runs with), and the
+classification of its failures."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import unpack_floats
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
@@ -38,7 +39,9 @@ _RETRYABLE = frozenset(
 _EJECTING = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
-@dataclass(frozen=True)
+# Not frozen: contextlib (a `with` the error passes through) assigns its __traceback__. eq=False
+# keeps an exception's identity equality and hash.
+@dataclass(eq=False)
 class UpstreamError(Exception):
     code: grpc.StatusCode
     details: str
@@ -79,15 +82,13 @@ class WorkerClient:
 
     async def embed(
         self, batch: pb.TokenBatch, dimensions: int, timeout: float
-    ) -> tuple[npt.NDArray[np.float32], int]:
+    ) -> tuple[FloatArray, int]:
         request = pb.EmbedRequest(batch=batch, dimensions=dimensions)
         reply: pb.EmbedResponse = await _call(self._stub.Embed(request, timeout=timeout))
         rows = unpack_floats(reply.embeddings, reply.count, reply.dimensions, reply.format)
         return rows.astype(np.float32, copy=False), int(reply.prompt_tokens)
 
-    async def score(
-        self, batch: pb.TokenBatch, timeout: float
-    ) -> tuple[npt.NDArray[np.float32], int]:
+    async def score(self, batch: pb.TokenBatch, timeout: float) -> tuple[FloatArray, int]:
         request = pb.ScoreRequest(batch=batch, activate=True)
         reply: pb.ScoreResponse = await _call(self._stub.Score(request, timeout=timeout))
         scores = unpack_floats(reply.scores, reply.count, 1)[:, 0]

@@ -17,9 +17,9 @@ from typing import TypeVar
 import grpc
 
 from embedfleet.gateway import errors
-from embedfleet.gateway.client import UpstreamError, WorkerClient
+from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.metrics import Metrics
-from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.pool import NoWorkerError, Worker, WorkerPool
 from embedfleet.gateway.splitting import Chunk
 
 T = TypeVar("T")
@@ -50,39 +50,45 @@ class Dispatcher:
 
     def admit(self) -> None:
         """Refuse new work early: no worker (503) or every worker past its queue limit (429)."""
-        if not self.pool.balancer.usable() and not self.pool.ready():
+        if not self.pool.ready():
             raise errors.unavailable("No ready worker.")
-        if self.pool.balancer.saturated():
+        if self.pool.saturated():
             raise errors.overloaded(self.retry_after)
 
-    async def _one(self, chunk: Chunk, call: Callable[[WorkerClient], Awaitable[T]]) -> T:
-        tried: set[str] = set()
-        for attempt in range(ATTEMPTS):
-            endpoint = self.pool.balancer.pick(exclude=tried)
-            client = self.pool.clients.get(endpoint.address) if endpoint else None
-            if endpoint is None or client is None:
-                raise errors.unavailable("No ready worker left to take the request.")
-            tried.add(endpoint.address)
-            endpoint.outstanding_tokens += chunk.tokens
+    async def _attempt(
+        self, chunk: Chunk, call: Callable[[Worker], Awaitable[T]], tried: set[str]
+    ) -> T:
+        """One call on a worker not yet tried; ejects that worker if the failure says it broke."""
+        with self.pool.lease(chunk.tokens, exclude=tried) as lease:
+            tried.add(lease.address)
             start = time.perf_counter()
             try:
-                return await call(client)
+                return await call(lease.worker)
             except UpstreamError as exc:
-                if exc.ejects and self.pool.balancer.eject(endpoint):
+                if exc.ejects and lease.eject():
                     self.metrics.ejections.inc()
                     log.warning(
-                        "worker ejected", extra={"worker": endpoint.address, "code": exc.code.name}
+                        "worker ejected", extra={"worker": lease.address, "code": exc.code.name}
                     )
+                raise
+            finally:
+                self.metrics.upstream_seconds.observe(time.perf_counter() - start)
+
+    async def _one(self, chunk: Chunk, call: Callable[[Worker], Awaitable[T]]) -> T:
+        tried: set[str] = set()
+        for attempt in range(ATTEMPTS):
+            try:
+                return await self._attempt(chunk, call, tried)
+            except NoWorkerError:
+                raise errors.unavailable("No ready worker left to take the request.") from None
+            except UpstreamError as exc:
                 if not exc.retryable or attempt + 1 == ATTEMPTS:
                     raise _client_error(exc) from None
                 self.metrics.retries.inc()
-            finally:
-                endpoint.outstanding_tokens -= chunk.tokens
-                self.metrics.upstream_seconds.observe(time.perf_counter() - start)
         raise AssertionError("unreachable")
 
     async def run(
-        self, chunks: Sequence[Chunk], call: Callable[[Chunk, WorkerClient], Awaitable[T]]
+        self, chunks: Sequence[Chunk], call: Callable[[Chunk, Worker], Awaitable[T]]
     ) -> list[T]:
         """Results in chunk order. Cancelling the caller (client gone) cancels every chunk."""
         self.metrics.chunks_per_request.observe(len(chunks))

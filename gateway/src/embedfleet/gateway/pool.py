@@ -1,12 +1,15 @@
-"""The live set of workers: one gRPC client each, polled for readiness and load."""
+"""The live set of workers: one `Worker` per address, polled for readiness and load, and lent out
+one call at a time through `WorkerPool.lease`, which keeps the balancer's token counts right."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
+from typing import Protocol
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.balancer import Balancer, Endpoint
 from embedfleet.gateway.client import UpstreamError, WorkerClient
@@ -14,28 +17,79 @@ from embedfleet.gateway.client import UpstreamError, WorkerClient
 log = logging.getLogger(__name__)
 
 
+class Worker(Protocol):
+    """What the gateway asks of one worker. Every failure is an `UpstreamError`."""
+
+    async def embed(
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+    ) -> tuple[FloatArray, int]:
+        """Rows of `batch`'s embeddings (0 `dimensions`: the model's own), and tokens run."""
+        ...
+
+    async def score(self, batch: pb.TokenBatch, timeout: float) -> tuple[FloatArray, int]:
+        """One activated cross-encoder score per pair in `batch`, and tokens run."""
+        ...
+
+    async def info(self, timeout: float) -> pb.InfoResponse:
+        """Model facts, readiness and queue depth."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connection; calls still in flight may fail."""
+        ...
+
+
+WorkerFactory = Callable[[str], Worker]
+"""Makes the Worker for one address: the gRPC client in production, a fake in unit tests."""
+
+
+class NoWorkerError(Exception):
+    """No ready worker is left outside the ones the caller excluded."""
+
+
+class Lease:
+    """One worker lent for one call; see `WorkerPool.lease`."""
+
+    __slots__ = ("_balancer", "_endpoint", "worker")
+
+    def __init__(self, worker: Worker, endpoint: Endpoint, balancer: Balancer) -> None:
+        self.worker = worker
+        self._endpoint = endpoint
+        self._balancer = balancer
+
+    @property
+    def address(self) -> str:
+        return self._endpoint.address
+
+    def eject(self) -> bool:
+        """Take this worker out of rotation for a while; True unless it was out already."""
+        return self._balancer.eject(self._endpoint)
+
+
 class WorkerPool:
-    def __init__(self, balancer: Balancer, probe_seconds: float) -> None:
-        self.balancer = balancer
-        self.probe_seconds = probe_seconds
-        self.clients: dict[str, WorkerClient] = {}
-        self.infos: dict[str, pb.InfoResponse] = {}
+    def __init__(
+        self, balancer: Balancer, probe_seconds: float, connect: WorkerFactory = WorkerClient
+    ) -> None:
+        self._balancer = balancer
+        self._probe_seconds = probe_seconds
+        self._connect = connect
+        self._workers: dict[str, Worker] = {}
+        self._infos: dict[str, pb.InfoResponse] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._changed = asyncio.Event()
 
     def update(self, addresses: Collection[str]) -> None:
-        added, removed = self.balancer.set_addresses(addresses)
+        added, removed = self._balancer.set_addresses(addresses)
         for address in removed:
             self._probes.pop(address).cancel()
-            self.infos.pop(address, None)
-            client = self.clients.pop(address)
+            self._infos.pop(address, None)
+            worker = self._workers.pop(address)
             # Let calls in flight finish briefly; the rest fail over to other workers.
-            task = asyncio.create_task(client.close())
+            task = asyncio.create_task(worker.close())
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         for address in added:
-            self.clients[address] = WorkerClient(address)
+            self._workers[address] = self._connect(address)
             self._probes[address] = asyncio.create_task(self._probe_loop(address))
         if added or removed:
             log.info(
@@ -43,23 +97,48 @@ class WorkerPool:
                 extra={"added": sorted(added), "removed": sorted(removed)},
             )
 
-    def endpoint(self, address: str) -> Endpoint | None:
-        return self.balancer.endpoints.get(address)
+    @contextlib.contextmanager
+    def lease(self, tokens: int, exclude: Collection[str] = ()) -> Iterator[Lease]:
+        """A worker for one call, chosen by the balancer from the ready ones not in `exclude`.
+
+        `tokens` count as outstanding at that worker until the block exits, however it exits
+        (an answer, an error, or the caller's cancellation), so its load is never over-counted.
+        Raises NoWorkerError when there is none to choose.
+        """
+        endpoint = self._balancer.pick(exclude)
+        if endpoint is None:
+            raise NoWorkerError
+        # The balancer's endpoints and the workers change together in update(), so this holds.
+        worker = self._workers[endpoint.address]
+        endpoint.outstanding_tokens += tokens
+        try:
+            yield Lease(worker, endpoint, self._balancer)
+        finally:
+            endpoint.outstanding_tokens -= tokens
 
     def ready(self) -> bool:
-        return any(e.ready for e in self.balancer.endpoints.values())
+        """At least one worker says it is ready (ejected ones too: ejection is advice)."""
+        return any(e.ready for e in self._balancer.endpoints.values())
+
+    def usable_workers(self) -> int:
+        """How many workers take new chunks now: ready and not ejected."""
+        return len(self._balancer.usable())
+
+    def saturated(self) -> bool:
+        """Every usable worker is past the outstanding-token limit."""
+        return self._balancer.saturated()
 
     def info(self) -> pb.InfoResponse | None:
         """Model facts from any worker that has answered."""
-        return next(iter(self.infos.values()), None)
+        return next(iter(self._infos.values()), None)
 
     async def _probe_once(self, address: str) -> None:
-        endpoint = self.balancer.endpoints.get(address)
-        client = self.clients.get(address)
-        if endpoint is None or client is None:
+        endpoint = self._balancer.endpoints.get(address)
+        worker = self._workers.get(address)
+        if endpoint is None or worker is None:
             return
         try:
-            info = await client.info(timeout=max(1.0, self.probe_seconds))
+            info = await worker.info(timeout=max(1.0, self._probe_seconds))
         except UpstreamError as exc:
             if endpoint.ready:
                 log.warning(
@@ -70,25 +149,17 @@ class WorkerPool:
         was = endpoint.ready
         endpoint.ready = info.ready and not info.draining
         endpoint.queued_tokens = int(info.queued_tokens)
-        self.infos[address] = info
+        self._infos[address] = info
         if endpoint.ready != was:
             log.info("worker readiness", extra={"worker": address, "ready": endpoint.ready})
-            self._changed.set()
 
     async def _probe_loop(self, address: str) -> None:
         while True:
             await self._probe_once(address)
             # Poll fast until the worker is first ready, so a new replica takes traffic quickly.
-            endpoint = self.balancer.endpoints.get(address)
-            fast = endpoint is not None and not endpoint.ready and address not in self.infos
-            await asyncio.sleep(min(0.2, self.probe_seconds) if fast else self.probe_seconds)
-
-    async def wait_ready(self, timeout: float) -> bool:
-        async with asyncio.timeout(timeout):
-            while not self.ready():
-                self._changed.clear()
-                await self._changed.wait()
-        return True
+            endpoint = self._balancer.endpoints.get(address)
+            fast = endpoint is not None and not endpoint.ready and address not in self._infos
+            await asyncio.sleep(min(0.2, self._probe_seconds) if fast else self._probe_seconds)
 
     async def close(self) -> None:
         for task in self._probes.values():
@@ -97,5 +168,5 @@ class WorkerPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._probes.clear()
-        await asyncio.gather(*(c.close() for c in self.clients.values()), *self._closing)
-        self.clients.clear()
+        await asyncio.gather(*(w.close() for w in self._workers.values()), *self._closing)
+        self._workers.clear()

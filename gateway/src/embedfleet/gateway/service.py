@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import errors
-from embedfleet.gateway.client import WorkerClient
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
+from embedfleet.gateway.pool import Worker, WorkerPool
 from embedfleet.gateway.schemas import (
     Document,
     EmbeddingRequest,
@@ -26,8 +26,6 @@ from embedfleet.gateway.schemas import (
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.gateway.splitting import Chunk, chunk_budget, join, plan
 from embedfleet.gateway.tokenization import Batch, Tokenization
-
-Floats = npt.NDArray[np.float32]
 
 
 def _usage(tokens: int) -> dict[str, int]:
@@ -57,11 +55,11 @@ def score_pairs(text_1: str | list[str], text_2: str | list[str]) -> list[tuple[
     return list(zip(text_1, text_2, strict=True))
 
 
-def cosine(a: Floats, b: Floats) -> Floats:
+def cosine(a: FloatArray, b: FloatArray) -> FloatArray:
     """Row-wise cosine similarity of two [n, d] arrays."""
-    num: Floats = np.einsum("ij,ij->i", a, b)
+    num: FloatArray = np.einsum("ij,ij->i", a, b)
     den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    out: Floats = (num / np.maximum(den, 1e-12)).astype(np.float32)
+    out: FloatArray = (num / np.maximum(den, 1e-12)).astype(np.float32)
     return out
 
 
@@ -71,12 +69,14 @@ class Service:
         settings: GatewaySettings,
         model: ModelDir,
         tokenization: Tokenization,
+        pool: WorkerPool,
         dispatcher: Dispatcher,
         metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.model = model
         self.tokenization = tokenization
+        self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.name = settings.served_model_name or model.name
@@ -114,33 +114,33 @@ class Service:
 
     @property
     def dimensions(self) -> int:
-        info = self.dispatcher.pool.info()
+        info = self.pool.info()
         return int(info.dimensions) if info and info.dimensions else self.model.hidden_size
 
     def _chunks(self, batch: Batch) -> list[Chunk]:
         s = self.settings
-        workers = max(1, len(self.dispatcher.pool.balancer.usable()))
+        workers = max(1, self.pool.usable_workers())
         budget = chunk_budget(batch.total, workers, s.chunk_tokens, s.min_chunk_tokens)
         return plan(batch.lengths, budget, s.chunk_sequences)
 
-    async def _embed(self, batch: Batch, dimensions: int) -> Floats:
+    async def _embed(self, batch: Batch, dimensions: int) -> FloatArray:
         timeout = self.settings.upstream_timeout_seconds
 
-        async def call(chunk: Chunk, client: WorkerClient) -> Floats:
+        async def call(chunk: Chunk, worker: Worker) -> FloatArray:
             packed = pack_tokens(batch.ids[chunk.start : chunk.stop])
-            rows, _ = await client.embed(packed, dimensions, timeout)
+            rows, _ = await worker.embed(packed, dimensions, timeout)
             return rows
 
         return join(await self.dispatcher.run(self._chunks(batch), call))
 
-    async def _score(self, batch: Batch) -> Floats:
+    async def _score(self, batch: Batch) -> FloatArray:
         timeout = self.settings.upstream_timeout_seconds
         type_ids = batch.type_ids
 
-        async def call(chunk: Chunk, client: WorkerClient) -> Floats:
+        async def call(chunk: Chunk, worker: Worker) -> FloatArray:
             types = type_ids[chunk.start : chunk.stop] if type_ids is not None else None
             packed = pack_tokens(batch.ids[chunk.start : chunk.stop], types)
-            scores, _ = await client.score(packed, timeout)
+            scores, _ = await worker.score(packed, timeout)
             return scores
 
         return join(await self.dispatcher.run(self._chunks(batch), call))
@@ -155,7 +155,7 @@ class Service:
 
     async def _pair_scores(
         self, pairs: list[tuple[str, str]], truncate: bool, side: TruncationSide, param: str
-    ) -> tuple[Floats, int]:
+    ) -> tuple[FloatArray, int]:
         """Relevance of each pair: the cross-encoder's own score, else embedding cosine."""
         self.dispatcher.admit()
         if self.model.task == "score":

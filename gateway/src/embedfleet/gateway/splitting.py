@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
+
+from embedfleet.common.arrays import FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ def plan(lengths: Sequence[int], budget: int, max_sequences: int) -> list[Chunk]
     return chunks
 
 
-def join(parts: Sequence[npt.NDArray[np.float32]]) -> npt.NDArray[np.float32]:
+def join(parts: Sequence[FloatArray]) -> FloatArray:
     """Chunk results (in chunk order) as one array in input order."""
     if len(parts) == 1:
         return parts[0]

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from embedfleet.common.net import free_ports
 from embedfleet.testing import components, process
 from embedfleet.testing.apiclient import ApiClient, ApiError
 from embedfleet.testing.components import Layout
@@ -28,7 +29,6 @@ from embedfleet.testing.kubeconfig import write_kubeconfig
 from embedfleet.testing.nodes import NodeShape, fake_gpu_node, node_is_ready
 from embedfleet.testing.pki import create_pki
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
-from embedfleet.testing.ports import free_ports
 from embedfleet.testing.process import ProcessRecord
 from embedfleet.testing.tools import Toolset, ensure_tools
 
@@ -66,6 +66,8 @@ class ClusterConfig:
     components die with the thread that started them, even when it is killed."""
     run_dir: Path | None = None
     """Certs, kubeconfigs, etcd data and logs; default: a fresh temp dir, removed on stop."""
+    api_address: str = components.LOCALHOST
+    """The API server's bind and advertise address (see components.Layout.api_address)."""
 
 
 class Cluster:
@@ -98,7 +100,7 @@ class Cluster:
         owns_run_dir = config.run_dir is None
         run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="embedfleet-k8s-"))
         try:
-            layout = _prepare(run_dir)
+            layout = _prepare(run_dir, config.api_address)
         except BaseException:
             if owns_run_dir:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -311,7 +313,7 @@ class Cluster:
         return len(ready) >= self.config.gpu_nodes
 
 
-def _prepare(run_dir: Path) -> Layout:
+def _prepare(run_dir: Path, api_address: str) -> Layout:
     """Picks ports and writes certificates and kubeconfigs for a new cluster in run_dir."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     names = components.PORT_NAMES
@@ -319,17 +321,17 @@ def _prepare(run_dir: Path) -> Layout:
     pki = create_pki(
         run_dir / "pki",
         server_names=components.API_SERVER_NAMES,
-        server_ips=(components.LOCALHOST, components.SERVICE_IP),
+        server_ips=tuple(dict.fromkeys((components.LOCALHOST, api_address, components.SERVICE_IP))),
         clients=components.CLIENTS,
     )
-    server = f"https://{components.LOCALHOST}:{ports['apiserver']}"
+    server = f"https://{api_address}:{ports['apiserver']}"
     kubeconfigs = {
         name: write_kubeconfig(
             run_dir / f"{name}.kubeconfig", server, pki.ca.cert, pki.clients[name], who.user
         )
         for name, who in components.CLIENTS.items()
     }
-    return Layout(run_dir=run_dir, ports=ports, pki=pki, kubeconfigs=kubeconfigs)
+    return Layout(run_dir, ports, pki, kubeconfigs, api_address)
 
 
 def stop_recorded(state: Mapping[str, Any], grace_seconds: float = 10.0) -> list[ProcessRecord]:

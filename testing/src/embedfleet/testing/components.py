@@ -40,6 +40,11 @@ CLIENTS: Mapping[str, ClientIdentity] = {
     ),
     "kube-scheduler": ClientIdentity("system:kube-scheduler"),
     "kwok": ClientIdentity("kwok-controller", ("system:masters",)),
+    # The API server's identity towards real kubelets (logs, exec, port-forward), which ask it
+    # back whether this user may (webhook authorization), as kubeadm sets it up.
+    "kube-apiserver-kubelet-client": ClientIdentity(
+        "kube-apiserver-kubelet-client", ("system:masters",)
+    ),
 }
 
 PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok")
@@ -53,6 +58,9 @@ class Layout:
     ports: Mapping[str, int]
     pki: ClusterPki
     kubeconfigs: Mapping[str, Path]
+    api_address: str = LOCALHOST
+    """Where the API server binds and what it advertises: 127.0.0.1, or the host end of a real
+    node's link (nodeconfig.NodeSlot.host_ip) so that the node and its pods reach it."""
 
     @property
     def etcd_url(self) -> str:
@@ -60,7 +68,7 @@ class Layout:
 
     @property
     def server(self) -> str:
-        return f"https://{LOCALHOST}:{self.ports['apiserver']}"
+        return f"https://{self.api_address}:{self.ports['apiserver']}"
 
 
 def etcd_argv(tools: Toolset, layout: Layout) -> list[str]:
@@ -82,10 +90,19 @@ def etcd_argv(tools: Toolset, layout: Layout) -> list[str]:
 
 def apiserver_argv(tools: Toolset, layout: Layout) -> list[str]:
     pki = layout.pki
+    kubelet_client = pki.clients.get("kube-apiserver-kubelet-client")
+    kubelet_flags = (
+        [
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+        ]
+        if kubelet_client
+        else []
+    )
     return [
         str(tools.path("kube-apiserver")),
-        f"--advertise-address={LOCALHOST}",
-        f"--bind-address={LOCALHOST}",
+        f"--advertise-address={layout.api_address}",
+        f"--bind-address={layout.api_address}",
         f"--secure-port={layout.ports['apiserver']}",
         f"--etcd-servers={layout.etcd_url}",
         f"--tls-cert-file={pki.apiserver.cert}",
@@ -95,9 +112,16 @@ def apiserver_argv(tools: Toolset, layout: Layout) -> list[str]:
         f"--service-account-key-file={pki.service_account_pub}",
         f"--service-account-signing-key-file={pki.service_account_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        # The `kubernetes` Service's endpoints may not be loopback; no pod here really runs.
+        # The `kubernetes` Service's endpoints may not be loopback, and the lease reconciler
+        # stalls the API server's shutdown; a real node writes the endpoint it reaches instead.
         "--endpoint-reconciler-type=none",
-        "--authorization-mode=RBAC",
+        *kubelet_flags,
+        # Node names need not resolve: reach kubelets at the address they report.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        # Real kubelets authenticate as system:node:<name>; the Node authorizer and
+        # NodeRestriction confine each to its own node and pods, as in a production cluster.
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
         "--allow-privileged=true",
         "--profiling=false",
     ]

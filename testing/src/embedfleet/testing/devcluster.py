@@ -2,6 +2,8 @@
 
     hack/dev-cluster up [--gpu-nodes N]   start (building the binaries on first use); the last
                                           line printed is the admin kubeconfig's path
+    hack/dev-cluster up --real-node       the same plus one real node (containerd, kubelet,
+                                          kube-proxy; root), and no KWOK nodes unless asked
     hack/dev-cluster env                  `export` lines: KUBECONFIG, PATH with kubectl and helm
     hack/dev-cluster status               the recorded processes and whether each still runs
     hack/dev-cluster down                 stop exactly the processes `up` started
@@ -25,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from embedfleet.testing import node
 from embedfleet.testing.cluster import Cluster, ClusterConfig, stop_recorded
 from embedfleet.testing.process import ProcessRecord, is_running
 
@@ -62,7 +65,8 @@ def _read_state() -> dict[str, Any] | None:
 
 
 def _records(state: dict[str, Any]) -> list[ProcessRecord]:
-    return [ProcessRecord.from_json(item) for item in state["processes"]]
+    items = state["processes"] + state.get("node", {}).get("processes", [])
+    return [ProcessRecord.from_json(item) for item in items]
 
 
 def _all_running(state: dict[str, Any]) -> bool:
@@ -70,7 +74,13 @@ def _all_running(state: dict[str, Any]) -> bool:
 
 
 def _stop(state: dict[str, Any]) -> None:
+    real_node = state.get("node")
+    if real_node:
+        # The API server's clients first; its address (on the node's link) goes last.
+        node.stop_daemons([ProcessRecord.from_json(item) for item in real_node["processes"]])
     left = stop_recorded(state)
+    if real_node:
+        node.stop_recorded(real_node)
     if left:
         names = ", ".join(f"{r.name} (pid {r.pid})" for r in left)
         raise SystemExit(f"dev-cluster: could not stop {names}")
@@ -78,7 +88,7 @@ def _stop(state: dict[str, Any]) -> None:
     _stable_kubeconfig().unlink(missing_ok=True)
 
 
-def up(gpu_nodes: int) -> int:
+def up(gpu_nodes: int | None, real_node: bool) -> int:
     with _locked():
         state = _read_state()
         if state is not None and _all_running(state):
@@ -88,8 +98,17 @@ def up(gpu_nodes: int) -> int:
         if state is not None:
             print("dev-cluster: a component had died; stopping the rest first", file=sys.stderr)
             _stop(state)
-        cluster = Cluster.start(ClusterConfig(gpu_nodes=gpu_nodes, outlive_caller=True))
-        state = cluster.to_state()
+        if gpu_nodes is None:
+            gpu_nodes = 0 if real_node else 3
+        kwok = gpu_nodes > 0 or not real_node
+        config = ClusterConfig(gpu_nodes=gpu_nodes, kwok=kwok, outlive_caller=True)
+        if real_node:
+            real = node.start_with_cluster(config, node.NodeConfig(outlive_caller=True))
+            cluster = real.cluster
+            state = {**cluster.to_state(), "node": real.to_state()}
+        else:
+            cluster = Cluster.start(config)
+            state = cluster.to_state()
         shutil.copyfile(cluster.kubeconfig, _stable_kubeconfig())
         _stable_kubeconfig().chmod(0o600)
         tmp = _state_file().with_suffix(".tmp")
@@ -97,7 +116,8 @@ def up(gpu_nodes: int) -> int:
         tmp.replace(_state_file())
     print(
         f"dev-cluster: up at {cluster.server} in {cluster.startup_seconds:.1f}s "
-        f"({gpu_nodes} KWOK GPU nodes); logs in {cluster.layout.run_dir / 'logs'}",
+        f"({gpu_nodes} KWOK GPU nodes{', 1 real node' if real_node else ''}); "
+        f"logs in {cluster.layout.run_dir / 'logs'}",
         file=sys.stderr,
     )
     print(_stable_kubeconfig())
@@ -142,13 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dev-cluster", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     up_parser = commands.add_parser("up", help="start the cluster (idempotent)")
-    up_parser.add_argument("--gpu-nodes", type=int, default=3, help="KWOK GPU nodes (default 3)")
+    up_parser.add_argument(
+        "--gpu-nodes", type=int, default=None, help="KWOK GPU nodes (default 3; 0 with --real-node)"
+    )
+    up_parser.add_argument(
+        "--real-node", action="store_true", help="also join one real node (needs root)"
+    )
     commands.add_parser("down", help="stop exactly what `up` started")
     commands.add_parser("env", help="print export lines for KUBECONFIG and PATH")
     commands.add_parser("status", help="show the recorded processes")
     args = parser.parse_args(argv)
     if args.command == "up":
-        return up(args.gpu_nodes)
+        return up(args.gpu_nodes, args.real_node)
     if args.command == "down":
         return down()
     if args.command == "env":

@@ -1,6 +1,6 @@
 """Certificates and keys for a throwaway cluster, made with the openssl CLI.
 
-The openssl CLI rather than a Python crypto package keeps embedfleet.testing standard-library
+The openssl CLI rather than a Python crypto package keeps the cluster harness standard-library
 only, so hack/dev-cluster runs before any virtualenv exists. P-256 keys: fast to generate.
 """
 
@@ -78,6 +78,17 @@ def _issue(
     return pair
 
 
+_LEAF = ("basicConstraints = critical, CA:FALSE", "keyUsage = critical, digitalSignature")
+
+
+def issue_client(directory: Path, name: str, identity: ClientIdentity, ca: KeyPair) -> KeyPair:
+    """A client certificate for `identity`, signed by `ca`, as <directory>/<name>.crt/.key."""
+    subject = [("O", group) for group in identity.groups] + [("CN", identity.user)]
+    # Several O fields in one [dn] section need distinct keys: openssl accepts "N.O".
+    subject = [(f"{i}.{field}", value) for i, (field, value) in enumerate(subject)]
+    return _issue(directory, name, subject, [*_LEAF, "extendedKeyUsage = clientAuth"], issuer=ca)
+
+
 def create_pki(
     directory: Path,
     *,
@@ -99,22 +110,16 @@ def create_pki(
         issuer=None,
     )
     alt_names = [f"DNS:{n}" for n in server_names] + [f"IP:{ip}" for ip in server_ips]
-    leaf = ["basicConstraints = critical, CA:FALSE", "keyUsage = critical, digitalSignature"]
     apiserver = _issue(
         directory,
         "apiserver",
         [("CN", "kube-apiserver")],
-        [*leaf, "extendedKeyUsage = serverAuth", f"subjectAltName = {', '.join(alt_names)}"],
+        [*_LEAF, "extendedKeyUsage = serverAuth", f"subjectAltName = {', '.join(alt_names)}"],
         issuer=ca,
     )
-    client_pairs = {}
-    for name, identity in clients.items():
-        subject = [("O", group) for group in identity.groups] + [("CN", identity.user)]
-        # Several O fields in one [dn] section need distinct keys: openssl accepts "N.O".
-        subject = [(f"{i}.{field}", value) for i, (field, value) in enumerate(subject)]
-        client_pairs[name] = _issue(
-            directory, name, subject, [*leaf, "extendedKeyUsage = clientAuth"], issuer=ca
-        )
+    client_pairs = {
+        name: issue_client(directory, name, identity, ca) for name, identity in clients.items()
+    }
     sa_key = directory / "service-account.key"
     _openssl(
         "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", f"{sa_key}"

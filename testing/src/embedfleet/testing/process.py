@@ -11,11 +11,14 @@ import ctypes
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -128,17 +131,18 @@ def stop(
             child.poll()
         return [record for record in records if is_running(record)]
 
+    def gone() -> bool:
+        return not remaining()
+
     for record in records:
         _signal(record, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while (left := remaining()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for record in left:
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("processes to exit on SIGTERM", gone, timeout=grace_seconds, interval=0.05)
+    for record in remaining():
         _signal(record, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while (left := remaining()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("processes to exit on SIGKILL", gone, timeout=5.0, interval=0.05)
+    return remaining()
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -146,3 +150,33 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def died(record: ProcessRecord) -> str:
+    return f"{record.name} exited; last lines of {record.log}:\n{log_tail(record.log)}"
+
+
+def wait_while_running(
+    what: str,
+    record: ProcessRecord,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    transient: tuple[type[Exception], ...],
+    error: type[Exception],
+) -> T:
+    """wait_for(probe), failing at once with the log's tail if `record` exits, or with it at the
+    timeout; a probe raising one of `transient` counts as not there yet."""
+
+    def checked() -> T | None:
+        if not is_running(record):
+            raise error(died(record))
+        try:
+            return probe()
+        except transient:
+            return None
+
+    try:
+        return wait_for(what, checked, timeout=timeout)
+    except WaitTimeoutError as err:
+        raise error(f"{err}; last lines of {record.log}:\n{log_tail(record.log)}") from err

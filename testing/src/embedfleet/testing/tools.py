@@ -59,14 +59,15 @@ def pinned_versions() -> dict[str, str]:
     return versions
 
 
-def _run_build_script(*args: str, capture_stderr: bool) -> str:
-    if not BUILD_SCRIPT.is_file():
+def run_build_script(*args: str, capture_stderr: bool, script: Path = BUILD_SCRIPT) -> str:
+    """Runs a hack/build-*.sh script; returns the last line it printed (its output dir)."""
+    if not script.is_file():
         raise ToolsError(
-            f"{BUILD_SCRIPT} not found: embedfleet.testing builds its binaries from a clone of the "
+            f"{script} not found: embedfleet.testing builds its binaries from a clone of the "
             f"repository; set {BIN_DIR_ENV} to a directory of prebuilt binaries instead"
         )
     proc = subprocess.run(
-        [str(BUILD_SCRIPT), *args],
+        [str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE if capture_stderr else None,
         text=True,
@@ -74,11 +75,11 @@ def _run_build_script(*args: str, capture_stderr: bool) -> str:
     )
     if proc.returncode != 0:
         detail = (proc.stderr or "")[-4000:] if capture_stderr else "see the output above"
-        command = " ".join([BUILD_SCRIPT.name, *args])
+        command = " ".join([script.name, *args])
         raise ToolsError(f"{command} failed ({proc.returncode}): {detail}")
     lines = proc.stdout.strip().splitlines()
     if not lines:
-        raise ToolsError(f"{BUILD_SCRIPT.name} printed no binary directory")
+        raise ToolsError(f"{script.name} printed no output directory")
     return lines[-1]
 
 
@@ -99,13 +100,13 @@ def ensure_tools(*, build: bool = True) -> Toolset:
             raise ToolsError(f"{BIN_DIR_ENV}={override} lacks {', '.join(missing)}")
         return Toolset(bin_dir=bin_dir, built=False)
 
-    expected = Path(_run_build_script("--key", capture_stderr=True))
+    expected = Path(run_build_script("--key", capture_stderr=True))
     cached = (expected / ".complete").is_file()
     if not cached and not build:
         raise ToolsError(f"binaries not built yet; run {BUILD_SCRIPT}")
     # Also for a cached build: the script is then a few file checks, and fills in any file added
     # to the build since that cache entry was made.
-    bin_dir = Path(_run_build_script(capture_stderr=cached))
+    bin_dir = Path(run_build_script(capture_stderr=cached))
     if missing := _missing(bin_dir):
         raise ToolsError(f"{bin_dir} lacks {', '.join(missing)} after {BUILD_SCRIPT.name}")
     return Toolset(bin_dir=bin_dir, built=not cached)

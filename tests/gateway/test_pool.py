@@ -1,0 +1,114 @@
+"""The worker pool alone, over in-memory FAKE workers (fakes.InMemoryFakeWorker): leasing and its
+outstanding-token bookkeeping, probing, and the workers' lifecycle as addresses come and go."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from embedfleet.common.codec import pack_tokens
+from embedfleet.gateway.pool import NoWorkerError
+
+from .fakes import InMemoryFleet
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[InMemoryFleet]:
+    async with InMemoryFleet(2) as fleet:
+        yield fleet
+
+
+async def test_a_lease_counts_its_tokens_until_the_block_ends(fleet: InMemoryFleet) -> None:
+    with fleet.pool.lease(30) as first:
+        assert fleet.outstanding()[first.address] == 30
+        # The lighter of the two takes the next lease.
+        with fleet.pool.lease(5) as second:
+            assert second.address != first.address
+            assert fleet.outstanding() == {first.address: 30, second.address: 5}
+        assert fleet.outstanding()[second.address] == 0
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_a_lease_releases_its_tokens_when_the_call_raises(fleet: InMemoryFleet) -> None:
+    with pytest.raises(RuntimeError, match="boom"), fleet.pool.lease(30):
+        raise RuntimeError("boom")
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_a_lease_releases_its_tokens_when_the_caller_is_cancelled(
+    fleet: InMemoryFleet,
+) -> None:
+    async def call() -> None:
+        with fleet.pool.lease(30) as lease:
+            await lease.worker.embed(pack_tokens([[1, 2, 3]]), 0, timeout=5)
+
+    task = await fleet.stalled(call())
+    assert sorted(fleet.outstanding().values()) == [0, 30]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fleet.cancelled() == 1
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_a_lease_hands_out_that_workers_connection(fleet: InMemoryFleet) -> None:
+    with fleet.pool.lease(1, exclude={"w0"}) as lease:
+        assert lease.address == "w1"
+        rows, tokens = await lease.worker.embed(pack_tokens([[7, 8, 9]]), 0, timeout=5)
+    assert rows.tolist() == [[7, 9, 3, 1]]  # first id, last id, length, worker number
+    assert tokens == 3
+    assert fleet.fakes["w1"].calls == [1]
+    assert fleet.fakes["w0"].calls == []
+
+
+async def test_no_lease_when_every_ready_worker_is_excluded(fleet: InMemoryFleet) -> None:
+    with pytest.raises(NoWorkerError), fleet.pool.lease(1, exclude={"w0", "w1"}):
+        pytest.fail("leased an excluded worker")
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_ejected_worker_is_leased_only_as_a_last_resort(fleet: InMemoryFleet) -> None:
+    with fleet.pool.lease(1, exclude={"w1"}) as lease:
+        assert lease.eject() is True
+        assert lease.eject() is False  # already out: counted once
+    assert fleet.pool.usable_workers() == 1
+    for _ in range(10):
+        with fleet.pool.lease(1) as lease:
+            assert lease.address == "w1"
+    with fleet.pool.lease(1, exclude={"w1"}) as lease:
+        assert lease.address == "w0"  # ejection is advice: better than no worker at all
+
+
+async def test_probe_answers_decide_readiness_load_and_model_facts() -> None:
+    fleet = InMemoryFleet(2)
+    fleet.fakes["w0"].ready = False
+    fleet.fakes["w1"].queued_tokens = 500
+    try:
+        await fleet.connect(["w0"])  # w1 only later
+        assert not fleet.pool.ready()
+        with pytest.raises(NoWorkerError), fleet.pool.lease(1):
+            pass
+        info = fleet.pool.info()
+        assert info is not None
+        assert info.dimensions == 4
+        await fleet.connect(["w0", "w1"])
+        assert fleet.pool.ready()
+        assert fleet.pool.usable_workers() == 1
+        assert fleet.pool.saturated()  # the only usable worker reports a queue past the limit
+    finally:
+        await fleet.pool.close()
+
+
+async def test_removed_workers_are_closed_and_leave_no_state(fleet: InMemoryFleet) -> None:
+    fleet.pool.update(["w1"])
+    assert set(fleet.balancer.endpoints) == {"w1"}
+    await asyncio.sleep(0)  # the close task, scheduled first, runs to its end in this turn
+    assert fleet.fakes["w0"].closed
+    assert not fleet.fakes["w1"].closed
+    for _ in range(10):
+        with fleet.pool.lease(1) as lease:
+            assert lease.address == "w1"
+    await fleet.pool.close()
+    assert fleet.fakes["w1"].closed

@@ -1,0 +1,37 @@
+"""Model families: each module turns a checkpoint into a ragged-batch forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from embedfleet.worker.engine.attention import AttentionPlan
+from embedfleet.worker.engine.batch import DeviceBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the engine needs to know about a loaded model to validate and pack inputs."""
+
+    hidden_size: int
+    vocab_size: int
+    #: token type (segment) ids accepted; 1 for models without segment embeddings
+    type_vocab_size: int
+    #: attention is causal within each sequence
+    causal: bool
+    #: added to 0-based positions (RoBERTa-style models start after the padding index)
+    position_offset: int = 0
+
+
+class Model(Protocol):
+    shape: Shape
+
+    def forward(self, batch: DeviceBatch, plan: AttentionPlan) -> torch.Tensor:
+        """Packed hidden states [T, hidden] (compute dtype) for the batch's tokens."""
+        ...
+
+    def score(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
+        """One float32 logit per sequence slot for scoring models, None for embedders."""
+        ...
