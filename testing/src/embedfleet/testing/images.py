@@ -11,7 +11,6 @@ reuses what an earlier run built.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -19,8 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,7 @@ from embedfleet.testing.imagespec import (
     lock_text,
     wheel_prefixes,
 )
+from embedfleet.testing.nodeslots import locked
 from embedfleet.testing.tools import REPO_ROOT
 
 KEEP_BUILDS = 2
@@ -106,15 +105,6 @@ def run_tool(argv: Sequence[str], *, cwd: Path | None = None) -> str:
 def _exists(ref: str) -> bool:
     probe = ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
-
-
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """One builder at a time per cache: a second waits, then finds the first one's results."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def ensure_base(root: Path, cache: Path) -> str:
@@ -226,7 +216,8 @@ def ensure_images(
     specs = [SPECS[name] for name in names]
     require_tools()
     cache = cache_dir()
-    with _locked(cache):
+    # One builder at a time per cache: a second waits, then finds the first one's results.
+    with locked(cache):
         base = ensure_base(root, cache)
         images = [ensure_image(root, spec, base, cache) for spec in specs]
         write_manifest(cache / "manifest.json", images)
