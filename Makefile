@@ -7,7 +7,8 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto tools node prometheus image-tools images images-lock bench clean
+.PHONY: install run test lint format proto tools node prometheus image-tools images images-lock \
+	bench clean
 
 install: $(STAMP)
 
@@ -55,8 +56,8 @@ image-tools:
 
 # Builds (or reuses, keyed by content) the operator, gateway and CPU worker images on a Debian base
 # made by debootstrap, with no registry and no network in the build; writes each as a docker-archive
-# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON. IMAGES=worker adds the
-# CUDA worker (~4 GB more). See docs/development.md, "Images".
+# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON.
+# IMAGES=operator,gateway,worker-cpu,worker adds the CUDA worker. See docs/development.md, "Images".
 IMAGES ?= operator,gateway,worker-cpu
 images: install image-tools
 	$(BIN)/python -m embedfleet.testing.images --images $(IMAGES)

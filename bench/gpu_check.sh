@@ -18,7 +18,7 @@ OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-export PYTHONPATH="common/src:worker/src:bench/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="common/src:worker/src:bench/src:testing/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 echo "== environment" | tee "$OUT/summary.txt"
@@ -38,7 +38,7 @@ for name in ("numpy", "safetensors", "tokenizers", "google.protobuf", "pytest", 
         missing.append(name)
 print("missing modules:", ", ".join(missing) or "none")
 try:
-    from embedfleet.worker.attention import available_backends
+    from embedfleet.worker.engine.attention import available_backends
     names = [b.name for b in available_backends(torch.device("cuda"), torch.bfloat16)]
     print("attention backends (fastest first):", names)
 except Exception as exc:

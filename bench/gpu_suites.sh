@@ -21,7 +21,7 @@ OUT="${OUT:-/tmp/gpu_suites}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
-export PYTHONPATH="common/src:worker/src:gateway/src:bench/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="common/src:worker/src:gateway/src:bench/src:testing/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export EMBEDFLEET_CACHE="${EMBEDFLEET_CACHE:-$PWD/.bench-cache}"
 export HF_HUB_OFFLINE=1

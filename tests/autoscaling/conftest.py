@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from autoscaling_stubs import StubWorker
+
+from embedfleet.testing.stub_worker import StubWorker
 
 
 @pytest.fixture

@@ -4,20 +4,21 @@ with the labels a ServiceMonitor attaches (namespace, pod)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from autoscaling_stubs import StubWorker, start_stub
 
+from embedfleet.common.net import free_ports
 from embedfleet.operator.autoscaling import signals
-from embedfleet.testing.ports import free_ports
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
+from embedfleet.testing.stub_worker import StubWorker, start_stub
 
 pytestmark = pytest.mark.slow
 
@@ -62,16 +63,20 @@ def prometheus(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError((tmp_path / "prometheus.log").read_text())
             try:
                 with urllib.request.urlopen(url + "/-/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
+                    return bool(reply.status == 200)
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp_path / "prometheus.log").read_text()) from None
-                time.sleep(0.2)
+                return False
+
+        try:
+            wait_for("prometheus to be ready", ready, timeout=60, interval=0.2)
+        except WaitTimeoutError:
+            raise RuntimeError((tmp_path / "prometheus.log").read_text()) from None
         yield url, stubs
     finally:
         proc.terminate()
@@ -90,14 +95,16 @@ async def observe(url: str, namespace: str) -> signals.Observation | None:
 
 def test_prometheus_signals(prometheus: tuple[str, list[StubWorker]]) -> None:
     url, _ = prometheus
-    deadline = time.monotonic() + 60
     o = None
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
+        nonlocal o
         o = asyncio.run(observe(url, "ns1"))
         # Enough scrapes for rate() and the histogram to settle on both pods.
-        if o is not None and o.tokens_per_second > 9_000 and o.p99_seconds is not None:
-            break
-        time.sleep(1)
+        return o is not None and o.tokens_per_second > 9_000 and o.p99_seconds is not None
+
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("the signals to settle", settled, timeout=60, interval=1)
     assert o is not None
     assert o.tokens_per_second == pytest.approx(10_000, rel=0.15)
     assert o.p99_seconds is not None

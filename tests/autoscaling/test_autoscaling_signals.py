@@ -11,13 +11,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from autoscaling_stubs import StubWorker, start_stub
 from prometheus_client import generate_latest
 
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.metrics import Metrics as GatewayMetrics
 from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.autoscaling.signals import Scrape
+from embedfleet.testing.stub_worker import StubWorker, start_stub
 from embedfleet.worker.metrics import WorkerMetrics
 
 

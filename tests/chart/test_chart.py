@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import CHART, REPO_ROOT, VALUES_FULL, by_kind, helm, leaf_paths, render
+
+from .helpers import CHART, REPO_ROOT, VALUES_FULL, by_kind, helm, leaf_paths, render
 
 RULES = CHART / "alerts" / "embedfleet.rules.yaml"
 VARIANTS = {"defaults": (), "full": ("-f", str(VALUES_FULL))}

@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import CHART, REPO_ROOT, VALUES_FULL, by_kind, render
 
-from embedfleet.gateway.fleet import free_ports
+from embedfleet.common.net import free_ports
 from embedfleet.testing.cluster import Cluster
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail, spawn, stop
+
+from .helpers import CHART, REPO_ROOT, VALUES_FULL, by_kind, render
 
 RELEASE = "ef"
 EXAMPLE = REPO_ROOT / "examples" / "minilm.yaml"

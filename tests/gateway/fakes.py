@@ -21,19 +21,14 @@ from typing import Any
 
 import grpc
 import numpy as np
-import uvicorn
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens, pack_floats, unpack_tokens
-from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.gateway.app import Gateway
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.pool import WorkerPool
-from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.ports import free_ports
 
 DIMS = 4
 
@@ -227,30 +222,3 @@ class InMemoryFleet:
         async with asyncio.timeout(5):
             await busy.wait()
         return task
-
-
-class GatewayThread:
-    """The real Gateway app under uvicorn, in a thread of the test process."""
-
-    def __init__(self, settings: GatewaySettings, model: ModelDir) -> None:
-        (port,) = free_ports(1)
-        self.app = Gateway(GatewaySettings(**{**settings.__dict__, "port": port}), model=model)
-        self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, loop="asyncio", lifespan="on", log_config=None
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> GatewayThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("gateway thread did not start")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)

@@ -14,8 +14,8 @@ import pytest
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
 
-from .fakes import FakeWorker, GatewayThread
-from .support import metric, wait_until
+from .fakes import FakeWorker
+from .helpers import GatewayThread, metric, wait_until
 
 
 @pytest.fixture

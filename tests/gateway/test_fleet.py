@@ -22,10 +22,10 @@ import openai
 import pytest
 
 from embedfleet.common.modeldir import ModelDir, default_model_path
+from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
-from embedfleet.testing.ports import free_ports
 
-from .support import metric
+from .helpers import metric
 
 pytestmark = pytest.mark.slow
 

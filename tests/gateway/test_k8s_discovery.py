@@ -15,8 +15,8 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.cluster import Cluster
 
-from .fakes import FakeWorker, GatewayThread
-from .support import wait_until
+from .fakes import FakeWorker
+from .helpers import GatewayThread, wait_until
 
 SERVICE = "workers"
 

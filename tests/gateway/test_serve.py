@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from embedfleet.testing.ports import free_ports
+from embedfleet.common.net import free_ports
 from embedfleet.testing.process import start_ticks
 
 

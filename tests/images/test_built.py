@@ -85,18 +85,28 @@ def test_only_tmp_is_writable(built_images: Mapping[str, BuiltImage], name: str)
     assert result.stdout.split() == [str(UID), str(UID), "EROFS", "EROFS"]
 
 
-def test_the_gateway_exits_on_sigterm_as_pid_1(built_images: Mapping[str, BuiltImage]) -> None:
+# name -> (args, the log line that says it is up). The worker's "serving" comes after warm-up and
+# the self-check against the committed reference vectors, so it also proves the engine runs.
+SERVERS = {
+    "gateway": (["--workers", "127.0.0.1:50051", "--port", "8080"], "Uvicorn running on"),
+    "worker-cpu": ([], '"msg": "serving"'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SERVERS))
+def test_serves_then_exits_on_sigterm_as_pid_1(
+    built_images: Mapping[str, BuiltImage], name: str
+) -> None:
     """kubelet stops a container with SIGTERM to its PID 1, which the kernel does not kill by
-    default: the gateway must handle it itself, well inside the grace period."""
-    args = ["--workers", "127.0.0.1:50051", "--port", "8080"]
-    with container(built_images["gateway"].local_ref, args) as c:
+    default: the process must handle it itself, well inside the grace period."""
+    args, ready = SERVERS[name]
+    with container(built_images[name].local_ref, args) as c:
         process = c.start()
         try:
-            assert process.stderr is not None
-            _wait_for_line(process, "Uvicorn running on", timeout=120)
+            _wait_for_line(process, ready, timeout=240)
             started = time.monotonic()
             process.send_signal(signal.SIGTERM)
-            code = process.wait(timeout=20)
+            code = process.wait(timeout=30)
         finally:
             if process.poll() is None:
                 process.kill()
@@ -132,9 +142,11 @@ def test_the_cpu_worker_embeds_with_the_bundled_model(
     ids, want = reference["token_ids"][0], reference["embeddings"][0]
     script = (
         "import json, torch\n"
-        "from embedfleet.worker.engine import EngineConfig, TorchEngine\n"
+        "from embedfleet.worker.engine.config import EngineConfig\n"
+        "from embedfleet.worker.engine.torch_engine import TorchEngine\n"
+        "from embedfleet.worker.selfcheck import item_of\n"
         f"engine = TorchEngine(EngineConfig(model={MODEL!r}, device='cpu'))\n"
-        f"vector = engine.embed([{ids!r}])[0]\n"
+        f"(vector,) = engine.run([item_of({ids!r})])[0]\n"
         "print(json.dumps({'cuda': torch.cuda.is_available(), 'vector': vector.tolist()}))\n"
     )
     with container(built_images["worker-cpu"].local_ref, ["-c", script], command=["python3"]) as c:

@@ -74,7 +74,7 @@ def test_an_unchanged_tree_keeps_every_key(tree: Path) -> None:
 
 def test_a_worker_source_changes_only_the_worker_images(tree: Path) -> None:
     before = keys(tree)
-    touch(tree / "worker" / "src" / "embedfleet" / "worker" / "engine.py")
+    touch(tree / "worker" / "src" / "embedfleet" / "worker" / "cli.py")
     assert changed(before, keys(tree)) == {"worker", "worker-cpu"}
 
 
@@ -106,7 +106,7 @@ def test_ignored_files_change_no_key(tree: Path) -> None:
     before = keys(tree)
     cache = tree / "worker" / "src" / "embedfleet" / "worker" / "__pycache__"
     cache.mkdir(exist_ok=True)
-    (cache / "engine.cpython-311.pyc").write_bytes(b"\0")
+    (cache / "cli.cpython-311.pyc").write_bytes(b"\0")
     (tree / "operator" / "src" / "embedfleet_operator.egg-info").mkdir()
     (tree / "operator" / "src" / "embedfleet_operator.egg-info" / "PKG-INFO").write_text("x")
     assert keys(tree) == before

@@ -7,13 +7,13 @@ import sys
 import threading
 from pathlib import Path
 
+from embedfleet.common.net import free_ports
 from embedfleet.testing import components
 from embedfleet.testing.cluster import stop_recorded
 from embedfleet.testing.components import Layout
 from embedfleet.testing.kubeconfig import kubeconfig_document
 from embedfleet.testing.nodes import GPU_RESOURCE, NodeShape, fake_gpu_node, node_is_ready
 from embedfleet.testing.pki import create_pki
-from embedfleet.testing.ports import free_ports
 from embedfleet.testing.process import ProcessRecord, is_running, spawn, start_ticks, stop
 from embedfleet.testing.pytest_plugin import namespace_name
 from embedfleet.testing.tools import Toolset

@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from conftest import RULES
-from prom_harness import binary
+
+from .helpers import RULES, binary
 
 TESTS = Path(__file__).with_name("alerts") / "embedfleet.rules.test.yaml"
 

@@ -11,7 +11,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from prom_harness import REPO_ROOT
+
+from .helpers import REPO_ROOT
 
 GENERATOR = REPO_ROOT / "dashboards" / "generate.py"
 

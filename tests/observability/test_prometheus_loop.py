@@ -9,22 +9,22 @@ evaluate without errors. A failing query is reported by dashboard and panel titl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Load, start_prometheus
-from prom_harness import REPO_ROOT, Prometheus, QueryError, finite_points
 
-from embedfleet.gateway.fleet import free_ports
+from embedfleet.common.net import free_ports
 from embedfleet.testing.cluster import Cluster
-from embedfleet.testing.polling import wait_for
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail, spawn, stop
+
+from .helpers import REPO_ROOT, Load, Prometheus, QueryError, finite_points, start_prometheus
 
 DASHBOARDS = sorted((REPO_ROOT / "dashboards").glob("embedfleet-*.json"))
 EXAMPLE = REPO_ROOT / "examples" / "minilm.yaml"
@@ -124,13 +124,15 @@ def test_every_panel_query_returns_data(prometheus: Prometheus, load: Load) -> N
         timeout=60,
     )
     failures: dict[str, str] = {}
-    deadline = time.monotonic() + 120
-    # Rates need two scrapes inside the window and the operator a reconcile: poll, then report.
-    while time.monotonic() < deadline:
-        time.sleep(3)
+
+    def settled() -> bool:
+        nonlocal failures
         failures = missing_data(prometheus)
-        if not failures and sum(load.codes.values()) > 20:
-            break
+        return not failures and sum(load.codes.values()) > 20
+
+    # Rates need two scrapes inside the window and the operator a reconcile: poll, then report.
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("every panel to have data", settled, timeout=120, interval=3)
     assert not failures, "panels without data:\n" + "\n".join(
         f"  {k}: {v}" for k, v in sorted(failures.items())
     )

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from opcluster import OPERATOR_NAMESPACE, RBAC, OperatorProcess, operator_kubeconfig
-from opdata import CRD_PATH
 
 from embedfleet.testing.cluster import Cluster
+
+from .helpers import CRD_PATH, OPERATOR_NAMESPACE, RBAC, OperatorProcess, operator_kubeconfig
 
 
 @pytest.fixture(scope="session")

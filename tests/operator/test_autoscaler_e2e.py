@@ -1,7 +1,7 @@
 """The autoscaler end to end: real control plane, the real operator process, real metrics.
 
 KWOK's pods are fake (their IPs lead nowhere), so each worker pod gets a STUB WORKER process
-(tests/autoscaling/stub_worker.py: the worker's real prometheus-client registry over HTTP, its
+(embedfleet.testing.stub_worker: the worker's real prometheus-client registry over HTTP, its
 counters advanced at the rate the test sets) and the pod is annotated with
 `embedfleet.dev/metrics-url` pointing at it: the documented override for pods whose metrics are
 not at podIP:port. The test plays the gateway: it spreads the offered load evenly over the pods
@@ -15,20 +15,18 @@ operators would wait on one leader lease.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opcluster import OperatorProcess, wait_until
 
 from embedfleet.operator.autoscaling.signals import METRICS_URL_ANNOTATION
 from embedfleet.testing.cluster import Cluster
+from embedfleet.testing.stub_worker import StubWorker, start_stub
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "autoscaling"))
-from autoscaling_stubs import StubWorker, start_stub
+from .helpers import OperatorProcess, wait_until
 
 NAME = "autoscaled"
 CAPACITY = 10_000.0  # tokens/s per stub replica; the target is 8,000 at utilization 0.8

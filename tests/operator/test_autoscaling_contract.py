@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from opcluster import OperatorProcess, wait_until
-from opdata import EXAMPLES
-from test_cluster import _children, _get
-
 from embedfleet.testing.cluster import Cluster
 from embedfleet.testing.polling import wait_for
 
+from .helpers import EXAMPLES, OperatorProcess, child_objects, get_json, wait_until
+
 
 def _worker_replicas(cluster: Cluster, ns: str) -> int | None:
-    dep = _get(cluster, ns, "deployment", "qwen3-embedding-worker")
+    dep = get_json(cluster, ns, "deployment", "qwen3-embedding-worker")
     return None if dep is None else int(dep["spec"]["replicas"])
 
 
@@ -40,7 +38,7 @@ def _decide(cluster: Cluster, ns: str, op: OperatorProcess, decided: int, expect
             )
             return
         except TimeoutError:
-            emb = _get(cluster, ns, "emb", "qwen3-embedding")
+            emb = get_json(cluster, ns, "emb", "qwen3-embedding")
             if emb["status"]["autoscaling"].get("desiredReplicas") == decided:
                 raise AssertionError(f"decision {decided} not applied:\n{op.tail()}") from None
     raise AssertionError(f"decision {decided} overwritten three times:\n{op.tail()}")
@@ -52,7 +50,7 @@ def test_gpu_example_follows_the_autoscaler_decision(
     cluster, ns, op = k8s_cluster, k8s_namespace, operator
     cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "qwen3-embedding-gpu.yaml"))
     kids = wait_until(
-        "children", lambda: len(k := _children(cluster, ns, "qwen3-embedding")) == 10 and k, op
+        "children", lambda: len(k := child_objects(cluster, ns, "qwen3-embedding")) == 10 and k, op
     )
     pod = kids["Deployment/qwen3-embedding-worker"]["spec"]["template"]["spec"]
     assert pod["initContainers"][0]["command"][:3] == [
@@ -62,7 +60,7 @@ def test_gpu_example_follows_the_autoscaler_decision(
     ]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # No prometheus-operator CRD in this cluster: no ServiceMonitor, and no error for it.
-    assert _get(cluster, ns, "emb", "qwen3-embedding")["status"]["conditions"]
+    assert get_json(cluster, ns, "emb", "qwen3-embedding")["status"]["conditions"]
 
     for decided, expected in ((6, 6), (20, 8), (0, 1)):
         _decide(cluster, ns, op, decided, expected)
@@ -72,10 +70,10 @@ def test_gpu_example_follows_the_autoscaler_decision(
     cluster.kubectl("scale", "-n", ns, "emb/qwen3-embedding", "--replicas=5")
 
     def consistent() -> dict[str, Any] | None:
-        emb = _get(cluster, ns, "emb", "qwen3-embedding")
+        emb = get_json(cluster, ns, "emb", "qwen3-embedding")
         status, replicas = emb["status"], _worker_replicas(cluster, ns)
         decided = status["autoscaling"]["desiredReplicas"]
-        again = _get(cluster, ns, "emb", "qwen3-embedding")["status"]["autoscaling"]
+        again = get_json(cluster, ns, "emb", "qwen3-embedding")["status"]["autoscaling"]
         ok = (
             status.get("observedGeneration") == emb["metadata"]["generation"]
             and emb["spec"]["worker"]["replicas"] == 5

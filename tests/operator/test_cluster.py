@@ -5,50 +5,30 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any
-
-from opcluster import OperatorProcess, wait_until
-from opdata import EXAMPLES, MINILM_CHILDREN
 
 from embedfleet.testing.cluster import Cluster
 
-CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings,pdb"
-OWNER_LABEL = "embedfleet.dev/deployment"
+from .helpers import (
+    EXAMPLES,
+    MINILM_CHILDREN,
+    OperatorProcess,
+    available,
+    child_objects,
+    condition,
+    get_json,
+    wait_until,
+)
+
 CONFIG_HASH = "embedfleet.dev/config-hash"
 
 
-def _get(cluster: Cluster, ns: str, *what: str) -> Any:
-    proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
-    return json.loads(proc.stdout) if proc.returncode == 0 else None
-
-
-def _children(cluster: Cluster, ns: str, owner: str) -> dict[str, Any]:
-    selector = f"{OWNER_LABEL}={owner}"
-    found = _get(cluster, ns, CHILD_KINDS, "-l", selector, "--show-managed-fields")
-    return {f"{o['kind']}/{o['metadata']['name']}": o for o in (found or {}).get("items", ())}
-
-
-def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    conds = (obj.get("status") or {}).get("conditions") or ()
-    return next((c for c in conds if c["type"] == kind), {})
-
-
-def _available(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    obj = _get(cluster, ns, "emb", name)
-    if obj is None or _condition(obj, "Available").get("status") != "True":
-        return None
-    if obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
-        return None
-    return dict(obj)
-
-
 def _template_hash(cluster: Cluster, ns: str, name: str) -> str:
-    dep = _get(cluster, ns, "deployment", name)
+    dep = get_json(cluster, ns, "deployment", name)
     return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH])
 
 
 def _worker_pods_hashes(cluster: Cluster, ns: str, owner: str) -> list[tuple[str, bool]]:
-    pods = _get(
+    pods = get_json(
         cluster,
         ns,
         "pods",
@@ -60,7 +40,7 @@ def _worker_pods_hashes(cluster: Cluster, ns: str, owner: str) -> list[tuple[str
         if pod["metadata"].get("deletionTimestamp"):
             out.append(("terminating", False))
             continue
-        ready = _condition(pod, "Ready").get("status") == "True"
+        ready = condition(pod, "Ready").get("status") == "True"
         out.append((pod["metadata"]["annotations"][CONFIG_HASH], ready))
     return out
 
@@ -70,13 +50,13 @@ def test_minilm_example_end_to_end(
 ) -> None:
     cluster, ns, op = k8s_cluster, k8s_namespace, operator
     cluster.kubectl("apply", "-n", ns, "-f", str(EXAMPLES / "minilm.yaml"))
-    emb = _get(cluster, ns, "emb", "minilm")
+    emb = get_json(cluster, ns, "emb", "minilm")
     uid = emb["metadata"]["uid"]
 
     # Every child, owned by the EmbeddingDeployment and applied by our field manager.
     kids = wait_until(
         "all children",
-        lambda: (k := _children(cluster, ns, "minilm")).keys() >= MINILM_CHILDREN and k,
+        lambda: (k := child_objects(cluster, ns, "minilm")).keys() >= MINILM_CHILDREN and k,
         op,
     )
     assert set(kids) == MINILM_CHILDREN
@@ -100,7 +80,7 @@ def test_minilm_example_end_to_end(
     assert kids["Service/minilm-worker"]["spec"]["clusterIP"] == "None"
 
     # KWOK runs the pods -> Available, with a truthful status.
-    emb = wait_until("Available=True", lambda: _available(cluster, ns, "minilm"), op, timeout=90)
+    emb = wait_until("Available=True", lambda: available(cluster, ns, "minilm"), op, timeout=90)
     status = emb["status"]
     assert (status["readyReplicas"], status["desiredReplicas"], status["replicas"]) == (2, 2, 2)
     assert status["endpoint"] == f"http://minilm.{ns}.svc:80"
@@ -108,8 +88,8 @@ def test_minilm_example_end_to_end(
         "app.kubernetes.io/component=worker,app.kubernetes.io/instance=minilm,"
         "app.kubernetes.io/name=embedfleet"
     )
-    assert _condition(emb, "Degraded")["status"] == "False"
-    assert _condition(emb, "Available")["observedGeneration"] == emb["metadata"]["generation"]
+    assert condition(emb, "Degraded")["status"] == "False"
+    assert condition(emb, "Available")["observedGeneration"] == emb["metadata"]["generation"]
     assert not emb["metadata"].get("finalizers"), "deletion must never wait for the operator"
 
     # Printer columns.
@@ -123,10 +103,10 @@ def test_minilm_example_end_to_end(
     cluster.kubectl("scale", "-n", ns, "emb/minilm", "--replicas=3")
     wait_until(
         "3 ready workers",
-        lambda: (e := _available(cluster, ns, "minilm")) and e["status"]["readyReplicas"] == 3,
+        lambda: (e := available(cluster, ns, "minilm")) and e["status"]["readyReplicas"] == 3,
         op,
     )
-    scale = _get(cluster, ns, "emb", "minilm", "--subresource=scale")
+    scale = get_json(cluster, ns, "emb", "minilm", "--subresource=scale")
     assert scale["spec"]["replicas"] == 3
     assert scale["status"]["replicas"] == 3
     assert "app.kubernetes.io/component=worker" in scale["status"]["selector"]
@@ -143,7 +123,7 @@ def test_minilm_example_end_to_end(
     )
     new_hash = _template_hash(cluster, ns, "minilm-worker")
     assert _template_hash(cluster, ns, "minilm-gateway") == gateway_hash
-    data = _get(cluster, ns, "configmap", "minilm-config")["data"]
+    data = get_json(cluster, ns, "configmap", "minilm-config")["data"]
     assert data["EMBEDFLEET_WORKER_MAX_BATCH_TOKENS"] == "8192"
     wait_until(
         "every worker pod rolled",
@@ -151,10 +131,10 @@ def test_minilm_example_end_to_end(
         op,
         timeout=120,
     )
-    wait_until("Available after the rollout", lambda: _available(cluster, ns, "minilm"), op)
+    wait_until("Available after the rollout", lambda: available(cluster, ns, "minilm"), op)
 
     # Children deleted or edited by hand are restored.
-    before = {k: v["metadata"]["uid"] for k, v in _children(cluster, ns, "minilm").items()}
+    before = {k: v["metadata"]["uid"] for k, v in child_objects(cluster, ns, "minilm").items()}
     cluster.kubectl(
         "delete", "-n", ns, "service/minilm-worker", "deployment/minilm-gateway",
         "configmap/minilm-config", "role/minilm-gateway", "--wait=false",
@@ -162,7 +142,7 @@ def test_minilm_example_end_to_end(
     cluster.kubectl("scale", "-n", ns, "deployment/minilm-worker", "--replicas=1")
 
     def restored() -> bool:
-        now = _children(cluster, ns, "minilm")
+        now = child_objects(cluster, ns, "minilm")
         if set(now) != MINILM_CHILDREN:
             return False
         recreated = (
@@ -190,7 +170,7 @@ def test_minilm_example_end_to_end(
     events = wait_until(
         "events",
         lambda: (
-            {e["reason"] for e in _get(cluster, ns, "events")["items"]}
+            {e["reason"] for e in get_json(cluster, ns, "events")["items"]}
             >= {"Created", "Scaled", "AvailableTrue"}
         ),
         op,
@@ -199,4 +179,4 @@ def test_minilm_example_end_to_end(
 
     # Deleting the EmbeddingDeployment garbage-collects every child.
     cluster.kubectl("delete", "-n", ns, "emb/minilm", "--timeout=30s")
-    wait_until("children garbage-collected", lambda: not _children(cluster, ns, "minilm"), op)
+    wait_until("children garbage-collected", lambda: not child_objects(cluster, ns, "minilm"), op)

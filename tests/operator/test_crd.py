@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from opdata import CRD_PATH, crd_schema, load_yaml
+from .helpers import CRD_PATH, crd_schema, load_yaml
 
 AUTOSCALING_FIELDS = {
     "enabled",

@@ -11,10 +11,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from opdata import REPO
 
 from embedfleet.operator.manifests import Images, Owner, children
 from embedfleet.operator.spec import parse_spec
+
+from .helpers import REPO
 
 DOCKER = REPO / "docker"
 VENV_BIN = Path(sys.executable).parent

@@ -4,7 +4,6 @@ import dataclasses
 from typing import Any
 
 import pytest
-from opdata import EXAMPLES, MINILM_CHILDREN, load_yaml
 
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.operator.manifests import (
@@ -19,6 +18,8 @@ from embedfleet.operator.manifests import (
 from embedfleet.operator.spec import parse_spec
 from embedfleet.worker.settings import WorkerSettings
 
+from .helpers import EXAMPLES, MINILM_CHILDREN, load_yaml
+
 OWNER = Owner(name="minilm", namespace="ml", uid="1234-uid")
 IMAGES = Images(worker="reg/worker:1", gateway="reg/gateway:1")
 
@@ -31,12 +32,12 @@ def _by_key(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in objs}
 
 
-def _children(raw: dict[str, Any], replicas: int = 2, monitors: bool = False) -> dict[str, Any]:
+def child_objects(raw: dict[str, Any], replicas: int = 2, monitors: bool = False) -> dict[str, Any]:
     return _by_key(children(OWNER, parse_spec(raw), replicas, IMAGES, monitors))
 
 
 def test_minilm_children_and_owner_references() -> None:
-    objs = _children(_example("minilm.yaml"))
+    objs = child_objects(_example("minilm.yaml"))
     assert set(objs) == MINILM_CHILDREN
     for obj in objs.values():
         meta = obj["metadata"]
@@ -54,7 +55,7 @@ def test_minilm_children_and_owner_references() -> None:
 
 
 def test_worker_deployment_shape() -> None:
-    dep = _children(_example("minilm.yaml"), replicas=3)["Deployment/minilm-worker"]
+    dep = child_objects(_example("minilm.yaml"), replicas=3)["Deployment/minilm-worker"]
     spec = dep["spec"]
     assert spec["replicas"] == 3
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -81,7 +82,7 @@ def test_worker_deployment_shape() -> None:
 
 
 def test_gpu_worker_requests_gpus_and_tolerates_their_taint() -> None:
-    objs = _children(_example("qwen3-embedding-gpu.yaml"))
+    objs = child_objects(_example("qwen3-embedding-gpu.yaml"))
     pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -95,7 +96,7 @@ def test_gpu_worker_requests_gpus_and_tolerates_their_taint() -> None:
 def test_hf_source_downloads_in_an_init_container_into_the_cache_claim() -> None:
     raw = _example("qwen3-embedding-gpu.yaml")
     for kind in ("worker", "gateway"):
-        pod = _children(raw)[f"Deployment/minilm-{kind}"]["spec"]["template"]["spec"]
+        pod = child_objects(raw)[f"Deployment/minilm-{kind}"]["spec"]["template"]["spec"]
         (fetch,) = pod["initContainers"]
         assert fetch["command"] == [
             "hf",
@@ -115,7 +116,7 @@ def test_hf_source_downloads_in_an_init_container_into_the_cache_claim() -> None
 
 def test_pvc_source_is_mounted_read_only() -> None:
     raw = {"model": {"source": "pvc://weights/bge/m3"}}
-    pod = _children(raw)["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    pod = child_objects(raw)["Deployment/minilm-worker"]["spec"]["template"]["spec"]
     assert "initContainers" not in pod
     assert {
         "name": "model",
@@ -127,13 +128,13 @@ def test_pvc_source_is_mounted_read_only() -> None:
 
 
 def test_file_source_needs_no_volume() -> None:
-    pod = _children({"model": {"source": "file:///opt/m"}})["Deployment/minilm-worker"]
+    pod = child_objects({"model": {"source": "file:///opt/m"}})["Deployment/minilm-worker"]
     volumes = pod["spec"]["template"]["spec"]["volumes"]
     assert [v["name"] for v in volumes] == ["tmp"]
 
 
 def _hash(raw: dict[str, Any], kind: str) -> str:
-    dep = _children(raw)[f"Deployment/minilm-{kind}"]
+    dep = child_objects(raw)[f"Deployment/minilm-{kind}"]
     return str(dep["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH])
 
 
@@ -164,7 +165,7 @@ def test_env_names_are_real_settings(example: str) -> None:
 
 
 def test_gateway_discovers_the_headless_worker_service() -> None:
-    objs = _children(_example("minilm.yaml"))
+    objs = child_objects(_example("minilm.yaml"))
     headless = objs["Service/minilm-worker"]["spec"]
     assert headless["clusterIP"] == "None"
     assert [p["name"] for p in headless["ports"]] == ["grpc", "metrics"]
@@ -187,10 +188,10 @@ def test_gateway_discovers_the_headless_worker_service() -> None:
 
 def test_service_monitor_only_when_asked_and_possible() -> None:
     raw = {"model": {"source": "file:///m"}, "monitoring": {"serviceMonitor": {"enabled": True}}}
-    assert "ServiceMonitor/minilm" in _children(raw, monitors=True)
-    assert "ServiceMonitor/minilm" not in _children(raw, monitors=False)
+    assert "ServiceMonitor/minilm" in child_objects(raw, monitors=True)
+    assert "ServiceMonitor/minilm" not in child_objects(raw, monitors=False)
     off = {"model": {"source": "file:///m"}}
-    assert "ServiceMonitor/minilm" not in _children(off, monitors=True)
+    assert "ServiceMonitor/minilm" not in child_objects(off, monitors=True)
 
 
 def test_user_settings_reach_the_pods() -> None:
@@ -204,7 +205,7 @@ def test_user_settings_reach_the_pods() -> None:
         "gateway": {"service": {"type": "LoadBalancer", "port": 8000}},
         "imagePullSecrets": [{"name": "regcred"}],
     }
-    objs = _children(raw)
+    objs = child_objects(raw)
     pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "high"
     assert pod["tolerations"] == [{"key": "a"}]

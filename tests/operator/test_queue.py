@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 
 from embedfleet.operator.reconciler import Key, Queue
+from embedfleet.testing.polling import wait_for_async
 
 
 async def test_triggers_during_a_run_coalesce_into_one_more_run() -> None:
@@ -38,10 +39,7 @@ async def test_failures_retry_with_backoff() -> None:
     queue = Queue(run, min_backoff=0.01, max_backoff=0.05)
     assert [queue.backoff(n) for n in (1, 2, 3, 4)] == [0.01, 0.02, 0.04, 0.05]
     queue.trigger(("ns", "a"))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if runs == 3:
-            break
+    await wait_for_async("three runs", lambda: runs == 3, timeout=1, interval=0.01)
     await queue.idle()
     assert runs == 3
     queue.cancel()

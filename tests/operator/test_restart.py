@@ -9,11 +9,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opcluster import OPERATOR_NAMESPACE, OperatorProcess, wait_until
-from opdata import EXAMPLES
-from test_cluster import _available, _children, _get
-
 from embedfleet.testing.cluster import Cluster
+
+from .helpers import (
+    EXAMPLES,
+    OPERATOR_NAMESPACE,
+    OperatorProcess,
+    available,
+    child_objects,
+    get_json,
+    wait_until,
+)
 
 EXPECTED = 10  # children of an EmbeddingDeployment without a ServiceMonitor
 
@@ -43,7 +49,7 @@ def test_killed_mid_reconcile_converges_and_deletion_never_waits(
         finally:
             watch.kill()
             watch.wait()
-        partial = len(_children(cluster, ns, "reranker"))
+        partial = len(child_objects(cluster, ns, "reranker"))
         print(f"children when killed: {partial} of {EXPECTED}")
         assert 1 <= partial < EXPECTED, op.tail()
 
@@ -55,15 +61,15 @@ def test_killed_mid_reconcile_converges_and_deletion_never_waits(
         op.start()  # waits for the killed holder's Lease to expire, then leads
 
         def converged() -> Any:
-            kids = _children(cluster, ns, "reranker")
-            emb = _available(cluster, ns, "reranker")
+            kids = child_objects(cluster, ns, "reranker")
+            emb = available(cluster, ns, "reranker")
             gateway = kids.get("Deployment/reranker-gateway", {}).get("spec", {})
             ok = len(kids) == EXPECTED and emb is not None and gateway.get("replicas") == 2
             return ok and emb
 
         emb = wait_until("convergence after the restart", converged, op, timeout=90)
         assert emb["status"]["readyReplicas"] == 2
-        worker = _get(cluster, ns, "deployment", "reranker-worker")
+        worker = get_json(cluster, ns, "deployment", "reranker-worker")
         limits = worker["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == "1"
         assert worker["spec"]["template"]["metadata"]["labels"]["embedfleet.dev/task"] == "score"
@@ -73,7 +79,9 @@ def test_killed_mid_reconcile_converges_and_deletion_never_waits(
         # Operator down (clean stop releases the Lease): deletion still completes, GC cleans up.
         assert op.stop() == 0
         cluster.kubectl("delete", "-n", ns, "emb/reranker", "--timeout=20s")
-        wait_until("children garbage-collected", lambda: not _children(cluster, ns, "reranker"), op)
+        wait_until(
+            "children garbage-collected", lambda: not child_objects(cluster, ns, "reranker"), op
+        )
     finally:
         if op.proc is None or op.proc.poll() is not None:
             op.start()

@@ -4,7 +4,6 @@ import dataclasses
 from typing import Any
 
 import pytest
-from opdata import EXAMPLES, crd_schema, load_yaml
 
 from embedfleet.operator.spec import (
     Autoscaling,
@@ -17,6 +16,8 @@ from embedfleet.operator.spec import (
     parse_source,
     parse_spec,
 )
+
+from .helpers import EXAMPLES, crd_schema, load_yaml
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from opdata import EXAMPLES
 
 from embedfleet.testing.cluster import Cluster
+
+from .helpers import EXAMPLES
 
 VALID: dict[str, Any] = {"model": {"source": "file:///opt/m"}}
 

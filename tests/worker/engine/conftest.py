@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_helpers import PARITY_LENGTHS, qwen3_config, save_model, write_pooling
 
 from embedfleet.common.modeldir import default_model_path
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import PARITY_LENGTHS, qwen3_config, save_model, write_pooling
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from embedfleet.common.codec import Tokens
-from embedfleet.worker.attention import GroupedBackend, plan_groups, select_backend
-from embedfleet.worker.batch import pack
+from embedfleet.worker.engine.attention import GroupedBackend, plan_groups, select_backend
+from embedfleet.worker.engine.batch import pack
 
 
 def per_sequence(q, k, v, lengths, causal):  # type: ignore[no-untyped-def]

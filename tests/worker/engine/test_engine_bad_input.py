@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_helpers import item
 
 from embedfleet.common.codec import Tokens
 from embedfleet.worker.contract import InvalidInputError, Options, WorkItem
-from embedfleet.worker.engine import TorchEngine
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 def bad_items(engine: TorchEngine) -> dict[str, WorkItem]:
@@ -59,7 +60,7 @@ def test_bad_input_is_refused_and_engine_recovers(minilm_fp32: TorchEngine, case
 
 
 def test_limit_defaults_to_sentence_transformers_max_seq_length() -> None:
-    from embedfleet.worker.engine import EngineConfig
+    from embedfleet.worker.engine.config import EngineConfig
 
     engine = TorchEngine(EngineConfig(device="cpu", dtype="float32"))
     assert engine.info.max_input_tokens == 256
@@ -70,7 +71,7 @@ def test_limit_defaults_to_sentence_transformers_max_seq_length() -> None:
 
 def test_limit_past_the_positions_is_a_config_error() -> None:
     from embedfleet.common.modeldir import ModelDirError
-    from embedfleet.worker.engine import EngineConfig
+    from embedfleet.worker.engine.config import EngineConfig
 
     with pytest.raises(ModelDirError):
         TorchEngine(EngineConfig(device="cpu", dtype="float32", max_input_tokens=513))

@@ -7,10 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_helpers import item, min_cosine, random_sequences
 
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item, random_sequences
 
 pytestmark = pytest.mark.gpu
 

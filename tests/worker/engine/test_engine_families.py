@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine, random_sequences
 
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item, random_sequences
 
 LENGTHS = (1, 2, 7, 16, 33, 64, 100, 255)
 
@@ -20,9 +23,9 @@ LENGTHS = (1, 2, 7, 16, 33, 64, 100, 255)
 def engine_for(path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> TorchEngine:
     """`auto` here always tries bf16 (on CPUs with native bf16): whichever dtype the parity probe
     then keeps must meet the bar."""
-    from embedfleet.worker import engine as engine_module
+    from embedfleet.worker.engine import precision
 
-    monkeypatch.setattr(engine_module, "reduced_precision_pays", lambda dtype, hidden: True)
+    monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: True)
     return TorchEngine(EngineConfig(model=str(path), device="cpu", dtype=dtype))
 
 

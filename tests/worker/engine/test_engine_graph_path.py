@@ -10,14 +10,17 @@ import itertools
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine
 
-from embedfleet.worker.attention import VarlenBackend
-from embedfleet.worker.batch import DeviceBatch, HostBatch, from_tensors
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
-from embedfleet.worker.cuda_graphs import Body
-from embedfleet.worker.engine import EngineConfig, TorchEngine
-from embedfleet.worker.graphs import GraphKey
+from embedfleet.worker.engine.attention import VarlenBackend
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.graph_policy import GraphKey
+from embedfleet.worker.engine.graph_runner import Body
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 def varlen_reference(

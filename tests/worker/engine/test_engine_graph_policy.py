@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.worker.graphs import Action, BucketPolicy, Decision, GraphCache, GraphKey
+from embedfleet.worker.engine.graph_policy import (
+    Action,
+    BucketPolicy,
+    Decision,
+    GraphCache,
+    GraphKey,
+    graph_mode,
+)
 
 
 def test_token_buckets_round_up_in_two_steps() -> None:
@@ -83,3 +90,9 @@ def test_zero_graphs_means_always_eager() -> None:
     cache = GraphCache(mode="lazy", max_graphs=0)
     key = GraphKey(64, 2)
     assert [cache.decide(key).action for _ in range(3)] == [Action.EAGER] * 3
+
+
+def test_graph_mode_types_the_setting() -> None:
+    assert [graph_mode(name) for name in ("lazy", "eager", "off")] == ["lazy", "eager", "off"]
+    with pytest.raises(ValueError, match="unknown CUDA graph mode"):
+        graph_mode("on")

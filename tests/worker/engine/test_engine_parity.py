@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from engine_helpers import item, min_cosine
 
-from embedfleet.worker.batch import pack, to_device
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine import EngineConfig, TorchEngine
+from embedfleet.worker.engine.batch import pack, to_device
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item
 
 
 @pytest.mark.parametrize("engine_name", ["minilm_fp32", "minilm_bf16"])
@@ -31,11 +34,11 @@ def test_parity_mixed_lengths_one_batch(
 def test_auto_dtype_needs_native_bf16_speed_and_parity(
     monkeypatch: pytest.MonkeyPatch, pays: bool
 ) -> None:
-    from embedfleet.worker import engine as engine_module
-    from embedfleet.worker.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine import precision
+    from embedfleet.worker.engine.precision import cpu_has_native_bf16
 
     # The speed half of the choice is a timing; fix its answer to test both branches.
-    monkeypatch.setattr(engine_module, "reduced_precision_pays", lambda dtype, hidden: pays)
+    monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: pays)
     auto = TorchEngine(EngineConfig(device="cpu"))
     native = cpu_has_native_bf16()
     # MiniLM passes the parity probe, so bf16 is kept whenever it is native and pays.

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedfleet.worker import precision
-from embedfleet.worker.engine import TorchEngine
+from embedfleet.worker.engine import precision
+from embedfleet.worker.engine.torch_engine import TorchEngine
 
 
 def test_native_bf16_from_cpu_flags(tmp_path: Path) -> None:
@@ -42,7 +42,8 @@ def test_auto_device() -> None:
 
 
 def test_probe_and_reference_outputs(minilm_fp32: TorchEngine) -> None:
-    from embedfleet.worker.probe import agreement, probe_items, reference_outputs
+    from embedfleet.worker.engine.probe import agreement, probe_items
+    from embedfleet.worker.selfcheck import reference_outputs
 
     items = probe_items(minilm_fp32.model_dir, 512)
     lengths = [it.tokens.total for it in items]

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import WORKER_ARGS, Served, wait_serving_traced
 from tokenizers import Tokenizer
 
 from embedfleet.common.modeldir import default_model_path, load_model_dir
-from embedfleet.worker.testing import start_worker, worker_stub
+from embedfleet.testing.workers import start_worker, worker_stub
+
+from .helpers import WORKER_ARGS, Served, wait_serving_traced
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedfleet.common.codec import Tokens
+from embedfleet.testing.polling import wait_for_async
 from embedfleet.worker.contract import EngineInfo, GraphCounters, Pending, WorkItem
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, DroppedError, Entry
@@ -70,10 +71,7 @@ DROPPED = "embedfleet_worker_dropped_requests"
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.002)
+    await wait_for_async(what, condition, timeout=5, interval=0.002)
 
 
 async def test_next_batch_launches_while_the_previous_computes() -> None:

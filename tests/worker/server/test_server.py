@@ -18,7 +18,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from server_helpers import (
+from tokenizers import Tokenizer
+
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.testing.polling import wait_for
+from embedfleet.testing.workers import health_status, worker_stub
+
+from .helpers import (
     BUDGET_SEQUENCES,
     BUDGET_TOKENS,
     HARD_TOKENS,
@@ -27,10 +33,6 @@ from server_helpers import (
     embed_request,
     vectors,
 )
-from tokenizers import Tokenizer
-
-from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.worker.testing import health_status, worker_stub
 
 VOCAB = 30522
 RNG = random.Random(1234)
@@ -178,7 +180,13 @@ def test_cancelled_and_expired_requests_are_dropped_and_counted(served: Served) 
     cancelled = [stub.Embed.future(embed_request(rand_seqs(64))) for _ in range(3)]
     last_request = embed_request(rand_seqs(40))
     last = stub.Embed.future(last_request)
-    time.sleep(0.02)
+    # Cancel only once the server holds all eight behind the blocker: a call cancelled before it
+    # arrived would end CANCELLED on the client with nothing for the worker to drop or count.
+    wait_for(
+        "the eight calls queued behind the blocker",
+        lambda: worker.metric("embedfleet_worker_queued_requests") >= 8,
+        timeout=30,
+    )
     for future in cancelled:
         future.cancel()
     assert last.result(timeout=120).count == 1
@@ -366,13 +374,19 @@ def test_sigterm_drains_without_losing_in_flight_requests(served: Served) -> Non
     requests = [blocker()] + [embed_request(rand_seqs(64 + 8 * i, 1 + i % 3)) for i in range(20)]
     futures = [stub.Embed.future(r) for r in requests]
     deadline = time.monotonic() + 30
-    while worker.metric("embedfleet_worker_inflight_requests") < len(requests):
-        assert time.monotonic() < deadline, "requests were not all admitted"
-        time.sleep(0.01)
+    wait_for(
+        "all requests admitted",
+        lambda: worker.metric("embedfleet_worker_inflight_requests") >= len(requests),
+        timeout=30,
+        interval=0.01,
+    )
     worker.signal(signal.SIGTERM)
-    while not stub.Info(pb.InfoRequest(), timeout=5).draining:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(
+        "the worker to report draining",
+        lambda: stub.Info(pb.InfoRequest(), timeout=5).draining,
+        timeout=max(deadline - time.monotonic(), 0.0),
+        interval=0.01,
+    )
     with pytest.raises(grpc.RpcError) as refused:
         stub.Embed(embed_request(rand_seqs(8)), timeout=30)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

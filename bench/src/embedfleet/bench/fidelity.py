@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from embedfleet.bench.targets import Target, Vectors, cosine_scores
+from embedfleet.bench.targets import Target, cosine_scores
+from embedfleet.common.arrays import FloatArray
+from embedfleet.common.similarity import min_cosine
 
 DRIFT_LIMIT = 0.001
 
@@ -21,10 +23,10 @@ DRIFT_LIMIT = 0.001
 @dataclass(frozen=True)
 class Reference:
     texts: list[str]
-    vectors: Vectors
+    vectors: FloatArray
     query: str
     documents: list[str]
-    scores: Vectors
+    scores: FloatArray
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def reference(
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModel.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
 
-    def embed(items: Sequence[str]) -> Vectors:
+    def embed(items: Sequence[str]) -> FloatArray:
         rows = []
         with torch.inference_mode():
             for text in items:
@@ -67,13 +69,11 @@ def reference(
     return Reference(list(texts), vectors, query, list(documents), scores)
 
 
-def compare(reference: Vectors, got: Vectors) -> float:
-    """Pure: the smallest row-wise cosine between two [N, H] arrays."""
+def compare(reference: FloatArray, got: FloatArray) -> float:
+    """Pure: the smallest row-wise cosine between two [N, H] arrays; NaN when shapes differ."""
     if got.shape != reference.shape:
         return float("nan")
-    ref = reference / np.linalg.norm(reference, axis=1, keepdims=True)
-    out = got / np.linalg.norm(got, axis=1, keepdims=True)
-    return float(np.min(np.sum(ref * out, axis=1)))
+    return min_cosine(reference, got)
 
 
 async def check(target: Target, ref: Reference) -> Fidelity:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,9 +29,11 @@ import orjson
 from embedfleet.bench.http_load import Call, run_point
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.gateway.fleet import Fleet, free_ports
+from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 CONCURRENCY = (1, 2, 4, 8, 16)
@@ -149,18 +150,22 @@ def _spawn_gateway(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{argv[:3]} exited; see {log}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                if r.status == 200:
-                    return proc
+                return bool(r.status == 200)
         except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{argv[:3]} not ready; see {log}")
+            return False
+
+    try:
+        wait_for(f"{argv[:3]} to be ready", ready, timeout=60, interval=0.2)
+    except WaitTimeoutError as exc:
+        proc.kill()
+        raise RuntimeError(f"{argv[:3]} not ready; see {log}") from exc
+    return proc
 
 
 def server_candidates(workers: str, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from embedfleet.bench.corpus import cache_dir
 from embedfleet.bench.targets import HttpTarget, ScoreVia
 from embedfleet.common.modeldir import default_model_path
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 SERVED_NAME = "all-MiniLM-L6-v2"
 MAX_TOKENS = 512
@@ -157,12 +157,6 @@ def install_vllm() -> Path:
 # --- running servers ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Server:
     """A system's server process (its own session, so its children stop with it)."""
@@ -185,24 +179,27 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 tail = " | ".join(self.log.read_text(errors="replace").splitlines()[-6:])
                 raise PeerUnavailableError(
-                    f"{self.name} exited with {self.process.returncode} while starting: {tail}"
+                    f"{self.name} exited with {process.returncode} while starting: {tail}"
                 )
             try:
                 with urllib.request.urlopen(self.ready_url, timeout=2) as reply:
-                    if reply.status == 200:
-                        return
+                    return bool(reply.status == 200)
             except OSError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise PeerUnavailableError(
-            f"{self.name} was not ready within {timeout:.0f}s (log {self.log})"
-        )
+                return False
+
+        try:
+            wait_for(f"{self.name} to be ready", ready, timeout=timeout, interval=0.5)
+        except WaitTimeoutError as exc:
+            self.stop()
+            raise PeerUnavailableError(
+                f"{self.name} was not ready within {timeout:.0f}s (log {self.log})"
+            ) from exc
 
     def stop(self) -> None:
         proc = self.process

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-Vectors = npt.NDArray[np.float32]
+from embedfleet.common.arrays import FloatArray
+
 #: how a system scores a query against documents with an embedding model
 ScoreVia = Literal["rerank", "score", "embed"]
 
@@ -40,15 +40,15 @@ class Target(Protocol):
 
     async def embed(self, texts: Sequence[str]) -> None: ...
     async def score(self, query: str, documents: Sequence[str]) -> None: ...
-    async def embed_values(self, texts: Sequence[str]) -> Vectors: ...
-    async def score_values(self, query: str, documents: Sequence[str]) -> Vectors: ...
+    async def embed_values(self, texts: Sequence[str]) -> FloatArray: ...
+    async def score_values(self, query: str, documents: Sequence[str]) -> FloatArray: ...
     async def close(self) -> None: ...
 
 
-def cosine_scores(vectors: Vectors) -> Vectors:
+def cosine_scores(vectors: FloatArray) -> FloatArray:
     """Row 0 is the query; cosine of it with every other row."""
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-    scores: Vectors = (unit[1:] @ unit[0]).astype(np.float32)
+    scores: FloatArray = (unit[1:] @ unit[0]).astype(np.float32)
     return scores
 
 
@@ -148,10 +148,10 @@ class HttpTarget:
             # the cosine is part of this system's scoring cost
             cosine_scores(_embeddings(json.loads(content)))
 
-    async def embed_values(self, texts: Sequence[str]) -> Vectors:
+    async def embed_values(self, texts: Sequence[str]) -> FloatArray:
         return _embeddings(json.loads(await self._post(self.embed_path, self._embed_body(texts))))
 
-    async def score_values(self, query: str, documents: Sequence[str]) -> Vectors:
+    async def score_values(self, query: str, documents: Sequence[str]) -> FloatArray:
         path, body = self._score_call(query, list(documents))
         doc = json.loads(await self._post(path, body))
         if self.score_via == "embed":
@@ -169,7 +169,7 @@ class HttpTarget:
         self._idle.clear()
 
 
-def _embeddings(doc: dict[str, Any]) -> Vectors:
+def _embeddings(doc: dict[str, Any]) -> FloatArray:
     rows = sorted(doc["data"], key=lambda d: int(d["index"]))
     return np.asarray([r["embedding"] for r in rows], dtype=np.float32)
 
@@ -196,7 +196,7 @@ class SentenceTransformersTarget:
             model_dir, device=device, model_kwargs={"torch_dtype": getattr(torch, dtype)}
         )
 
-    def _encode(self, texts: Sequence[str]) -> Vectors:
+    def _encode(self, texts: Sequence[str]) -> FloatArray:
         with self._lock:
             out = self._model.encode(
                 list(texts), batch_size=self._batch_size, convert_to_numpy=True
@@ -209,10 +209,10 @@ class SentenceTransformersTarget:
     async def score(self, query: str, documents: Sequence[str]) -> None:
         await self.score_values(query, documents)
 
-    async def embed_values(self, texts: Sequence[str]) -> Vectors:
+    async def embed_values(self, texts: Sequence[str]) -> FloatArray:
         return await asyncio.to_thread(self._encode, texts)
 
-    async def score_values(self, query: str, documents: Sequence[str]) -> Vectors:
+    async def score_values(self, query: str, documents: Sequence[str]) -> FloatArray:
         return cosine_scores(await asyncio.to_thread(self._encode, [query, *documents]))
 
     async def close(self) -> None:

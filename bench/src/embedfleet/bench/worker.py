@@ -145,7 +145,7 @@ def wire_figures(batch: list[list[int]], repeat: int = 50) -> dict[str, dict[str
 def grpc_latencies(address: str, requests: Sequence[pb.EmbedRequest]) -> list[float]:
     import grpc
 
-    from embedfleet.worker.testing import worker_stub
+    from embedfleet.testing.workers import worker_stub
 
     with grpc.insecure_channel(address) as channel:
         stub = worker_stub(channel)
@@ -164,7 +164,7 @@ def grpc_throughput(
     """Seconds for all clients (one thread and one connection each) to send their requests."""
     import grpc
 
-    from embedfleet.worker.testing import worker_stub
+    from embedfleet.testing.workers import worker_stub
 
     start = threading.Barrier(len(per_client) + 1)
     results: list[list[npt.NDArray[np.floating]]] = [[] for _ in per_client]
@@ -202,7 +202,7 @@ def _worker_args(sizes: Sizes, *extra: str) -> list[str]:
 
 
 def run_null(sizes: Sizes, workdir: Path) -> dict[str, float]:
-    from embedfleet.worker.testing import running_worker
+    from embedfleet.testing.workers import running_worker
 
     singles = _requests([[s] for s in fixed_sequences(sizes.singles, sizes.single_tokens, 1)])
     batches = mixed_batches(sizes.clients * sizes.rounds * 5, sizes.batch, 2)
@@ -231,10 +231,10 @@ def run_torch(sizes: Sizes, workdir: Path, extra: Sequence[str]) -> dict[str, fl
     import grpc
 
     from embedfleet.common.settings import load
+    from embedfleet.testing.workers import running_worker, worker_stub
     from embedfleet.worker.contract import WorkItem
-    from embedfleet.worker.engine import TorchEngine
+    from embedfleet.worker.engine.torch_engine import TorchEngine
     from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
-    from embedfleet.worker.testing import running_worker, worker_stub
 
     singles = _requests([[s] for s in fixed_sequences(sizes.singles, sizes.single_tokens, 1)])
     batches = mixed_batches(sizes.clients * sizes.rounds, sizes.batch, 2)

@@ -7,11 +7,9 @@ stops them in order (gateway first, so nothing new reaches a stopping worker) an
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,22 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from embedfleet.common.net import free_ports
+
 STOP_SECONDS = 15.0
 
 
 class FleetError(RuntimeError):
     """A child process failed to start or exited early."""
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free a moment ago; every socket stays open until all are picked."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 def _script(name: str) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
+from embedfleet.common.net import free_ports
 from embedfleet.testing import components, process
 from embedfleet.testing.apiclient import ApiClient, ApiError
 from embedfleet.testing.components import Layout
@@ -28,7 +29,6 @@ from embedfleet.testing.kubeconfig import write_kubeconfig
 from embedfleet.testing.nodes import NodeShape, fake_gpu_node, node_is_ready
 from embedfleet.testing.pki import create_pki
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
-from embedfleet.testing.ports import free_ports
 from embedfleet.testing.process import ProcessRecord
 from embedfleet.testing.tools import Toolset, ensure_tools
 

@@ -11,7 +11,6 @@ reuses what an earlier run built.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -19,8 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,9 +46,10 @@ from embedfleet.testing.imagespec import (
     lock_text,
     wheel_prefixes,
 )
+from embedfleet.testing.nodeslots import locked
 from embedfleet.testing.tools import REPO_ROOT
 
-KEEP_BUILDS = 3
+KEEP_BUILDS = 2
 STORAGE = Path("/var/lib/containers/storage")
 """buildah's storage as root (Debian's default graphroot)."""
 
@@ -106,15 +105,6 @@ def run_tool(argv: Sequence[str], *, cwd: Path | None = None) -> str:
 def _exists(ref: str) -> bool:
     probe = ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref]
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
-
-
-@contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    """One builder at a time per cache: a second waits, then finds the first one's results."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def ensure_base(root: Path, cache: Path) -> str:
@@ -174,32 +164,41 @@ def _prune(cache: Path, name: str, keep: int = KEEP_BUILDS) -> None:
         subprocess.run(rmi, capture_output=True, check=False)
 
 
+def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequence[str]) -> None:
+    pool = cache / "wheels"
+    for lock in (BUILD_LOCK, spec.lock):
+        ensure_wheels(root, lock, pool)
+    _check_space(root, spec, pool, cache)
+    _log(f"building {tags[-1]} ({spec.dockerfile}, {tags[0]})")
+    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
+    argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
+    for name, value in build_args(spec, base_ref).items():
+        argv += ["--build-arg", f"{name}={value}"]
+    for tag in tags:
+        argv += ["--tag", tag]
+    run_tool([*argv, "."], cwd=root)
+
+
+def _image_id(ref: str) -> str:
+    return run_tool(
+        ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref]
+    ).strip()
+
+
 def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> BuiltImage:
     started = time.monotonic()
     version = component_version(root, spec.component)
     ref, key = spec.ref(version), image_key(root, spec, base_ref)
     local_ref = f"{LOCAL_REPOSITORY}/{spec.name}:{key}"
     archive = cache / f"{spec.name}-{key}.tar"
-    built = False
-    if not archive.is_file():
-        built = True
-        pool = cache / "wheels"
-        for lock in (BUILD_LOCK, spec.lock):
-            ensure_wheels(root, lock, pool)
-        _check_space(root, spec, pool, cache)
-        _log(f"building {ref} ({spec.dockerfile}, key {key})")
-        argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
-        argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
-        for name, value in build_args(spec, base_ref).items():
-            argv += ["--build-arg", f"{name}={value}"]
-        iidfile = cache / f".{spec.name}.iid"
-        run_tool(
-            [*argv, "--iidfile", str(iidfile), "--tag", local_ref, "--tag", ref, "."], cwd=root
-        )
+    built = not archive.is_file()
+    if built:
+        if not _exists(local_ref):
+            _build(root, spec, base_ref, cache, [local_ref, ref])
+        # An interrupted run may have built the image but not archived it: then only this step.
         partial = archive.with_suffix(".partial")
+        image_id = _image_id(local_ref)
         # By ID, so that the archive names the image only by its published name.
-        image_id = iidfile.read_text().strip().removeprefix("sha256:")
-        iidfile.unlink()
         run_tool(["buildah", "push", "--quiet", image_id, f"docker-archive:{partial}:{ref}"])
         partial.rename(archive)
         _prune(cache, spec.name)
@@ -217,7 +216,8 @@ def ensure_images(
     specs = [SPECS[name] for name in names]
     require_tools()
     cache = cache_dir()
-    with _locked(cache):
+    # One builder at a time per cache: a second waits, then finds the first one's results.
+    with locked(cache):
         base = ensure_base(root, cache)
         images = [ensure_image(root, spec, base, cache) for spec in specs]
         write_manifest(cache / "manifest.json", images)

@@ -1,6 +1,6 @@
 """Certificates and keys for a throwaway cluster, made with the openssl CLI.
 
-The openssl CLI rather than a Python crypto package keeps embedfleet.testing standard-library
+The openssl CLI rather than a Python crypto package keeps the cluster harness standard-library
 only, so hack/dev-cluster runs before any virtualenv exists. P-256 keys: fast to generate.
 """
 

@@ -11,7 +11,6 @@ import ctypes
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,17 +131,18 @@ def stop(
             child.poll()
         return [record for record in records if is_running(record)]
 
+    def gone() -> bool:
+        return not remaining()
+
     for record in records:
         _signal(record, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while (left := remaining()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for record in left:
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("processes to exit on SIGTERM", gone, timeout=grace_seconds, interval=0.05)
+    for record in remaining():
         _signal(record, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while (left := remaining()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for("processes to exit on SIGKILL", gone, timeout=5.0, interval=0.05)
+    return remaining()
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

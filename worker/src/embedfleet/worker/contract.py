@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import Pooling, Task
 
@@ -75,9 +73,24 @@ class Pending(Protocol):
         """True once results can be read without blocking."""
         ...
 
-    def wait(self) -> list[npt.NDArray[np.float32]]:
+    def wait(self) -> list[FloatArray]:
         """One array per work item, in order: [count, dims] for embed, [count] for score."""
         ...
+
+
+class Done:
+    """A `Pending` computed synchronously (the CPU path, the null engine): complete on return."""
+
+    __slots__ = ("_results",)
+
+    def __init__(self, results: list[FloatArray]) -> None:
+        self._results = results
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> list[FloatArray]:
+        return self._results
 
 
 class Engine(Protocol):

@@ -28,7 +28,7 @@ from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
 from embedfleet.worker.scheduler import Budget, FcfsQueue
-from embedfleet.worker.selfcheck import ReferenceFn, run_selfcheck
+from embedfleet.worker.selfcheck import ReferenceFn, reference_outputs, run_selfcheck
 from embedfleet.worker.server import WorkerService, WorkerState
 from embedfleet.worker.settings import WorkerSettings
 from embedfleet.worker.warmup import measure_capacity
@@ -55,7 +55,7 @@ class _Health(Protocol):
 def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
     if settings.engine == "null":
         return NullEngine.from_model_dir(model, settings.max_input_tokens or None)
-    from embedfleet.worker.engine import TorchEngine  # imports torch: only when needed
+    from embedfleet.worker.engine.torch_engine import TorchEngine  # imports torch: only when needed
 
     return TorchEngine.from_settings(settings)
 
@@ -64,8 +64,6 @@ def _reference_fn(settings: WorkerSettings) -> ReferenceFn | None:
     """The engine's float32 eager CPU path, the self-check's yardstick for uncommitted models."""
     if settings.engine == "null":
         return None
-    from embedfleet.worker.probe import reference_outputs
-
     return lambda items: reference_outputs(settings.model, items, settings.max_input_tokens)
 
 

@@ -9,29 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.worker.contract import (
+    Done,
     EngineInfo,
     GraphCounters,
     InvalidInputError,
     Pending,
     WorkItem,
 )
-
-
-class _Done:
-    __slots__ = ("_results",)
-
-    def __init__(self, results: list[npt.NDArray[np.float32]]) -> None:
-        self._results = results
-
-    def ready(self) -> bool:
-        return True
-
-    def wait(self) -> list[npt.NDArray[np.float32]]:
-        return self._results
 
 
 def check_tokens(item: WorkItem, max_input_tokens: int, vocab_size: int) -> None:
@@ -87,9 +75,9 @@ class NullEngine:
 
     def step(self, items: Sequence[WorkItem]) -> Pending:
         self._runs += 1
-        return _Done([self._result(item) for item in items])
+        return Done([self._result(item) for item in items])
 
-    def _result(self, item: WorkItem) -> npt.NDArray[np.float32]:
+    def _result(self, item: WorkItem) -> FloatArray:
         tokens = item.tokens
         if self._info.task == "score":
             return tokens.lengths.astype(np.float32)

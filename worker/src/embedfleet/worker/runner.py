@@ -16,9 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
+from embedfleet.common.arrays import FloatArray
 from embedfleet.worker.contract import Engine, Pending, WorkItem
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.scheduler import Batch, DropReason, FcfsQueue
@@ -47,7 +45,7 @@ class Entry:
     a single attribute store is atomic under the GIL, and a late read only costs one wasted run."""
 
     item: WorkItem
-    future: asyncio.Future[npt.NDArray[np.float32]]
+    future: asyncio.Future[FloatArray]
     arrival: float
     deadline: float = math.inf
     seq: int = 0
@@ -183,7 +181,7 @@ class BatchRunner:
         return launched
 
     def _finish(self, launched: _Launched) -> None:
-        results: list[npt.NDArray[np.float32]] | None = None
+        results: list[FloatArray] | None = None
         if launched.pending is not None:
             try:
                 results = launched.pending.wait()
@@ -201,7 +199,7 @@ class BatchRunner:
         self._loop.call_soon_threadsafe(_deliver, launched.entries, results)
 
 
-def _deliver(entries: list[Entry], results: list[npt.NDArray[np.float32]]) -> None:
+def _deliver(entries: list[Entry], results: list[FloatArray]) -> None:
     for entry, result in zip(entries, results, strict=True):
         if not entry.future.done():
             entry.future.set_result(result)

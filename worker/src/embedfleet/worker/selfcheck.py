@@ -5,9 +5,8 @@ Where the reference comes from, best first:
    keyed by the SHA-256 of the weights file. This is an independent implementation, so it catches
    what a self-comparison cannot: a weight loaded into the wrong slot, a wrong pooling, a dtype
    that drifted. It covers the bundled MiniLM (and any model someone adds with `--write`).
-2. For other models, the engine's own float32 eager CPU path (probe.reference_outputs): that
-   still catches divergence of the served path (bf16, CUDA graphs,
-   ragged batching) from plain fp32.
+2. For other models, the engine's own float32 eager CPU path (`reference_outputs`): that still
+   catches divergence of the served path (bf16, CUDA graphs, ragged batching) from plain fp32.
 3. Otherwise only batch invariance (each text alone equals the texts batched together).
 
 Regenerate the committed file with `python -m embedfleet.worker.selfcheck --write`.
@@ -26,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import WorkItem
-from embedfleet.worker.probe import min_cosine
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,8 @@ TEXTS = (
     ),
 )
 
-Submit = Callable[[WorkItem], Awaitable[npt.NDArray[np.float32]]]
-ReferenceFn = Callable[[list[WorkItem]], list[npt.NDArray[np.float32]]]
+Submit = Callable[[WorkItem], Awaitable[FloatArray]]
+ReferenceFn = Callable[[list[WorkItem]], list[FloatArray]]
 
 
 class SelfCheckError(RuntimeError):
@@ -93,7 +92,27 @@ def load_reference(digest: str, file: Path = REFERENCE_FILE) -> dict[str, Any] |
     return entry if isinstance(entry, dict) else None
 
 
-async def _served(submit: Submit, token_ids: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
+def reference_outputs(
+    model: str, items: list[WorkItem], max_input_tokens: int = 0
+) -> list[FloatArray]:
+    """Outputs of a float32, eager, CPU engine for `items`: the yardstick for uncommitted models."""
+    # Imported here: torch loads only when a real engine is checked, never for the null engine.
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine(
+        EngineConfig(
+            model=model,
+            max_input_tokens=max_input_tokens,
+            device="cpu",
+            dtype="float32",
+            cuda_graphs="off",
+        )
+    )
+    return engine.run(items)
+
+
+async def _served(submit: Submit, token_ids: Sequence[Sequence[int]]) -> FloatArray:
     # Concurrent submits so the texts share one batch, as real traffic does.
     rows = await asyncio.gather(*(submit(item_of(ids)) for ids in token_ids))
     return np.concatenate([np.asarray(r, dtype=np.float32) for r in rows])

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpack_tokens
 from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
@@ -81,7 +80,7 @@ class WorkerState:
             self.metrics.inflight.dec()
         return entry
 
-    async def submit(self, item: WorkItem) -> npt.NDArray[np.float32]:
+    async def submit(self, item: WorkItem) -> FloatArray:
         """The warm-up's and self-check's way in: the serving path, not counted as served."""
         entry = await self.compute(item, internal=True)
         return entry.future.result()

@@ -12,12 +12,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.worker.contract import WorkItem
 
-Submit = Callable[[WorkItem], Awaitable[npt.NDArray[np.float32]]]
+Submit = Callable[[WorkItem], Awaitable[FloatArray]]
 
 #: the probe keeps at most this many tokens outstanding, so a CPU worker with a huge batch budget
 #: still starts in seconds; throughput is flat well below it on both CPU and GPU for small models

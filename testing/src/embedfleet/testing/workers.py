@@ -5,7 +5,8 @@
 
 The worker binds port 0 and reports the port it got through --port-file, so there is no race for a
 free gRPC port; the metrics port is picked free just before start. Readiness is the standard
-grpc.health.v1 check reaching SERVING. Needs the dev environment (grpcio, embedfleet-testing).
+grpc.health.v1 check reaching SERVING. Needs the `worker` extra of embedfleet-testing (the worker
+itself, grpcio, prometheus-client); the cluster harness does not.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.testing.ports import free_ports
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail
 
 
@@ -72,25 +74,38 @@ class WorkerProcess:
         return channel
 
     def wait_port(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def reported() -> int | None:
             self.check_alive()
-            if self.port_file.is_file():
-                self.port = int(json.loads(self.port_file.read_text())["port"])
-                return self.port
-            time.sleep(0.02)
-        raise WorkerStartError(f"no port after {timeout:.0f}s\n{log_tail(self.log)}")
+            if not self.port_file.is_file():
+                return None
+            return int(json.loads(self.port_file.read_text())["port"])
+
+        try:
+            self.port = wait_for("the worker's port file", reported, timeout=timeout, interval=0.02)
+        except WaitTimeoutError as exc:
+            raise WorkerStartError(f"no port after {timeout:.0f}s\n{log_tail(self.log)}") from exc
+        return self.port
 
     def wait_serving(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         if not self.port:
             self.wait_port(timeout)
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             self.check_alive()
-            if health_status(self.address) == "SERVING":
-                return
-            time.sleep(0.05)
-        raise WorkerStartError(f"not SERVING after {timeout:.0f}s\n{log_tail(self.log)}")
+            return health_status(self.address) == "SERVING"
+
+        try:
+            wait_for(
+                "the worker to be SERVING",
+                serving,
+                timeout=max(deadline - time.monotonic(), 0.0),
+                interval=0.05,
+            )
+        except WaitTimeoutError as exc:
+            raise WorkerStartError(
+                f"not SERVING after {timeout:.0f}s\n{log_tail(self.log)}"
+            ) from exc
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:

@@ -2,90 +2,42 @@
 
 `step()` validates cheaply, packs every sequence of every work item into one token axis, runs the
 model (replaying a captured CUDA graph when the bucket has one), pools, applies each item's options
-and queues the copy back to pinned host memory; it returns before the device is done.
+and queues the copy back to pinned host memory; it returns before the device is done. What runs is
+decided elsewhere: the device and dtype before the engine exists (`precision`), bucket actions by
+`graph_policy`, per-item options by `outputs`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
-from embedfleet.common.modeldir import ModelDir, Pooling, load_model_dir, resolve_model_path
-from embedfleet.worker.attention import AttentionBackend, GroupedBackend, select_backend
-from embedfleet.worker.batch import DeviceBatch, HostBatch, pack, to_device
+from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker.contract import (
+    Done,
     EngineInfo,
     GraphCounters,
     InvalidInputError,
     Pending,
     WorkItem,
 )
-from embedfleet.worker.cuda_graphs import GraphRunner
-from embedfleet.worker.graphs import Action, BucketPolicy, GraphCache, GraphKey, GraphMode
-from embedfleet.worker.models import Model
-from embedfleet.worker.models.family import load_model
-from embedfleet.worker.pending import Done, InFlight, Slice, split
-from embedfleet.worker.pooling import finish, pool
-from embedfleet.worker.precision import (
-    candidate_dtype,
-    dtype_name,
-    reduced_precision_pays,
-    resolve_device,
-)
+from embedfleet.worker.engine.attention import AttentionBackend, select_backend
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.forward import forward
+from embedfleet.worker.engine.graph_policy import Action, GraphCache, GraphKey
+from embedfleet.worker.engine.graph_runner import GraphRunner
+from embedfleet.worker.engine.outputs import apply_options
+from embedfleet.worker.engine.pending import InFlight, Slice, split
+from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
-
-#: bf16 is kept on CPU only if the probe's embeddings stay this close to float32's
-PARITY_MIN_COSINE = 0.999
-#: ... and scores this close (absolute, in logits)
-PARITY_MAX_SCORE_DIFF = 1e-3
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """The engine's part of WorkerSettings (see there for each field's meaning)."""
-
-    model: str = ""
-    max_input_tokens: int = 0
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: int = 0
-    attention: str = "auto"
-    cuda_graphs: GraphMode = "lazy"
-    graph_buckets: tuple[int, ...] = ()
-    max_graphs: int = 64
-    buckets: BucketPolicy = field(default_factory=BucketPolicy)
-    max_batch_tokens: int = 16384
-    max_batch_sequences: int = 512
-    #: Qwen3 only: None follows config.json; True = full attention within each sequence
-    bidirectional: bool | None = None
-
-    @classmethod
-    def from_settings(cls, s: WorkerSettings) -> EngineConfig:
-        mode: Any = s.cuda_graphs
-        return cls(
-            model=s.model,
-            max_input_tokens=s.max_input_tokens,
-            device=s.device,
-            dtype=s.dtype,
-            threads=s.threads,
-            attention=s.attention,
-            cuda_graphs=mode,
-            graph_buckets=tuple(s.graph_buckets),
-            max_graphs=s.max_graphs,
-            buckets=BucketPolicy(
-                s.token_bucket_step, s.token_bucket_switch, s.token_bucket_large_step
-            ),
-            max_batch_tokens=s.max_batch_tokens,
-            max_batch_sequences=s.max_batch_sequences,
-        )
 
 
 class TorchEngine:
@@ -99,13 +51,16 @@ class TorchEngine:
         self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model))
         self.device = resolve_device(config.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
-        dtype, probe = candidate_dtype(config.dtype, self.device)
-        self.model: Model = load_model(self.model_dir, dtype, self.device, config.bidirectional)
-        self.dtype = dtype
-        self.backend: AttentionBackend = select_backend(config.attention, self.device, dtype)
+        self.dtype, self.model = load_model_at_dtype(
+            self.model_dir,
+            self.device,
+            config.dtype,
+            config.attention,
+            self.max_tokens,
+            config.bidirectional,
+        )
+        self.backend: AttentionBackend = select_backend(config.attention, self.device, self.dtype)
         self.shape = self.model.shape
-        if probe:
-            self._check_reduced_precision()
         self._info = EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -192,15 +147,9 @@ class TorchEngine:
 
     # ---- conveniences --------------------------------------------------------------------
 
-    def run(self, items: Sequence[WorkItem]) -> list[np.ndarray[Any, np.dtype[np.float32]]]:
+    def run(self, items: Sequence[WorkItem]) -> list[FloatArray]:
         """step + wait."""
         return self.step(items).wait()
-
-    def embed(self, sequences: Sequence[Sequence[int]]) -> np.ndarray[Any, np.dtype[np.float32]]:
-        """Default-option vectors (or scores) for token id lists, as one array."""
-        lengths = np.array([len(s) for s in sequences], np.int32)
-        ids = np.concatenate([np.asarray(s, np.int32) for s in sequences])
-        return self.run([WorkItem(Tokens(ids, lengths))])[0]
 
     # ---- internals -----------------------------------------------------------------------
 
@@ -266,12 +215,7 @@ class TorchEngine:
     ) -> tuple[torch.Tensor, ...]:
         """Forward + the default head: (hidden [T, H], pooled [N, H] or scores [N])."""
         lengths = host.lengths if host is not None else np.zeros(0, np.int64)
-        plan = self.backend.plan(batch.cu_seqlens, lengths, max_seqlen, self.shape.causal)
-        hidden = self.model.forward(batch, plan)
-        scores = self.model.score(hidden, batch)
-        if scores is not None:
-            return hidden, scores
-        return hidden, pool(hidden, batch, self.model_dir.pooling)
+        return forward(self.model, self.backend, self.model_dir.pooling, batch, max_seqlen, lengths)
 
     def _finish(
         self,
@@ -280,65 +224,8 @@ class TorchEngine:
         batch: DeviceBatch,
         host: HostBatch,
     ) -> tuple[torch.Tensor, list[Slice]]:
-        """Apply each item's options; one [N, H] (or [N]) float32 tensor for all items."""
         hidden, head = outputs
-        real = host.real_sequences
-        slices: list[Slice] = []
-        row = 0
-        if self.model_dir.task == "score":
-            scores = head[:real]
-            if any(it.options.activate for it in items):
-                scores = scores.clone()
-                for it in items:
-                    if it.options.activate:
-                        span = slice(row, row + it.tokens.count)
-                        scores[span] = torch.sigmoid(scores[span])
-                    row += it.tokens.count
-                row = 0
-            for it in items:
-                slices.append(Slice(row, row + it.tokens.count, 0))
-                row += it.tokens.count
-            return scores.contiguous(), slices
-        default = self.model_dir.pooling
-        pooled: dict[Pooling, torch.Tensor] = {default: head[:real]}
-        choices = [self._options(it) for it in items]
-        if len(set(choices)) == 1:
-            mode, dims, norm = choices[0]
-            vectors = self._pooled(pooled, mode, hidden, batch, real)
-            out = finish(vectors, dims, norm).contiguous()
-            for it in items:
-                slices.append(Slice(row, row + it.tokens.count, out.shape[1]))
-                row += it.tokens.count
-            return out, slices
-        out = torch.zeros((real, self.shape.hidden_size), dtype=torch.float32, device=self.device)
-        for it, (mode, dims, norm) in zip(items, choices, strict=True):
-            span = slice(row, row + it.tokens.count)
-            vectors = finish(self._pooled(pooled, mode, hidden, batch, real)[span], dims, norm)
-            out[span, : vectors.shape[1]] = vectors
-            slices.append(Slice(span.start, span.stop, vectors.shape[1]))
-            row = span.stop
-        return out, slices
-
-    def _options(self, item: WorkItem) -> tuple[Pooling, int, bool]:
-        o = item.options
-        dims = o.dimensions if 0 < o.dimensions < self.shape.hidden_size else 0
-        return (
-            o.pooling or self.model_dir.pooling,
-            dims,
-            self.model_dir.normalize if o.normalize is None else o.normalize,
-        )
-
-    @staticmethod
-    def _pooled(
-        cache: dict[Pooling, torch.Tensor],
-        mode: Pooling,
-        hidden: torch.Tensor,
-        batch: DeviceBatch,
-        real: int,
-    ) -> torch.Tensor:
-        if mode not in cache:
-            cache[mode] = pool(hidden, batch, mode)[:real]
-        return cache[mode]
+        return apply_options(items, hidden, head, batch, host.real_sequences, self._info)
 
     def _capture_listed(self) -> None:
         """eager mode: capture every listed token bucket with each sequence bucket it can meet."""
@@ -355,48 +242,3 @@ class TorchEngine:
                 host = pack([filler], self.shape.position_offset, tokens, slots)
                 decision = self._cache.preload(key)
                 self._graph_outputs(key, host, decision.action, decision.evict)
-
-    def _check_reduced_precision(self) -> None:
-        """Keep the reduced dtype only if it is faster here and the probe's outputs match
-        float32's; else fall back to float32."""
-        from embedfleet.worker.probe import agreement, probe_items
-
-        if not reduced_precision_pays(self.dtype, self.shape.hidden_size):
-            log.info("%s GEMMs are not faster than float32 here: using float32", self.dtype)
-            self._use_float32(
-                load_model(self.model_dir, torch.float32, self.device, self.config.bidirectional)
-            )
-            return
-        items = probe_items(self.model_dir, self.max_tokens)
-        fast = [self._eager_default(it) for it in items]
-        reference = load_model(
-            self.model_dir, torch.float32, self.device, self.config.bidirectional
-        )
-        saved, saved_backend = self.model, self.backend
-        self.model, self.backend = reference, GroupedBackend()
-        try:
-            slow = [self._eager_default(it) for it in items]
-        finally:
-            self.model, self.backend = saved, saved_backend
-        cosine, score_diff = agreement(fast, slow, self.model_dir.task)
-        keep = cosine >= PARITY_MIN_COSINE and score_diff <= PARITY_MAX_SCORE_DIFF
-        log.info(
-            "probe %s vs float32: min cosine %.6f, max score diff %.2e -> %s",
-            dtype_name(self.dtype),
-            cosine,
-            score_diff,
-            "kept" if keep else "float32",
-        )
-        if not keep:
-            self._use_float32(reference)
-
-    def _use_float32(self, model: Model) -> None:
-        self.model, self.dtype = model, torch.float32
-        self.backend = select_backend(self.config.attention, self.device, torch.float32)
-
-    def _eager_default(self, item: WorkItem) -> np.ndarray[Any, np.dtype[np.float32]]:
-        with torch.inference_mode():
-            host = pack([item.tokens], self.model.shape.position_offset)
-            batch = to_device(host, self.device)
-            _, head = self._body(batch, int(host.lengths.max()), host)
-            return head[: host.real_sequences].float().cpu().numpy()

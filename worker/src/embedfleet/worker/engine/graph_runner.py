@@ -2,7 +2,8 @@
 
 Inputs live in static buffers sized for the largest bucket; a bucket's graph reads views of their
 leading rows, so loading a batch is three host-to-device copies into fixed addresses. All graphs
-share one memory pool. Which bucket to capture, replay or evict is `graphs.GraphCache`'s decision.
+share one memory pool. Which bucket to capture, replay or evict is `graph_policy.GraphCache`'s
+decision.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from embedfleet.worker.batch import DeviceBatch, HostBatch, from_tensors
-from embedfleet.worker.graphs import GraphKey
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
+from embedfleet.worker.engine.graph_policy import GraphKey
 
 #: the captured body: (batch views, bucket tokens as the attention's max length) -> outputs
 Body = Callable[[DeviceBatch, int], tuple[torch.Tensor, ...]]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from embedfleet.common.modeldir import ModelDir, ModelDirError
-from embedfleet.worker.models import Model
-from embedfleet.worker.models.bert import ROBERTA_TYPES, load_bert
-from embedfleet.worker.models.cross_encoder import load_cross_encoder
-from embedfleet.worker.models.qwen3 import load_qwen3
-from embedfleet.worker.weights import load_tensors
+from embedfleet.worker.engine.models import Model
+from embedfleet.worker.engine.models.bert import ROBERTA_TYPES, load_bert
+from embedfleet.worker.engine.models.cross_encoder import load_cross_encoder
+from embedfleet.worker.engine.models.qwen3 import load_qwen3
+from embedfleet.worker.engine.weights import load_tensors
 
 BERT_TYPES = ("bert", *ROBERTA_TYPES)
 QWEN_TYPES = ("qwen3",)

@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
-from embedfleet.worker.attention import AttentionPlan
-from embedfleet.worker.batch import DeviceBatch
+from embedfleet.worker.engine.attention import AttentionPlan
+from embedfleet.worker.engine.batch import DeviceBatch
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,7 @@
-"""Free TCP ports on 127.0.0.1."""
+"""Free TCP ports on 127.0.0.1, for local fleets, test harnesses and benchmarks.
+
+Standard library only: hack/dev-cluster imports it before `make install` has run.
+"""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ import numpy.typing as npt
 from embedfleet.common.codec import pack_tokens, unpack_floats
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.worker.testing import WorkerProcess, WorkerStartError, health_status, worker_stub
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
+from embedfleet.testing.workers import WorkerProcess, WorkerStartError, health_status, worker_stub
 
 #: small budgets so that batching decisions show with few, short requests
 BUDGET_TOKENS = 512
@@ -56,18 +57,21 @@ def wait_serving_traced(worker: WorkerProcess, timeout: float = 240.0) -> Startu
     trace = Startup()
     worker.wait_port(timeout)
     stub = worker_stub(worker.channel())
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def serving() -> bool:
         worker.check_alive()
         status = health_status(worker.address)
         trace.statuses.append((time.time(), status))
-        if status == "SERVING":
-            return trace
         if status == "NOT_SERVING" and trace.early_embed_code is None:
             try:
                 stub.Embed(embed_request([[101, 102]]), timeout=5)
                 trace.early_embed_code = grpc.StatusCode.OK
             except grpc.RpcError as exc:
                 trace.early_embed_code = exc.code()
-        time.sleep(0.05)
-    raise WorkerStartError(f"not SERVING after {timeout}s")
+        return status == "SERVING"
+
+    try:
+        wait_for("the worker to be SERVING", serving, timeout=timeout, interval=0.05)
+    except WaitTimeoutError as exc:
+        raise WorkerStartError(f"not SERVING after {timeout}s") from exc
+    return trace

@@ -1,4 +1,5 @@
-"""The operator as a real process (`embedfleet-operator`) for the cluster tests."""
+"""Helpers of the operator tests: the repository's CRD and examples, the operator as a real process
+(`embedfleet-operator`) and kubectl reads of what it made."""
 
 from __future__ import annotations
 
@@ -12,11 +13,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opdata import REPO
+import yaml
 
+from embedfleet.common.net import free_ports
 from embedfleet.testing.cluster import Cluster
 from embedfleet.testing.polling import wait_for
-from embedfleet.testing.ports import free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "embedfleet.dev_embeddingdeployments.yaml"
+EXAMPLES = REPO / "examples"
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = load_yaml(CRD_PATH)
+    (version,) = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+MINILM_CHILDREN = {
+    "ConfigMap/minilm-config",
+    "Deployment/minilm-gateway",
+    "Deployment/minilm-worker",
+    "PodDisruptionBudget/minilm-gateway",
+    "PodDisruptionBudget/minilm-worker",
+    "Role/minilm-gateway",
+    "RoleBinding/minilm-gateway",
+    "Service/minilm",
+    "Service/minilm-worker",
+    "ServiceAccount/minilm-gateway",
+}
+"""Children of an EmbeddingDeployment named minilm (no ServiceMonitor)."""
 
 OPERATOR_NAMESPACE = "embedfleet-system"
 RBAC = REPO / "operator" / "deploy" / "rbac.yaml"
@@ -134,3 +165,35 @@ def wait_until(
         return wait_for(what, probe, timeout=timeout, interval=0.25)
     except TimeoutError as err:
         raise AssertionError(f"{err}\n--- operator log tail:\n{op.tail()}") from err
+
+
+CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings,pdb"
+OWNER_LABEL = "embedfleet.dev/deployment"
+
+
+def get_json(cluster: Cluster, ns: str, *what: str) -> Any:
+    """`kubectl get <what> -o json` in `ns`; None when kubectl fails (e.g. not found)."""
+    proc = cluster.kubectl("get", *what, "-n", ns, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def child_objects(cluster: Cluster, ns: str, owner: str) -> dict[str, Any]:
+    """The children the operator labelled as `owner`'s, by "Kind/name"."""
+    selector = f"{OWNER_LABEL}={owner}"
+    found = get_json(cluster, ns, CHILD_KINDS, "-l", selector, "--show-managed-fields")
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in (found or {}).get("items", ())}
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    conds = (obj.get("status") or {}).get("conditions") or ()
+    return next((c for c in conds if c["type"] == kind), {})
+
+
+def available(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    """The EmbeddingDeployment once Available=True for its current generation, else None."""
+    obj = get_json(cluster, ns, "emb", name)
+    if obj is None or condition(obj, "Available").get("status") != "True":
+        return None
+    if obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
+        return None
+    return dict(obj)

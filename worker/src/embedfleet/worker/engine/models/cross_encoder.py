@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
 
 from embedfleet.common.modeldir import ModelDirError
-from embedfleet.worker.attention import AttentionPlan
-from embedfleet.worker.batch import DeviceBatch
-from embedfleet.worker.models.bert import BertEncoder, bert_tensors
-from embedfleet.worker.weights import Tensors, WeightReader
+from embedfleet.worker.engine.attention import AttentionPlan
+from embedfleet.worker.engine.batch import DeviceBatch
+from embedfleet.worker.engine.models.bert import BertEncoder, bert_tensors
+from embedfleet.worker.engine.weights import Tensors, WeightReader
 
 
 class CrossEncoder:

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
 
 from embedfleet.common.modeldir import ModelDirError
-from embedfleet.worker.attention import AttentionPlan
-from embedfleet.worker.batch import DeviceBatch
-from embedfleet.worker.models import Shape
-from embedfleet.worker.weights import Tensors, WeightReader, strip_prefix
+from embedfleet.worker.engine.attention import AttentionPlan
+from embedfleet.worker.engine.batch import DeviceBatch
+from embedfleet.worker.engine.models import Shape
+from embedfleet.worker.engine.weights import Tensors, WeightReader, strip_prefix
 
 ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 

@@ -22,13 +22,6 @@ def item(seqs: list[list[int]], options: Options | None = None, types: bool = Fa
     return WorkItem(Tokens(ids, lengths, type_ids), options or Options())
 
 
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
-    return float(cos.min())
-
-
 def save_model(model: torch.nn.Module, path: Path, legacy_bin: bool = False) -> Path:
     """save_pretrained, or a plain pytorch_model.bin state dict (the legacy format)."""
     model.save_pretrained(str(path))  # type: ignore[operator]

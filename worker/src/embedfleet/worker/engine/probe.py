@@ -1,18 +1,13 @@
-"""Fixed probe inputs and an agreement measure, for the dtype choice and for readiness self-checks.
-
-`reference_outputs` runs the probe through a float32, graph-free engine on the CPU: the yardstick a
-serving engine (bf16, graphs, another attention backend) can be compared against at start.
-"""
+"""Fixed probe inputs and the agreement measures the dtype choice compares two runs with."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import WorkItem
 
 PROBE_TEXTS = (
@@ -21,8 +16,6 @@ PROBE_TEXTS = (
     "What is the capital of France?",
     "Paris is the capital and most populous city of France, on the Seine.",
 )
-
-Array = npt.NDArray[np.float32]
 
 
 def probe_token_ids(model_dir: ModelDir, max_tokens: int) -> list[list[int]]:
@@ -49,7 +42,7 @@ def probe_items(model_dir: ModelDir, max_tokens: int) -> list[WorkItem]:
     return items
 
 
-def agreement(fast: list[Array], slow: list[Array], task: str) -> tuple[float, float]:
+def agreement(fast: list[FloatArray], slow: list[FloatArray], task: str) -> tuple[float, float]:
     """(min cosine over rows, max absolute difference) between two runs of the same inputs."""
     a = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in fast])
     b = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in slow])
@@ -57,27 +50,3 @@ def agreement(fast: list[Array], slow: list[Array], task: str) -> tuple[float, f
     if task == "score" or a.ndim == 1:
         return 1.0, diff
     return min_cosine(a, b), 0.0
-
-
-def min_cosine(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    num = (a * b).sum(-1)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return float((num / np.maximum(den, 1e-30)).min())
-
-
-def reference_outputs(model: str, items: list[WorkItem], max_input_tokens: int = 0) -> list[Array]:
-    """Outputs of a float32, eager, CPU engine for `items`: the yardstick for self-checks."""
-    from embedfleet.worker.engine import EngineConfig, TorchEngine
-
-    engine = TorchEngine(
-        EngineConfig(
-            model=model,
-            max_input_tokens=max_input_tokens,
-            device="cpu",
-            dtype="float32",
-            cuda_graphs="off",
-        )
-    )
-    return engine.run(items)

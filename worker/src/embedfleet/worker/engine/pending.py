@@ -1,14 +1,13 @@
-"""Handles for launched batches: results are read later, so the next batch can launch first."""
+"""The CUDA result handle: results are read later, so the next batch can launch first."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-Arrays = list[npt.NDArray[np.float32]]
+from embedfleet.common.arrays import FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,27 +19,14 @@ class Slice:
     columns: int  # 0 for scores (a 1-D output)
 
 
-def split(host: npt.NDArray[np.float32], slices: list[Slice]) -> Arrays:
-    out: Arrays = []
+def split(host: FloatArray, slices: list[Slice]) -> list[FloatArray]:
+    out: list[FloatArray] = []
     for s in slices:
         if s.columns == 0 or s.columns == host.shape[1]:
             out.append(host[s.start : s.stop])
         else:
             out.append(np.ascontiguousarray(host[s.start : s.stop, : s.columns]))
     return out
-
-
-class Done:
-    """Results computed synchronously (the CPU path): complete on return."""
-
-    def __init__(self, results: Arrays) -> None:
-        self._results = results
-
-    def ready(self) -> bool:
-        return True
-
-    def wait(self) -> Arrays:
-        return self._results
 
 
 class InFlight:
@@ -52,12 +38,12 @@ class InFlight:
         self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._event.record()
         self._slices = slices
-        self._results: Arrays | None = None
+        self._results: list[FloatArray] | None = None
 
     def ready(self) -> bool:
         return self._results is not None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
-    def wait(self) -> Arrays:
+    def wait(self) -> list[FloatArray]:
         if self._results is None:
             self._event.synchronize()
             self._results = split(self._host.numpy(), self._slices)

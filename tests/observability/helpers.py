@@ -1,4 +1,5 @@
-"""A real Prometheus (Debian's `prometheus` package) started on 127.0.0.1 with a generated config.
+"""Helpers of the observability tests: a real Prometheus (Debian's `prometheus` package) started on
+127.0.0.1 with a generated config, and load on a local fleet for it to scrape.
 
 hack/install-prometheus.sh installs it; without the binary the fixtures fail with that hint
 rather than skipping, since the dashboards would then go untested.
@@ -10,17 +11,22 @@ import json
 import math
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
-from embedfleet.gateway.fleet import free_ports
+from embedfleet.common.net import free_ports
+from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import ProcessRecord, log_tail, spawn, stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -82,19 +88,24 @@ class Prometheus:
             ],
             self.workdir / "prometheus.log",
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {self.log_tail()}")
             try:
                 with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return self
+                    return bool(reply.status == 200)
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus not ready in {timeout:.0f}s: {self.log_tail()}")
-            time.sleep(0.2)
+                return False
+
+        try:
+            wait_for("prometheus to be ready", ready, timeout=timeout, interval=0.2)
+        except WaitTimeoutError as exc:
+            raise RuntimeError(
+                f"prometheus not ready in {timeout:.0f}s: {self.log_tail()}"
+            ) from exc
+        return self
 
     def log_tail(self) -> str:
         return log_tail(self.workdir / "prometheus.log")
@@ -132,3 +143,66 @@ class Prometheus:
 def finite_points(series: Sequence[Mapping[str, Any]]) -> int:
     """Samples in a range-query result that are numbers (not NaN or infinite)."""
     return sum(1 for s in series for _, v in s["values"] if math.isfinite(float(v)))
+
+
+RULES = REPO_ROOT / "charts" / "embedfleet" / "alerts" / "embedfleet.rules.yaml"
+WORDS = ("embedding", "fleets", "batch", "tokens", "by", "budget", "and", "reply", "in", "order")
+
+
+def worker_metrics_targets(fleet: Fleet) -> list[str]:
+    """host:port of each worker's /metrics (the port `Fleet` picked for --metrics-port)."""
+    targets = []
+    for child in fleet.worker_children:
+        port = child.argv[child.argv.index("--metrics-port") + 1]
+        targets.append(f"127.0.0.1:{port}")
+    return targets
+
+
+@dataclass
+class Load:
+    """Clients posting a mix of requests until stopped; counts answers by status code."""
+
+    url: str
+    clients: int = 2
+    codes: Counter[int] = field(default_factory=Counter)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def requests(self, n: int) -> list[object]:
+        sentence = " ".join(WORDS[(n + i) % len(WORDS)] for i in range(24))
+        return [
+            {"input": f"query number {n}"},
+            # 64 inputs of ~30 tokens: over min_chunk_tokens, so the gateway splits it.
+            {"input": [f"{sentence} {i}" for i in range(64)]},
+            {"input": [sentence] * 4, "encoding_format": "base64"},
+            # Invalid on purpose: the errors-by-code panel needs 4xx answers to show.
+            {"input": 5},
+        ]
+
+    def _run(self, seed: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            n = seed
+            while not self._stop.is_set():
+                for body in self.requests(n):
+                    try:
+                        reply = client.post("/v1/embeddings", json=body)
+                        self.codes[reply.status_code] += 1
+                    except httpx.HTTPError:
+                        self.codes[0] += 1
+                n += self.clients
+
+    def start(self) -> Load:
+        for i in range(self.clients):
+            thread = threading.Thread(target=self._run, args=(i,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def start_prometheus(workdir: Path, jobs: dict[str, list[str]]) -> Prometheus:
+    return Prometheus(workdir=workdir, jobs=jobs, rule_files=[RULES]).start()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
 
 from embedfleet.common.modeldir import Pooling
-from embedfleet.worker.batch import DeviceBatch
+from embedfleet.worker.engine.batch import DeviceBatch
 
 
 def pool(hidden: torch.Tensor, batch: DeviceBatch, mode: Pooling) -> torch.Tensor:

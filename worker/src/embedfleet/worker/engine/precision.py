@@ -1,11 +1,31 @@
-"""Choosing the device and the compute dtype."""
+"""Choosing the device and the compute dtype, before the engine exists.
+
+`load_model_at_dtype` makes the whole choice: the dtype asked for, or for `auto` bf16 on CUDA and,
+on a CPU, bf16 only where it is both faster and as accurate as float32 on the probe inputs. It
+returns the model loaded in the chosen dtype, so the engine is built once, in its final precision.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import torch
+
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.worker.engine.attention import GroupedBackend, select_backend
+from embedfleet.worker.engine.forward import default_outputs
+from embedfleet.worker.engine.models import Model
+from embedfleet.worker.engine.models.family import load_model
+from embedfleet.worker.engine.probe import agreement, probe_items
+
+log = logging.getLogger(__name__)
+
+#: bf16 is kept on CPU only if the probe's embeddings stay this close to float32's
+PARITY_MIN_COSINE = 0.999
+#: ... and scores this close (absolute, in logits)
+PARITY_MAX_SCORE_DIFF = 1e-3
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,3 +103,44 @@ def reduced_precision_pays(dtype: torch.dtype, hidden: int, margin: float = 0.9)
         fast = min(fast, gemm_seconds(dtype, hidden))
         slow = min(slow, gemm_seconds(torch.float32, hidden))
     return fast < margin * slow
+
+
+def load_model_at_dtype(
+    model_dir: ModelDir,
+    device: torch.device,
+    choice: str,
+    attention: str,
+    max_tokens: int,
+    bidirectional: bool | None = None,
+) -> tuple[torch.dtype, Model]:
+    """The compute dtype for `choice` (auto, float32, ...) and the model loaded in it.
+
+    A reduced dtype that must first prove itself (auto on a CPU with native bf16) is kept only if
+    its GEMMs are faster here and the probe inputs, run through it with the `attention` backend,
+    agree with float32 run through the grouped backend; otherwise float32.
+    """
+    dtype, must_probe = candidate_dtype(choice, device)
+    if not must_probe:
+        return dtype, load_model(model_dir, dtype, device, bidirectional)
+    if not reduced_precision_pays(dtype, model_dir.hidden_size):
+        log.info("%s GEMMs are not faster than float32 here: using float32", dtype)
+        return torch.float32, load_model(model_dir, torch.float32, device, bidirectional)
+    fast = load_model(model_dir, dtype, device, bidirectional)
+    reference = load_model(model_dir, torch.float32, device, bidirectional)
+    fast_backend = select_backend(attention, device, dtype)
+    items = probe_items(model_dir, max_tokens)
+    pooling = model_dir.pooling
+    fast_out = [default_outputs(fast, fast_backend, pooling, it.tokens, device) for it in items]
+    slow_out = [
+        default_outputs(reference, GroupedBackend(), pooling, it.tokens, device) for it in items
+    ]
+    cosine, score_diff = agreement(fast_out, slow_out, model_dir.task)
+    keep = cosine >= PARITY_MIN_COSINE and score_diff <= PARITY_MAX_SCORE_DIFF
+    log.info(
+        "probe %s vs float32: min cosine %.6f, max score diff %.2e -> %s",
+        dtype_name(dtype),
+        cosine,
+        score_diff,
+        "kept" if keep else "float32",
+    )
+    return (dtype, fast) if keep else (torch.float32, reference)

@@ -3,8 +3,8 @@
 A graph replays fixed shapes, so every batch is padded up to a bucket: total tokens rounded up (fine
 steps while batches are small, coarser above a switch point) and sequence count rounded up to a
 power of two. The cache decides per bucket whether to run eager, capture or replay, and which graph
-to drop when the bound is hit. No torch here: the runner in `cuda_graphs.py` executes the decisions,
-and tests drive this module without a GPU.
+to drop when the bound is hit. No torch here: the runner in `graph_runner.py` executes the
+decisions, and tests drive this module without a GPU.
 """
 
 from __future__ import annotations
@@ -12,9 +12,18 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 GraphMode = Literal["lazy", "eager", "off"]
+GRAPH_MODES: tuple[GraphMode, ...] = get_args(GraphMode)
+
+
+def graph_mode(name: str) -> GraphMode:
+    """The mode named `name` (a --cuda-graphs value), typed; ValueError for any other string."""
+    for mode in GRAPH_MODES:
+        if mode == name:
+            return mode
+    raise ValueError(f"unknown CUDA graph mode {name!r}; use one of {list(GRAPH_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)

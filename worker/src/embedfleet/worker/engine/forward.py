@@ -1,0 +1,56 @@
+"""One forward over a packed batch plus the model's default head, and its eager CPU-side use.
+
+Shared by the engine (eager and graph-captured runs) and by the dtype choice, which runs the probe
+through candidate models before any engine exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from embedfleet.common.arrays import FloatArray
+from embedfleet.common.codec import Tokens
+from embedfleet.common.modeldir import Pooling
+from embedfleet.worker.engine.attention import AttentionBackend
+from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
+from embedfleet.worker.engine.models import Model
+from embedfleet.worker.engine.pooling import pool
+
+
+def forward(
+    model: Model,
+    backend: AttentionBackend,
+    pooling: Pooling,
+    batch: DeviceBatch,
+    max_seqlen: int,
+    lengths: npt.NDArray[np.int64],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden [T, H], pooled [N, H] float32 or scores [N]) for every slot of `batch`.
+
+    `lengths` are the host-side sequence lengths the attention plans with; graph captures pass
+    none, as their plan may only read device tensors.
+    """
+    plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
+    hidden = model.forward(batch, plan)
+    scores = model.score(hidden, batch)
+    if scores is not None:
+        return hidden, scores
+    return hidden, pool(hidden, batch, pooling)
+
+
+def default_outputs(
+    model: Model,
+    backend: AttentionBackend,
+    pooling: Pooling,
+    tokens: Tokens,
+    device: torch.device,
+) -> FloatArray:
+    """The default head's float32 rows for `tokens`, eager and synchronous."""
+    with torch.inference_mode():
+        host = pack([tokens], model.shape.position_offset)
+        batch = to_device(host, device)
+        _, head = forward(model, backend, pooling, batch, int(host.lengths.max()), host.lengths)
+        rows: FloatArray = head[: host.real_sequences].float().cpu().numpy()
+        return rows

@@ -1,0 +1,86 @@
+"""From one batch's forward outputs to each work item's rows, with its own options applied.
+
+Pooling other than the default, Matryoshka truncation, normalization (embedders) or the sigmoid
+(scorers), and the slice of the batch output each item reads back. Pure: the forward's tensors are
+read, never written, so a graph's static outputs can be passed straight in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from embedfleet.common.modeldir import Pooling
+from embedfleet.worker.contract import EngineInfo, Options, WorkItem
+from embedfleet.worker.engine.batch import DeviceBatch
+from embedfleet.worker.engine.pending import Slice
+from embedfleet.worker.engine.pooling import finish, pool
+
+
+def apply_options(
+    items: Sequence[WorkItem],
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    batch: DeviceBatch,
+    real_sequences: int,
+    model: EngineInfo,
+) -> tuple[torch.Tensor, list[Slice]]:
+    """One [N, H] (or [N] scores) float32 tensor for all items' N real sequences, and each item's
+    slice of it. `head` is the default head's output for every slot, `hidden` the [T, H] states
+    other poolings read; `model` supplies the defaults that unset options fall back to."""
+    if model.task == "score":
+        return _scores(items, head[:real_sequences])
+    pooled: dict[Pooling, torch.Tensor] = {model.default_pooling: head[:real_sequences]}
+
+    def vectors(mode: Pooling) -> torch.Tensor:
+        if mode not in pooled:
+            pooled[mode] = pool(hidden, batch, mode)[:real_sequences]
+        return pooled[mode]
+
+    choices = [resolve(it.options, model) for it in items]
+    if len(set(choices)) == 1:
+        mode, dims, norm = choices[0]
+        out = finish(vectors(mode), dims, norm).contiguous()
+        return out, _slices(items, out.shape[1])
+    out = torch.zeros((real_sequences, model.dimensions), dtype=torch.float32, device=head.device)
+    slices: list[Slice] = []
+    row = 0
+    for it, (mode, dims, norm) in zip(items, choices, strict=True):
+        span = slice(row, row + it.tokens.count)
+        rows = finish(vectors(mode)[span], dims, norm)
+        out[span, : rows.shape[1]] = rows
+        slices.append(Slice(span.start, span.stop, rows.shape[1]))
+        row = span.stop
+    return out, slices
+
+
+def resolve(options: Options, model: EngineInfo) -> tuple[Pooling, int, bool]:
+    """(pooling, dimensions to keep or 0 for all, normalize) with the model's defaults filled in."""
+    dims = options.dimensions if 0 < options.dimensions < model.dimensions else 0
+    return (
+        options.pooling or model.default_pooling,
+        dims,
+        model.default_normalize if options.normalize is None else options.normalize,
+    )
+
+
+def _scores(items: Sequence[WorkItem], scores: torch.Tensor) -> tuple[torch.Tensor, list[Slice]]:
+    if any(it.options.activate for it in items):
+        scores = scores.clone()
+        row = 0
+        for it in items:
+            if it.options.activate:
+                span = slice(row, row + it.tokens.count)
+                scores[span] = torch.sigmoid(scores[span])
+            row += it.tokens.count
+    return scores.contiguous(), _slices(items, 0)
+
+
+def _slices(items: Sequence[WorkItem], columns: int) -> list[Slice]:
+    out: list[Slice] = []
+    row = 0
+    for it in items:
+        out.append(Slice(row, row + it.tokens.count, columns))
+        row += it.tokens.count
+    return out
