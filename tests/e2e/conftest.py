@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from e2efleet import CHART, EXAMPLE, FIGURES, RELEASE, SYSTEM, Applied, Fleet, condition, is_ready
 
 from embedfleet.testing.cluster import CommandError
+
+from .e2efleet import CHART, EXAMPLE, FIGURES, RELEASE, SYSTEM, Applied, Fleet, condition, is_ready
 
 if TYPE_CHECKING:
     from embedfleet.testing.node import RealNode

@@ -17,7 +17,8 @@ import urllib.request
 from typing import Any
 
 import numpy as np
-from e2efleet import (
+
+from .e2efleet import (
     CHART,
     EMB_PATH,
     FIGURES,

@@ -228,7 +228,7 @@ def _probes(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
 def test_probes_and_services_target_declared_ports(example: str) -> None:
-    objs = _children(_example(example))
+    objs = child_objects(_example(example))
     pods = {
         component: objs[f"Deployment/minilm-{component}"]["spec"]["template"]["spec"]
         for component in ("worker", "gateway")
@@ -251,7 +251,7 @@ def test_probes_and_services_target_declared_ports(example: str) -> None:
 
 
 def test_worker_start_up_may_take_minutes_and_readiness_follows_it_soon() -> None:
-    dep = _children(_example("minilm.yaml"))["Deployment/minilm-worker"]
+    dep = child_objects(_example("minilm.yaml"))["Deployment/minilm-worker"]
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
@@ -261,7 +261,7 @@ def test_worker_start_up_may_take_minutes_and_readiness_follows_it_soon() -> Non
 
 def test_grace_periods_cover_the_pre_stop_sleep_and_the_drain() -> None:
     raw = {"model": {"source": "file:///m"}, "worker": {"drainSeconds": 50}}
-    objs = _children(raw)
+    objs = child_objects(raw)
     for component, drain in (("worker", 50), ("gateway", 60)):
         pod = objs[f"Deployment/minilm-{component}"]["spec"]["template"]["spec"]
         pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -284,6 +284,6 @@ def test_worker_threads_follow_the_pods_cpu_share(
     resources: dict[str, Any], threads: str | None
 ) -> None:
     raw = {"model": {"source": "file:///m"}, "worker": {"resources": resources}}
-    data = _children(raw)["ConfigMap/minilm-config"]["data"]
+    data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
     # "0" keeps torch's default: a pod with no CPU figure may use the node's cores.
     assert data["EMBEDFLEET_WORKER_THREADS"] == (threads or "0")
