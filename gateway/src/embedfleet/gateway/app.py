@@ -65,6 +65,14 @@ def validation_message(exc: ValidationError) -> errors.ApiError:
     return errors.invalid(f"'{where}': {first.get('msg', 'invalid value')}.", param=param)
 
 
+def is_json(content_type: bytes) -> bool:
+    """application/json or a +json type, any parameters; a body without a type is read as JSON."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
 def parse(body: bytes, model: type[BaseModel]) -> Any:
     try:
         doc = orjson.loads(body)
@@ -166,11 +174,11 @@ class Gateway:
         try:
             if route in self._posts:
                 if method != "POST":
-                    raise errors.ApiError(405, f"Use POST for {route}.", code="method_not_allowed")
+                    raise errors.not_allowed(f"Use POST for {route}.", b"POST")
                 return await self._post(route, scope, receive, send)
             if route in _GETS:
                 if method not in ("GET", "HEAD"):
-                    raise errors.ApiError(405, f"Use GET for {route}.", code="method_not_allowed")
+                    raise errors.not_allowed(f"Use GET for {route}.", b"GET, HEAD")
                 return await self._get(route, send)
             raise errors.not_found(f"No route {scope['path']}.", code="not_found")
         except errors.ApiError as exc:
@@ -185,6 +193,12 @@ class Gateway:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise errors.too_large(f"The request body is over the limit of {limit} bytes.")
+            if name == b"content-type" and not is_json(value):
+                raise errors.ApiError(
+                    415,
+                    "The request body must be JSON (Content-Type: application/json).",
+                    code="unsupported_media_type",
+                )
         parts: list[bytes] = []
         size = 0
         while True:
