@@ -8,7 +8,6 @@ disconnect and cancels the request's task, which cancels its chunks on the worke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -25,6 +24,7 @@ from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.racing import finished_first
 from embedfleet.gateway.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
 from embedfleet.gateway.service import Service
 from embedfleet.gateway.settings import GatewaySettings
@@ -218,15 +218,7 @@ class Gateway:
         model, handler = self._posts[route]
         request = parse(body, model)
         work = asyncio.ensure_future(handler(request))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, errors.ApiError):
-                await work
+        if not await finished_first(work, _disconnected(receive)):
             self.metrics.cancelled.inc()
             return CLIENT_GONE
         try:
