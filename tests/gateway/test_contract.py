@@ -132,7 +132,7 @@ def test_openapi_states_the_non_empty_rules_and_every_status() -> None:
     assert schemas["EmbeddingRequest"]["properties"]["truncate"]["type"] == "boolean"
     for path in ("/v1/embeddings", "/v1/rerank", "/v1/score"):
         responses = doc["paths"][path]["post"]["responses"]
-        assert {"200", "400", "404", "405", "413", "415", "429", "502", "503", "504"} <= set(
+        assert {"200", "400", "404", "405", "408", "413", "415", "429", "502", "503", "504"} <= set(
             responses
         )
         assert "Allow" in responses["405"]["headers"]

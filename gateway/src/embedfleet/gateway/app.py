@@ -199,6 +199,18 @@ class Gateway:
                     "The request body must be JSON (Content-Type: application/json).",
                     code="unsupported_media_type",
                 )
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_seconds):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise errors.ApiError(
+                408,
+                "The request body did not arrive in time.",
+                code="request_timeout",
+                headers=((b"connection", b"close"),),
+            ) from None
+
+    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
         while True:

@@ -46,6 +46,7 @@ def _post(summary: str, request: type[BaseModel], response: type[BaseModel]) -> 
                 "400": {"description": "Invalid request", **_ERROR},
                 "404": {"description": "Unknown model", **_ERROR},
                 "405": _not_allowed("POST"),
+                "408": {"description": "Headers or body too slow to arrive", **_ERROR},
                 "413": {"description": "Request over a configured cap", **_ERROR},
                 "415": {"description": "The body is not application/json", **_ERROR},
                 "429": {
