@@ -100,7 +100,11 @@ class Gateway:
         self.balancer = Balancer(settings.eject_seconds, settings.max_outstanding_tokens)
         self.metrics = Metrics(lambda: self.balancer)
         self.tokenization = Tokenization(
-            self.model, max_tokens, settings.tokenize_threads, settings.tokenize_inline_chars
+            self.model,
+            max_tokens,
+            settings.tokenize_threads,
+            settings.tokenize_inline_chars,
+            settings.tokenize_large_chars,
         )
         self.pool: WorkerPool | None = None
         self.service: Service | None = None

@@ -87,6 +87,11 @@ class GatewaySettings:
         "Requests with fewer characters of text than this are tokenized on the event loop: the "
         "thread hop costs more than the work (see docs/gateway.md).",
     )
+    tokenize_large_chars: int = setting(
+        65536,
+        "Requests with at least this many characters of text are tokenized on a lane (thread) of "
+        "their own, so a huge request never delays the others.",
+    )
     # --- serving ---------------------------------------------------------------------------
     header_timeout_seconds: float = setting(
         10.0,
