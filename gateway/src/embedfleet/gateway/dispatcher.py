@@ -64,6 +64,9 @@ class Dispatcher:
             start = time.perf_counter()
             try:
                 return await lease.guard(call(lease.worker))
+            except asyncio.CancelledError:
+                self.metrics.cancelled_calls.inc()
+                raise
             except UpstreamError as exc:
                 if exc.ejects and lease.eject():
                     self.metrics.ejections.inc()

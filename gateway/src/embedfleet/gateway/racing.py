@@ -20,4 +20,7 @@ async def finished_first(work: asyncio.Future[Any], interrupt: Awaitable[object]
             work.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await work
+        elif not work.cancelled():
+            # Retrieved here too: when this wait itself is cancelled nobody else will.
+            work.exception()
     return not work.cancelled()
