@@ -188,4 +188,5 @@ def test_connections_past_the_cap_are_refused_cleanly(
 def test_the_connection_cap_stays_below_the_open_file_limit() -> None:
     assert connection_cap(4096, 1024) == 1024 - 64
     assert connection_cap(100, 1024) == 100
+    assert connection_cap(0, 20000) == 20000 - 64  # 0: the open-file limit's own
     assert connection_cap(4096, 10) == 1

@@ -23,8 +23,10 @@ FD_RESERVE = 64
 
 
 def connection_cap(wanted: int, open_files: int) -> int:
-    """--max-connections, kept below the open-file limit so refusing stays possible."""
-    return max(1, min(wanted, open_files - FD_RESERVE))
+    """--max-connections (0: no cap of its own), kept below the open-file limit so that refusing
+    stays possible."""
+    room = max(1, open_files - FD_RESERVE)
+    return min(wanted, room) if wanted > 0 else room
 
 
 def server_config(
@@ -32,9 +34,9 @@ def server_config(
 ) -> uvicorn.Config:
     """uvicorn as the gateway runs it: httptools (bounded, connection.py) and these settings."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    cap = settings.max_connections
-    if soft != resource.RLIM_INFINITY:
-        cap = connection_cap(cap, soft)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    cap = connection_cap(settings.max_connections, soft)
     if cap < settings.max_connections:
         log.warning(
             "max connections lowered to fit the open-file limit",

@@ -107,9 +107,10 @@ class GatewaySettings:
         5.0, "An idle kept-alive connection is closed after this long without a new request."
     )
     max_connections: int = setting(
-        4096,
+        0,
         "Open HTTP connections beyond this are answered 503 and closed at once, so idle sockets "
-        "cannot use up the file descriptors; capped below the process's open-file limit.",
+        "cannot use up the file descriptors; 0 (and any larger value) means the process's "
+        "open-file limit less 64.",
     )
     host: str = setting("127.0.0.1", "Address the HTTP server binds.")
     port: int = setting(8080, "HTTP port.")
