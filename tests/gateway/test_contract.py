@@ -4,32 +4,19 @@ one input, and a document that states the rules the server enforces."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import openapi
-from embedfleet.gateway.settings import GatewaySettings
 
-from .fakes import FakeWorker, GatewayThread
-from .support import wait_until
+from .helpers import GatewayThread
 
 
 @pytest.fixture(scope="module")
-def gateway(minilm: ModelDir) -> Iterator[GatewayThread]:
-    workers = [FakeWorker(i).start() for i in range(2)]
-    settings = GatewaySettings(workers=tuple(w.address for w in workers), probe_seconds=0.1)
-    gw = GatewayThread(settings, minilm).start()
-    try:
-        wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
-        yield gw
-    finally:
-        gw.stop()
-        for w in workers:
-            w.stop()
+def gateway(fake_fleet_gateway: GatewayThread) -> GatewayThread:
+    return fake_fleet_gateway
 
 
 def _post(gw: GatewayThread, path: str, body: object) -> httpx.Response:

@@ -7,32 +7,17 @@ validation does not)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from embedfleet.common.modeldir import ModelDir
-from embedfleet.gateway.settings import GatewaySettings
-
-from .fakes import FakeWorker, GatewayThread
-from .support import wait_until
+from .helpers import GatewayThread
 
 
 @pytest.fixture(scope="module")
-def gateway(minilm: ModelDir) -> Iterator[GatewayThread]:
-    workers = [FakeWorker(i).start() for i in range(2)]
-    settings_ = GatewaySettings(workers=tuple(w.address for w in workers), probe_seconds=0.1)
-    gw = GatewayThread(settings_, minilm).start()
-    try:
-        wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
-        yield gw
-    finally:
-        gw.stop()
-        for w in workers:
-            w.stop()
+def gateway(fake_fleet_gateway: GatewayThread) -> GatewayThread:
+    return fake_fleet_gateway
 
 
 OPERATIONS = [

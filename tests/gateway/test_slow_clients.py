@@ -17,8 +17,8 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.cli import connection_cap
 from embedfleet.gateway.settings import GatewaySettings
 
-from .fakes import FakeWorker, GatewayThread
-from .support import wait_until
+from .fakes import FakeWorker
+from .helpers import GatewayThread, wait_until
 
 HEADER_SECONDS = 1.0
 BODY_SECONDS = 1.0

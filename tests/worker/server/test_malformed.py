@@ -9,9 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from server_helpers import embed_request
 
-from embedfleet.worker.testing import WorkerProcess, start_worker, worker_stub
+from embedfleet.testing.workers import WorkerProcess, start_worker, worker_stub
+
+from .helpers import embed_request
 
 # Each starts a length-delimited field (wire type 2) whose length runs past the end: never valid.
 TRUNCATED = [b"\x0a\xff\xff\xff\x0f", b"\x0a\x05ab", b"\x12\x7f" + b"x" * 10]
