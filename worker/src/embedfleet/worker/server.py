@@ -220,22 +220,24 @@ class WorkerService(pb_grpc.WorkerServicer):
         reply: Callable[[Entry], R],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> R:
-        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes."""
+        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes.
+
+        Each outcome is counted before the client can see it, so a client that reads the metrics
+        right after its answer finds its own call counted."""
         started = time.perf_counter()
-        code = Code.OK
         try:
             self._check_task(_TASKS[rpc])
             entry = await self._run(batch, options(), context)
-            return reply(entry)
+            answer = reply(entry)
         except StatusError as failure:
-            code = failure.code
+            self._record(rpc, failure.code, started)
             await context.abort(failure.code, failure.message)
+            raise AssertionError("unreachable: abort raises") from None
         except asyncio.CancelledError:
-            code = _cancel_code(context)
+            self._record(rpc, _cancel_code(context), started)
             raise
-        finally:
-            self._record(rpc, code, started)
-        raise AssertionError("unreachable: abort raises")
+        self._record(rpc, Code.OK, started)
+        return answer
 
     def _check_task(self, task: str) -> None:
         if self.state.model.task != task:
