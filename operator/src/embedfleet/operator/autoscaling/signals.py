@@ -198,7 +198,7 @@ def _host(ip: str) -> str:
 
 @dataclass
 class Scraper:
-    """Keeps each fleet's last scrape round between timer ticks (in the operator's memory only:
+    """Keeps each fleet's last scrape round between autoscaler ticks (in the operator's memory only:
     after a restart the first round yields no rates and the policy holds)."""
 
     timeout: float = 2.0

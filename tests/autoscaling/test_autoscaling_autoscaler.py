@@ -1,9 +1,9 @@
-"""The handler module's pure pieces (its loop runs in the cluster test,
+"""The autoscaler module's pure pieces (its loop runs in the cluster test,
 tests/operator/test_autoscaler_e2e.py)."""
 
 from __future__ import annotations
 
-from embedfleet.operator.autoscaling.handlers import event
+from embedfleet.operator.autoscaling.autoscaler import event
 
 BODY = {
     "apiVersion": "embedfleet.dev/v1alpha1",
