@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -29,7 +29,7 @@ from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.autoscaling.policy import Observation, Reason, decide
 from embedfleet.operator.autoscaling.state import rfc3339, state_from_status, status_patch
 from embedfleet.operator.kube import Kube, KubeError
-from embedfleet.operator.manifests import MANAGER, Names
+from embedfleet.operator.manifests import MANAGER, METRICS_PORTS, Names
 from embedfleet.operator.replicas import autoscaler_desired
 from embedfleet.operator.spec import GROUP, VERSION, Spec, SpecError, parse_spec
 
@@ -178,7 +178,7 @@ async def _from_pods(
     namespace = str(worker["metadata"]["namespace"])
     worker_pods = await _pods(kube, namespace, worker)
     workers = await scraper.round(
-        session, key + "worker", signals.pod_metrics_urls(worker_pods), gateway=False, now=now
+        session, key + "worker", metrics_urls("worker", worker_pods), gateway=False, now=now
     )
     gateway = await kube.call(
         kube.get_or_none,
@@ -186,9 +186,14 @@ async def _from_pods(
     )
     gateway_pods = await _pods(kube, namespace, gateway) if gateway else []
     gateways = await scraper.round(
-        session, key + "gateway", signals.pod_metrics_urls(gateway_pods), gateway=True, now=now
+        session, key + "gateway", metrics_urls("gateway", gateway_pods), gateway=True, now=now
     )
     return signals.observe(workers, gateways, ready)
+
+
+def metrics_urls(component: str, pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Where to scrape the pods of one component ("worker" or "gateway")."""
+    return signals.pod_metrics_urls(pods, *METRICS_PORTS[component])
 
 
 async def _pods(
