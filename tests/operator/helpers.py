@@ -142,10 +142,13 @@ class OperatorProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def operator_kubeconfig(cluster: Cluster, path: Path, server: str = "") -> Path:
-    """The operator's ServiceAccount as a kubeconfig, for `server` (default: the API server)."""
+def operator_kubeconfig(
+    cluster: Cluster, path: Path, server: str = "", account: str = "embedfleet-operator"
+) -> Path:
+    """A ServiceAccount of the operator's namespace as a kubeconfig, for `server` (default: the
+    API server)."""
     token = cluster.kubectl(
-        "create", "token", "embedfleet-operator", "-n", OPERATOR_NAMESPACE, "--duration=2h"
+        "create", "token", account, "-n", OPERATOR_NAMESPACE, "--duration=2h"
     ).stdout.strip()
     ca = cluster.layout.pki.ca.cert
     config = {
