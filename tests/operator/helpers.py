@@ -218,7 +218,8 @@ CHUNK = 65536
 
 @dataclass
 class LatencyProxy:
-    """Every reply from `upstream` arrives `delay` seconds late."""
+    """Every reply from `upstream` arrives `delay` seconds late (settable at any time; a delay
+    beyond the client's patience is an API server that hangs)."""
 
     upstream: tuple[str, int]
     delay: float
@@ -260,7 +261,7 @@ class LatencyProxy:
             _start(_pump, client, server, 0.0)
             late: queue.Queue[tuple[float, bytes]] = queue.Queue()
             _start(_read_into, server, late)
-            _start(_deliver, late, client, self.delay)
+            _start(_deliver, late, client, self)
 
 
 def _start(target: object, *args: object) -> None:
@@ -282,11 +283,13 @@ def _read_into(source: socket.socket, late: queue.Queue[tuple[float, bytes]]) ->
     late.put((time.monotonic(), b""))
 
 
-def _deliver(late: queue.Queue[tuple[float, bytes]], sink: socket.socket, delay: float) -> None:
+def _deliver(
+    late: queue.Queue[tuple[float, bytes]], sink: socket.socket, proxy: LatencyProxy
+) -> None:
     with contextlib.suppress(OSError):
         while True:
             arrived, data = late.get()
-            time.sleep(max(0.0, arrived + delay - time.monotonic()))
+            time.sleep(max(0.0, arrived + proxy.delay - time.monotonic()))
             if not data:
                 sink.shutdown(socket.SHUT_WR)
                 return

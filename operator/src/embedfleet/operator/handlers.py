@@ -10,6 +10,7 @@ that does need it survives the structural schema's pruning of unknown status fie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -185,9 +186,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stops every task, hands the Lease back, then refuses further API calls.
 
-    Nothing here waits on the API server beyond the release: the tasks' blocking calls are
-    abandoned on their daemon threads (kube.py), and the closed client ends them at their next
-    call, so the process exits within the release's round trips however slow the server is.
+    Nothing here waits on the API server beyond the release (bounded): the tasks' blocking calls
+    are abandoned on their daemon threads (kube.py), and the closed client ends them at their
+    next call, so the process exits within the release's round trips, or one renew period when
+    the API server does not answer at all.
     """
     tasks: list[asyncio.Task[None]] = list(memo.get("tasks", ()))
     for task in tasks:
@@ -198,7 +200,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
     elector = memo.get("elector")
     if isinstance(elector, LeaderElector):
-        await in_daemon_thread(elector.release)
+        # Best effort, bounded by one renew period: a release slower than that is on an API
+        # server too slow to matter (the Lease expires anyway), and the exit does not wait for it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(in_daemon_thread(elector.release), elector.duration / 3)
     if isinstance(kube := memo.get("kube"), Kube):
         kube.close()
 
