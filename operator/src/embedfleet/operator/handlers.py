@@ -29,7 +29,7 @@ from embedfleet.operator.kube import Kube, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
 from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER, Images
 from embedfleet.operator.reconciler import Reconciler
-from embedfleet.operator.settings import OperatorSettings
+from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
 from embedfleet.operator.workqueue import Key, Queue
 
@@ -175,7 +175,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         tasks.append(asyncio.create_task(_keep_leadership(elector, memo)))
     if op.metrics_port:
         start_http_server(op.metrics_port)
-    reconciler = Reconciler(kube, Images(worker=op.worker_image, gateway=op.gateway_image))
+    images = Images(op.worker_image, op.gateway_image, worker_cpu=cpu_worker_image(op))
+    reconciler = Reconciler(kube, images)
     queue = Queue(lambda key: _run_one(reconciler, key), max_backoff=op.resync_seconds)
     memo["queue"] = queue
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))

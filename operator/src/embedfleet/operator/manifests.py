@@ -61,6 +61,11 @@ class Images:
 
     worker: str
     gateway: str
+    worker_cpu: str = ""
+    """For fleets that ask for no GPUs; empty uses `worker` for those too."""
+
+    def worker_for(self, gpus: int) -> str:
+        return self.worker if gpus or not self.worker_cpu else self.worker_cpu
 
 
 @dataclass(frozen=True)
@@ -352,7 +357,7 @@ def _grpc_probe(period: int, failures: int) -> dict[str, Any]:
 
 def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -> Manifest:
     worker = spec.worker
-    image = worker.image or images.worker
+    image = worker.image or images.worker_for(worker.gpus)
     env = worker_env(spec)
     names = Names.of(owner.name)
     container: dict[str, Any] = {

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import version
 
 from embedfleet.common.settings import setting
 
 ENV_PREFIX = "EMBEDFLEET_OPERATOR_"
-DEFAULT_TAG = "0.1.0"
+REGISTRY = "ghcr.io/embedfleet"
+# Images are REGISTRY/<component>:<version>, the CPU worker <version>-cpu (docs/operator.md,
+# "Images"); the version is the release's, which every component's pyproject.toml carries.
+DEFAULT_TAG = version("embedfleet-operator")
+DEFAULT_WORKER_IMAGE = f"{REGISTRY}/worker:{DEFAULT_TAG}"
+DEFAULT_WORKER_CPU_IMAGE = f"{REGISTRY}/worker:{DEFAULT_TAG}-cpu"
+DEFAULT_GATEWAY_IMAGE = f"{REGISTRY}/gateway:{DEFAULT_TAG}"
 
 
 @dataclass(frozen=True)
@@ -16,11 +23,18 @@ class OperatorSettings:
         "", "Watch EmbeddingDeployments in this namespace only; empty watches all namespaces."
     )
     worker_image: str = setting(
-        f"ghcr.io/embedfleet/worker:{DEFAULT_TAG}",
-        "Worker image for EmbeddingDeployments that set no spec.worker.image.",
+        DEFAULT_WORKER_IMAGE,
+        "Worker image for EmbeddingDeployments that set no spec.worker.image (for those that ask "
+        "for no GPUs, see --worker-cpu-image).",
+    )
+    worker_cpu_image: str = setting(
+        "",
+        "Worker image for EmbeddingDeployments that set no spec.worker.image and ask for no GPUs "
+        f"(worker.gpus 0); empty means {DEFAULT_WORKER_CPU_IMAGE} while --worker-image keeps its "
+        "default, else --worker-image.",
     )
     gateway_image: str = setting(
-        f"ghcr.io/embedfleet/gateway:{DEFAULT_TAG}",
+        DEFAULT_GATEWAY_IMAGE,
         "Gateway image for EmbeddingDeployments that set no spec.gateway.image.",
     )
     resync_seconds: float = setting(
@@ -59,3 +73,11 @@ class OperatorSettings:
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
     log_format: str = setting("json", "Log format.", choices=("json", "plain"))
+
+
+def cpu_worker_image(op: OperatorSettings) -> str:
+    """The worker image for fleets without GPUs: one custom --worker-image serves every fleet, the
+    built-in one has a CPU variant that leaves out CUDA's gigabytes."""
+    if op.worker_cpu_image:
+        return op.worker_cpu_image
+    return DEFAULT_WORKER_CPU_IMAGE if op.worker_image == DEFAULT_WORKER_IMAGE else op.worker_image

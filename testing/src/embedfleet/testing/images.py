@@ -1,0 +1,321 @@
+"""Container images built here, with no registry: a Debian base made by debootstrap, then the
+component images built from docker/*.Dockerfile by buildah with no network, each saved as a
+docker-archive under the cache. Every step is keyed by its inputs' content, so an unchanged tree
+reuses what an earlier run built.
+
+`built_manifest()` returns the manifest (image reference -> archive path) that a node imports;
+`python -m embedfleet.testing.images` (what `make images` runs) prints it as JSON, and
+`python -m embedfleet.testing.images lock` rewrites docker/locks/ from PyPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedfleet.testing.imagespec import (
+    BASE_PACKAGES,
+    BASE_REPOSITORY,
+    BUILD_BACKEND,
+    BUILD_LOCK,
+    DEFAULT_IMAGES,
+    KEY_LENGTH,
+    LOCAL_REPOSITORY,
+    SPECS,
+    SUITE,
+    ImageSpec,
+    base_key,
+    build_args,
+    component_version,
+    content_key,
+    declared_dependencies,
+    disk_needed,
+    image_key,
+    lock_pins,
+    lock_roots,
+    lock_text,
+    wheel_prefixes,
+)
+from embedfleet.testing.nodeslots import locked
+from embedfleet.testing.tools import REPO_ROOT
+
+KEEP_BUILDS = 2
+STORAGE = Path("/var/lib/containers/storage")
+"""buildah's storage as root (Debian's default graphroot)."""
+
+
+class ImagesError(RuntimeError):
+    """An image could not be built; the message says why (a missing tool, a failed step)."""
+
+
+# -- building (I/O) --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str
+    ref: str
+    """The name the image carries in its archive (and in a node after import)."""
+    local_ref: str
+    """The same image in buildah's storage under its key (for `buildah run`)."""
+    archive: Path
+    key: str
+    built: bool
+    """False when an earlier build with the same key was reused."""
+    seconds: float
+
+
+def cache_dir() -> Path:
+    cache = os.environ.get("EMBEDFLEET_CACHE") or str(Path.home() / ".cache" / "embedfleet")
+    return Path(cache) / "images"
+
+
+def require_tools() -> None:
+    missing = [tool for tool in ("buildah", "debootstrap", "runc") if shutil.which(tool) is None]
+    if missing:
+        raise ImagesError(
+            f"{', '.join(missing)} not found: `make image-tools` installs Debian's buildah, "
+            "debootstrap and runc (apt-get install buildah debootstrap runc)"
+        )
+
+
+def _log(message: str) -> None:
+    print(f"images: {message}", file=sys.stderr, flush=True)
+
+
+def run_tool(argv: Sequence[str], *, cwd: Path | None = None) -> str:
+    """Runs a builder command; its stdout, or ImagesError with the tail of what it said."""
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout)[-4000:]
+        raise ImagesError(f"{' '.join(argv[:3])} ... failed ({proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def _exists(ref: str) -> bool:
+    probe = ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+def ensure_base(root: Path, cache: Path) -> str:
+    key = base_key(root)
+    ref = f"{BASE_REPOSITORY}:{key}"
+    if not _exists(ref):
+        _log(f"base image {ref} (debootstrap {SUITE} when its rootfs is not cached: ~4 min)")
+        script = root / "hack" / "build-base-image.sh"
+        rootfs = cache / f"base-{key}.rootfs.tar"
+        run_tool(["bash", str(script), SUITE, ",".join(BASE_PACKAGES), str(rootfs), ref])
+    return ref
+
+
+def ensure_wheels(root: Path, lock: str, pool: Path) -> None:
+    """Wheels for every pin of a lock in pool (from pip's cache or PyPI), once per lock content."""
+    text = (root / "docker" / "locks" / f"{lock}.txt").read_bytes()
+    stamp = pool / f".{lock}-{content_key({'lock': text})}"
+    if stamp.exists():
+        return
+    pool.mkdir(parents=True, exist_ok=True)
+    _log(f"wheels for docker/locks/{lock}.txt into {pool}")
+    requirements = str(root / "docker" / "locks" / f"{lock}.txt")
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+    run_tool([*pip, "--wheel-dir", str(pool), "--requirement", requirements])
+    stamp.touch()
+
+
+def _check_space(root: Path, spec: ImageSpec, pool: Path, cache: Path) -> None:
+    """Refuses a build that would fill the disk (shared by others) halfway through."""
+    prefixes = wheel_prefixes(
+        lock_pins((root / "docker" / "locks" / f"{spec.lock}.txt").read_text())
+    )
+    wheels = sum(p.stat().st_size for p in pool.iterdir() if p.name.lower().startswith(prefixes))
+    needed = disk_needed(wheels)
+    for where in (STORAGE, cache):
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        if free < needed:
+            raise ImagesError(
+                f"building {spec.name} needs about {needed / 1e9:.1f} GB free in {where} "
+                f"({wheels / 1e9:.1f} GB of wheels, unpacked in a container, committed, archived); "
+                f"{free / 1e9:.1f} GB are"
+            )
+
+
+def _prune(cache: Path, name: str, keep: int = KEEP_BUILDS) -> None:
+    """Drops all but this image's `keep` newest builds (archives and their tags in buildah's
+    storage). Not just the newest: worktrees sharing the cache alternate between their trees."""
+    pattern = re.compile(rf"{re.escape(name)}-([0-9a-f]{{{KEY_LENGTH}}})\.tar")
+    builds = [
+        (p.stat().st_mtime, p, m.group(1))
+        for p in cache.iterdir()
+        if (m := pattern.fullmatch(p.name))
+    ]
+    for _, stale, key in sorted(builds, reverse=True)[keep:]:
+        stale.unlink(missing_ok=True)
+        rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{key}"]
+        subprocess.run(rmi, capture_output=True, check=False)
+
+
+def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequence[str]) -> None:
+    pool = cache / "wheels"
+    for lock in (BUILD_LOCK, spec.lock):
+        ensure_wheels(root, lock, pool)
+    _check_space(root, spec, pool, cache)
+    _log(f"building {tags[-1]} ({spec.dockerfile}, {tags[0]})")
+    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
+    argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
+    for name, value in build_args(spec, base_ref).items():
+        argv += ["--build-arg", f"{name}={value}"]
+    for tag in tags:
+        argv += ["--tag", tag]
+    run_tool([*argv, "."], cwd=root)
+
+
+def _image_id(ref: str) -> str:
+    return run_tool(
+        ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", ref]
+    ).strip()
+
+
+def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> BuiltImage:
+    started = time.monotonic()
+    version = component_version(root, spec.component)
+    ref, key = spec.ref(version), image_key(root, spec, base_ref)
+    local_ref = f"{LOCAL_REPOSITORY}/{spec.name}:{key}"
+    archive = cache / f"{spec.name}-{key}.tar"
+    built = not archive.is_file()
+    if built:
+        if not _exists(local_ref):
+            _build(root, spec, base_ref, cache, [local_ref, ref])
+        # An interrupted run may have built the image but not archived it: then only this step.
+        partial = archive.with_suffix(".partial")
+        image_id = _image_id(local_ref)
+        # By ID, so that the archive names the image only by its published name.
+        run_tool(["buildah", "push", "--quiet", image_id, f"docker-archive:{partial}:{ref}"])
+        partial.rename(archive)
+        _prune(cache, spec.name)
+    elif not _exists(local_ref):
+        # Storage was reset but the archive survived: load it instead of building again.
+        run_tool(["buildah", "pull", "--quiet", f"docker-archive:{archive}"])
+        run_tool(["buildah", "tag", ref, local_ref])
+    return BuiltImage(spec.name, ref, local_ref, archive, key, built, time.monotonic() - started)
+
+
+def ensure_images(
+    names: Iterable[str] = DEFAULT_IMAGES, root: Path = REPO_ROOT
+) -> list[BuiltImage]:
+    """Builds (or reuses) the named images; see manifest() for what a node imports."""
+    specs = [SPECS[name] for name in names]
+    require_tools()
+    cache = cache_dir()
+    # One builder at a time per cache: a second waits, then finds the first one's results.
+    with locked(cache):
+        base = ensure_base(root, cache)
+        images = [ensure_image(root, spec, base, cache) for spec in specs]
+        write_manifest(cache / "manifest.json", images)
+    return images
+
+
+def built_manifest(names: Iterable[str] = DEFAULT_IMAGES) -> dict[str, str]:
+    """Builds or reuses the images and returns what a node imports: {image ref: archive path}.
+    For a test fixture: `for path in built_manifest().values(): node.import_image(path)`."""
+    return manifest(ensure_images(names))
+
+
+def manifest(images: Iterable[BuiltImage]) -> dict[str, str]:
+    """Image reference -> docker-archive path: what `node.import_image(path)` loads."""
+    return {image.ref: str(image.archive) for image in images}
+
+
+def write_manifest(path: Path, images: Iterable[BuiltImage]) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(manifest(images), indent=2, sort_keys=True) + "\n")
+    partial.rename(path)
+
+
+# -- locks (I/O) -----------------------------------------------------------------------------------
+
+LOCK_HEADER = (
+    "# Generated by `python -m embedfleet.testing.images lock` from {inputs}\n"
+    "# (Python 3.11, Linux x86_64). Every image installs exactly these with --no-deps.\n"
+)
+
+
+def write_locks(root: Path = REPO_ROOT) -> list[Path]:
+    """Resolves each image's requirements against PyPI (pip's cache) into docker/locks/."""
+    locks = root / "docker" / "locks"
+    written = []
+    for spec in SPECS.values():
+        resolved, alone = lock_roots(declared_dependencies(root, spec), spec)
+        report = _dryrun_tool(root, resolved)
+        report["install"] += _dryrun_tool(root, alone, "--no-deps")["install"] if alone else []
+        extra = ", ".join(spec.extra_requirements) or "nothing else"
+        inputs = f"the dependencies of {' and '.join(spec.sources)}, {extra}"
+        header = LOCK_HEADER.format(inputs=inputs)
+        written.append(_write(locks / f"{spec.lock}.txt", lock_text(report, spec.exclude, header)))
+    build = _dryrun_tool(root, [BUILD_BACKEND])
+    header = LOCK_HEADER.format(inputs=BUILD_BACKEND)
+    written.append(_write(locks / f"{BUILD_LOCK}.txt", lock_text(build, (), header)))
+    return written
+
+
+def _dryrun_tool(root: Path, requirements: Sequence[str], *options: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+    command = [*argv, *options, "--report", "-", *requirements]
+    report: dict[str, Any] = json.loads(run_tool(command, cwd=root))
+    return report
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m embedfleet.testing.images", description=__doc__
+    )
+    parser.add_argument("command", nargs="?", default="build", choices=("build", "lock"))
+    parser.add_argument(
+        "--images",
+        default=",".join(DEFAULT_IMAGES),
+        help=f"comma-separated, of {', '.join(SPECS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--print",
+        default="manifest",
+        choices=("manifest", "paths"),
+        help="what to print: the manifest as JSON, or the archives' paths one per line",
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "lock":
+            for path in write_locks():
+                _log(f"wrote {path.relative_to(REPO_ROOT)}")
+            return 0
+        images = ensure_images(name for name in args.images.split(",") if name)
+    except (ImagesError, KeyError) as error:
+        _log(f"error: {error}")
+        return 1
+    for image in images:
+        state = f"built in {image.seconds:.0f} s" if image.built else "reused"
+        size = image.archive.stat().st_size / 2**20
+        _log(f"{image.ref}: {state}, {size:.0f} MiB archive")
+    if args.print == "paths":
+        print("\n".join(str(image.archive) for image in images))
+    else:
+        print(json.dumps(manifest(images), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
