@@ -180,7 +180,7 @@ def test_pod_metrics_urls() -> None:
         pod("10.0.0.5", deleting=True),
         pod(""),
     ]
-    assert signals.pod_metrics_urls(pods) == [
+    assert signals.pod_metrics_urls(pods, "metrics", 9090) == [
         "http://10.0.0.1:9090/metrics",
         "http://10.0.0.2:9400/metrics",
         "http://127.0.0.1:7000/metrics",

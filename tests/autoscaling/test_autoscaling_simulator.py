@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedfleet.bench import autoscale_sim as sim
+from embedfleet.operator.autoscaling import simulator as sim
 
 HOURS = 4.0
 
@@ -57,18 +57,6 @@ def test_request_count_scaler_misses_when_requests_grow(
 ) -> None:
     # The point of scaling on tokens: longer documents fool a requests-per-replica target.
     assert scores["step-burst", "hpa"].slo_attainment < 0.9
-
-
-def test_main_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sim.main(["--hours", "0.5", "--trace", "steady", "--trace", "spike"]) == 0
-    out = capsys.readouterr().out
-    rows = [
-        line
-        for line in out.splitlines()
-        if line.startswith("| steady") or line.startswith("| spike")
-    ]
-    assert len(rows) == 6
-    assert {row.split("|")[2].strip() for row in rows} == {"ours", "hpa", "kubeai"}
 
 
 def test_fleet_model_sanity() -> None:

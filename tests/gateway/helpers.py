@@ -10,6 +10,7 @@ import uvicorn
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.app import Gateway
+from embedfleet.gateway.cli import server_config
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
@@ -34,9 +35,8 @@ class GatewayThread:
         (port,) = free_ports(1)
         self.app = Gateway(GatewaySettings(**{**settings.__dict__, "port": port}), model=model)
         self.url = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, loop="asyncio", lifespan="on", log_config=None
-        )
+        # The production server settings (bounded connections, timeouts), on a plain asyncio loop.
+        config = server_config(self.app, self.app.settings, loop="asyncio")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

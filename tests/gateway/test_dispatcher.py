@@ -74,9 +74,12 @@ async def test_unavailable_chunk_is_retried_elsewhere_and_its_worker_ejected(
     assert _count(d, "embedfleet_gateway_retries_total") == 1
 
 
-async def test_resource_exhausted_is_retried_without_ejecting(fleet: InMemoryFleet) -> None:
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED])
+async def test_busy_or_cancelled_is_retried_without_ejecting(
+    fleet: InMemoryFleet, code: grpc.StatusCode
+) -> None:
     d = _dispatcher(fleet)
-    fleet.fakes["w0"].failures = [grpc.StatusCode.RESOURCE_EXHAUSTED]
+    fleet.fakes["w0"].failures = [code]
     rows = await _on_w0_first(fleet, d)
     assert rows.tolist() == [[5, 6, 2, 1]]
     assert _count(d, "embedfleet_gateway_retries_total") == 1
@@ -175,3 +178,5 @@ async def test_a_failed_chunk_cancels_the_rest_of_its_request(fleet: InMemoryFle
     await asyncio.sleep(0)  # the stalled chunk takes its cancellation on the loop's next turn
     assert fleet.cancelled() == 1
     assert fleet.outstanding() == {"w0": 0, "w1": 0}
+    # The gateway's own record of the call it gave up, whether or not a worker saw it.
+    assert _count(d, "embedfleet_gateway_cancelled_calls_total") == 1

@@ -1,21 +1,27 @@
-"""`embedfleet serve` as a user runs it: prints the URL, serves, and on SIGTERM stops its children.
+"""`embedfleet serve` as a user runs it: prints the URL, serves, restarts a worker that dies, routes
+around one that is stopped, and on SIGTERM stops its children.
 Workers use the null engine (EMBEDFLEET_WORKER_ENGINE=null) to keep this quick; the real engine
 behind the same machinery is covered by test_fleet.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from embedfleet.common.net import free_ports
+from embedfleet.gateway.fleet import Backoff, Child, Fleet
 from embedfleet.testing.process import start_ticks
+
+from .helpers import wait_until
 
 
 def _children(pid: int) -> list[int]:
@@ -31,30 +37,45 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
-    (port,) = free_ports(1)
+def _serve(port: int, workers: int = 2) -> subprocess.Popen[str]:
     script = Path(sys.executable).parent / "embedfleet"
     env = {
         **os.environ,
         "EMBEDFLEET_WORKER_ENGINE": "null",
         "EMBEDFLEET_WORKER_WARMUP_SECONDS": "0.2",
     }
-    proc = subprocess.Popen(
-        [str(script), "serve", "--workers", "2", "--port", str(port)],
+    return subprocess.Popen(
+        [str(script), "serve", "--workers", str(workers), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
         text=True,
     )
+
+
+def _url(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, "embedfleet serve exited before printing its URL"
+        found = re.search(r"serving at (http://\S+)", line)
+        if found:
+            return found.group(1)
+    raise TimeoutError("no URL printed")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
+    (port,) = free_ports(1)
+    proc = _serve(port)
     try:
-        assert proc.stdout is not None
-        url = None
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line, "embedfleet serve exited before printing its URL"
-            found = re.search(r"serving at (http://\S+)", line)
-            url = found.group(1) if found else None
+        url = _url(proc)
         assert url == f"http://127.0.0.1:{port}"
         children = _children(proc.pid)
         assert len(children) == 3  # two workers and the gateway
@@ -65,6 +86,140 @@ def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
         assert proc.wait(30) == 0
         assert all(start_ticks(pid) is None for pid in children)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
+
+
+# --- supervision ---------------------------------------------------------------------------------
+
+
+def _worker_pids(serve: int) -> list[int]:
+    out = []
+    for pid in _children(serve):
+        with contextlib.suppress(OSError):
+            if b"embedfleet-worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
+
+
+def _ready_workers(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.search(r'embedfleet_gateway_workers\{state="ready"\} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+class Load:
+    """A few keep-alive clients posting small requests until stopped (bounded by `seconds`)."""
+
+    def __init__(self, url: str, clients: int = 3, seconds: float = 90) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.failures: list[str] = []
+        #: (start, seconds) of every finished request
+        self.latencies: list[tuple[float, float]] = []
+        self.end = time.monotonic() + seconds
+        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _client(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self.stop.is_set() and time.monotonic() < self.end:
+                start = time.monotonic()
+                try:
+                    reply = client.post("/v1/embeddings", json={"input": ["a b", "c"]})
+                    if reply.status_code != 200:
+                        self.failures.append(f"{reply.status_code} {reply.text}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                self.latencies.append((start, time.monotonic() - start))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(70)
+
+
+def test_serve_restarts_a_killed_worker_and_routes_around_a_stopped_one() -> None:
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    proc = _serve(port)
+    try:
+        url = _url(proc)
+        startup = time.monotonic() - started  # the whole fleet's, an upper bound for one worker
+        lines: list[str] = []
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+        reader.start()
+        victim, other = _worker_pids(proc.pid)
+        with Load(url) as load:
+            time.sleep(1.0)
+            killed = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            wait_until("a restart", lambda: any("restarted" in line for line in lines), 30)
+            wait_until("two ready workers again", lambda: _ready_workers(url) == 2.0, 60)
+            restart = time.monotonic() - killed
+            served_before = len(load.latencies)
+            time.sleep(1.0)
+            restarted = set(_worker_pids(proc.pid)) - {other}
+            assert len(restarted) == 1
+            assert victim not in restarted
+            # A stopped (not dead) worker: requests must route around it, none may hang.
+            stopped = time.monotonic()
+            os.kill(other, signal.SIGSTOP)
+            time.sleep(8.0)
+            os.kill(other, signal.SIGCONT)
+            resumed = time.monotonic()
+            time.sleep(1.0)
+        # Every request that started while the worker was stopped, or was in flight then.
+        stalled = [t for s, t in load.latencies if s + t >= stopped and s <= resumed]
+        worst = max(stalled)
+        print(f"restart {restart:.2f}s (fleet start-up {startup:.2f}s); worst latency while "
+              f"stopped {worst:.2f}s over {len(stalled)} requests")  # fmt: skip
+        assert load.failures == []
+        assert len(load.latencies) > served_before
+        # The restart backoff (0.5 s), a worker's start-up, then the gateway's channel reconnects
+        # (its reconnect backoff is capped at 2 s, client.py) and the next 0.2 s probe sees it.
+        assert restart < startup + 0.5 + 2.0 + 0.2 + 1.0
+        assert any("worker-" in line and "exited with -9" in line for line in lines), lines
+        assert worst < 6.0
+        children = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert all(start_ticks(pid) is None for pid in children)
+    finally:
+        _stop(proc)
+
+
+def test_backoff_doubles_per_quick_failure_up_to_its_cap() -> None:
+    backoff = Backoff(first_seconds=0.5, max_seconds=4.0)
+    assert [backoff.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_supervise_restarts_an_exited_child_after_its_backoff() -> None:
+    fleet = Fleet(backoff=Backoff(first_seconds=1.0, max_seconds=8.0, stable_seconds=60.0))
+    child = Child("worker-0", [sys.executable, "-c", "import time; time.sleep(60)"], 0)
+    fleet.children.append(child)
+    try:
+        assert fleet.supervise() == []  # not started: nothing to watch
+        fleet._spawn(child)
+        assert child.process is not None
+        first = child.process
+        first.kill()
+        first.wait()
+        now = child.started_at + 1.0  # a quick failure
+        assert fleet.supervise(now) == ["worker-0 exited with -9; restarting in 1.0s"]
+        assert fleet.supervise(now + 0.9) == []
+        assert fleet.supervise(now + 1.0)[0].startswith("worker-0 restarted (pid ")
+        assert child.process is not first
+        assert child.process.poll() is None
+        child.process.kill()
+        child.process.wait()
+        # A second quick failure waits twice as long; one after a stable run starts over.
+        assert fleet.supervise(child.started_at + 1.0)[0].endswith("restarting in 2.0s")
+        child.restart_at = None
+        assert fleet.supervise(child.started_at + 61.0)[0].endswith("restarting in 1.0s")
+    finally:
+        fleet.stop()

@@ -3,16 +3,22 @@ nodes, CRD validation, garbage collection."""
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import json
+import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from embedfleet.testing import fence
 from embedfleet.testing.apiclient import ApiError
 from embedfleet.testing.cluster import Cluster, CommandError
 from embedfleet.testing.polling import wait_for
+from embedfleet.testing.process import ProcessRecord, start_ticks
 from embedfleet.testing.tools import pinned_versions
 
 pytestmark = pytest.mark.k8s
@@ -257,3 +263,28 @@ def test_helm_checks_kube_version_against_the_cluster(
     with pytest.raises(CommandError) as refused:
         k8s_cluster.helm("install", "too-new", str(too_new), "-n", k8s_namespace)
     assert "incompatible with Kubernetes" in refused.value.stderr
+
+
+def test_fake_pod_and_service_addresses_lead_nowhere_off_this_machine(k8s_cluster: Cluster) -> None:
+    """KWOK pod IPs and ClusterIPs have no listener here: a connect must fail on this host at
+    once (an unreachable route), never be routed out through the default gateway."""
+    assert fence.routes() == set(fence.FENCED)
+    for cidr in fence.FENCED:
+        address = str(next(ipaddress.ip_network(cidr).hosts()))
+        with socket.socket() as sock:
+            sock.settimeout(5)
+            code = sock.connect_ex((address, 8080))
+        assert code in (errno.ENETUNREACH, errno.EHOSTUNREACH), (address, errno.errorcode.get(code))
+
+
+def test_a_dead_fence_holder_is_dropped_and_a_live_one_keeps_the_routes(
+    k8s_cluster: Cluster,
+) -> None:
+    dead = fence.ROOT / "999999999-1-deadbeef.holder"  # no such pid
+    dead.touch()
+    me = ProcessRecord("test", os.getpid(), start_ticks(os.getpid()) or 0, Path("/dev/null"))
+    holder = fence.hold(me)
+    assert not dead.exists()
+    fence.release(holder)
+    # The session cluster's API server still holds them.
+    assert fence.routes() == set(fence.FENCED)

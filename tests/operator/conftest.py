@@ -26,12 +26,18 @@ def crd_installed(k8s_cluster: Cluster) -> Cluster:
 
 
 @pytest.fixture(scope="session")
+def operator_rbac(crd_installed: Cluster) -> Cluster:
+    """The operator's namespace, ServiceAccount and RBAC (operator/deploy/rbac.yaml)."""
+    crd_installed.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+    crd_installed.kubectl("apply", "-f", str(RBAC))
+    return crd_installed
+
+
+@pytest.fixture(scope="session")
 def operator(
-    crd_installed: Cluster, tmp_path_factory: pytest.TempPathFactory
+    operator_rbac: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    cluster = crd_installed
-    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    cluster.kubectl("apply", "-f", str(RBAC))
+    cluster = operator_rbac
     tmp = tmp_path_factory.mktemp("operator")
     process = OperatorProcess(
         cluster, operator_kubeconfig(cluster, tmp / "kubeconfig"), tmp / "log"

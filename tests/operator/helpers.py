@@ -1,13 +1,18 @@
 """Helpers of the operator tests: the repository's CRD and examples, the operator as a real process
-(`embedfleet-operator`) and kubectl reads of what it made."""
+(`embedfleet-operator`), kubectl reads of what it made, and a proxy that slows the API server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +67,7 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
+    lease_name: str = "embedfleet-operator"
 
     def env(self) -> dict[str, str]:
         metrics, health = free_ports(2)
@@ -71,6 +77,7 @@ class OperatorProcess:
             "EMBEDFLEET_OPERATOR_RESYNC_SECONDS": "10",
             "EMBEDFLEET_OPERATOR_LEASE_SECONDS": "3",
             "EMBEDFLEET_OPERATOR_LEASE_NAMESPACE": OPERATOR_NAMESPACE,
+            "EMBEDFLEET_OPERATOR_LEASE_NAME": self.lease_name,
             "EMBEDFLEET_OPERATOR_IDENTITY": f"test-operator-{self.starts}",
             "EMBEDFLEET_OPERATOR_METRICS_PORT": str(metrics),
             "EMBEDFLEET_OPERATOR_HEALTH_PORT": str(health),
@@ -107,7 +114,7 @@ class OperatorProcess:
         if self.proc.poll() is not None:
             raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.tail()}")
         proc = self.cluster.kubectl(
-            "get", "lease", "embedfleet-operator", "-n", OPERATOR_NAMESPACE, "-o", "json",
+            "get", "lease", self.lease_name, "-n", OPERATOR_NAMESPACE, "-o", "json",
             check=False,
         )  # fmt: skip
         if proc.returncode != 0:
@@ -135,9 +142,13 @@ class OperatorProcess:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def operator_kubeconfig(cluster: Cluster, path: Path) -> Path:
+def operator_kubeconfig(
+    cluster: Cluster, path: Path, server: str = "", account: str = "embedfleet-operator"
+) -> Path:
+    """A ServiceAccount of the operator's namespace as a kubeconfig, for `server` (default: the
+    API server)."""
     token = cluster.kubectl(
-        "create", "token", "embedfleet-operator", "-n", OPERATOR_NAMESPACE, "--duration=2h"
+        "create", "token", account, "-n", OPERATOR_NAMESPACE, "--duration=2h"
     ).stdout.strip()
     ca = cluster.layout.pki.ca.cert
     config = {
@@ -146,7 +157,7 @@ def operator_kubeconfig(cluster: Cluster, path: Path) -> Path:
         "clusters": [
             {
                 "name": "test",
-                "cluster": {"server": cluster.server, "certificate-authority": str(ca)},
+                "cluster": {"server": server or cluster.server, "certificate-authority": str(ca)},
             }
         ],
         "users": [{"name": "operator", "user": {"token": token}}],
@@ -197,3 +208,89 @@ def available(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
     if obj["status"].get("observedGeneration") != obj["metadata"]["generation"]:
         return None
     return dict(obj)
+
+
+# A TCP proxy on 127.0.0.1 that delivers every byte from the server `delay` seconds late: a slow
+# API server (a loaded machine, a congested control plane) without slowing the machine. Pure
+# added latency, no throughput limit; TLS passes through untouched.
+CHUNK = 65536
+
+
+@dataclass
+class LatencyProxy:
+    """Every reply from `upstream` arrives `delay` seconds late (settable at any time; a delay
+    beyond the client's patience is an API server that hangs)."""
+
+    upstream: tuple[str, int]
+    delay: float
+    _listener: socket.socket = field(init=False)
+    _sockets: list[socket.socket] = field(default_factory=list, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _closed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, name="latency-proxy", daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self._listener.getsockname()[1])
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sockets = [self._listener, *self._sockets]
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    server.close()
+                    return
+                self._sockets += [client, server]
+            _start(_pump, client, server, 0.0)
+            late: queue.Queue[tuple[float, bytes]] = queue.Queue()
+            _start(_read_into, server, late)
+            _start(_deliver, late, client, self)
+
+
+def _start(target: object, *args: object) -> None:
+    threading.Thread(target=target, args=args, daemon=True).start()  # type: ignore[arg-type]
+
+
+def _pump(source: socket.socket, sink: socket.socket, _: float) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(CHUNK):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
+
+
+def _read_into(source: socket.socket, late: queue.Queue[tuple[float, bytes]]) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(CHUNK):
+            late.put((time.monotonic(), data))
+    late.put((time.monotonic(), b""))
+
+
+def _deliver(
+    late: queue.Queue[tuple[float, bytes]], sink: socket.socket, proxy: LatencyProxy
+) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            arrived, data = late.get()
+            time.sleep(max(0.0, arrived + proxy.delay - time.monotonic()))
+            if not data:
+                sink.shutdown(socket.SHUT_WR)
+                return
+            sink.sendall(data)

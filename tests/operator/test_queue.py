@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from embedfleet.operator.reconciler import Key, Queue
+from embedfleet.operator.workqueue import Key, Queue
 from embedfleet.testing.polling import wait_for_async
 
 

@@ -4,7 +4,13 @@ from typing import Any
 
 from embedfleet.operator.conditions import Condition, find, set_conditions
 from embedfleet.operator.spec import parse_spec
-from embedfleet.operator.status import RolloutState, changed, compute_status, rollout_state
+from embedfleet.operator.status import (
+    RolloutState,
+    changed,
+    compute_status,
+    monitored,
+    rollout_state,
+)
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 SPEC = parse_spec({"model": {"source": "file:///m"}})
@@ -142,3 +148,22 @@ def test_unchanged_status_is_not_rewritten() -> None:
     again = _status(_ok(2), _ok(1), old=first, now=T1)
     assert not changed(first, again)
     assert changed(first, _status(_ok(3), _ok(1), old=first, now=T1))
+
+
+def test_monitored_condition_names_why_there_is_no_service_monitor() -> None:
+    assert monitored("m", False, True, "").reason == "Disabled"
+    assert monitored("m", True, False, "").reason == "CRDNotInstalled"
+    refused = monitored("m", True, True, 'servicemonitors is forbidden: User "x"')
+    assert (refused.status, refused.reason) == ("False", "Forbidden")
+    assert "rbac.serviceMonitors=true" in refused.message
+    assert "forbidden: User" in refused.message
+    applied = monitored("m", True, True, "")
+    assert (applied.status, applied.reason) == ("True", "ServiceMonitorApplied")
+
+
+def test_monitored_never_makes_the_fleet_degraded() -> None:
+    refused = monitored("m", True, True, "forbidden")
+    out = _status(_ok(1), _ok(1), monitoring=refused)
+    assert _cond(out, "Degraded")["status"] == "False"
+    assert _cond(out, "Monitored")["reason"] == "Forbidden"
+    assert [c["type"] for c in out["conditions"]][-1] == "Monitored"

@@ -8,7 +8,6 @@ disconnect and cancels the request's task, which cancels its chunks on the worke
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -25,6 +24,7 @@ from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.racing import finished_first
 from embedfleet.gateway.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
 from embedfleet.gateway.service import Service
 from embedfleet.gateway.settings import GatewaySettings
@@ -65,6 +65,14 @@ def validation_message(exc: ValidationError) -> errors.ApiError:
     return errors.invalid(f"'{where}': {first.get('msg', 'invalid value')}.", param=param)
 
 
+def is_json(content_type: bytes) -> bool:
+    """application/json or a +json type, any parameters; a body without a type is read as JSON."""
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
+
+
 def parse(body: bytes, model: type[BaseModel]) -> Any:
     try:
         doc = orjson.loads(body)
@@ -92,7 +100,11 @@ class Gateway:
         self.balancer = Balancer(settings.eject_seconds, settings.max_outstanding_tokens)
         self.metrics = Metrics(lambda: self.balancer)
         self.tokenization = Tokenization(
-            self.model, max_tokens, settings.tokenize_threads, settings.tokenize_inline_chars
+            self.model,
+            max_tokens,
+            settings.tokenize_threads,
+            settings.tokenize_inline_chars,
+            settings.tokenize_large_chars,
         )
         self.pool: WorkerPool | None = None
         self.service: Service | None = None
@@ -166,11 +178,11 @@ class Gateway:
         try:
             if route in self._posts:
                 if method != "POST":
-                    raise errors.ApiError(405, f"Use POST for {route}.", code="method_not_allowed")
+                    raise errors.not_allowed(f"Use POST for {route}.", b"POST")
                 return await self._post(route, scope, receive, send)
             if route in _GETS:
                 if method not in ("GET", "HEAD"):
-                    raise errors.ApiError(405, f"Use GET for {route}.", code="method_not_allowed")
+                    raise errors.not_allowed(f"Use GET for {route}.", b"GET, HEAD")
                 return await self._get(route, send)
             raise errors.not_found(f"No route {scope['path']}.", code="not_found")
         except errors.ApiError as exc:
@@ -185,6 +197,24 @@ class Gateway:
         for name, value in scope["headers"]:
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 raise errors.too_large(f"The request body is over the limit of {limit} bytes.")
+            if name == b"content-type" and not is_json(value):
+                raise errors.ApiError(
+                    415,
+                    "The request body must be JSON (Content-Type: application/json).",
+                    code="unsupported_media_type",
+                )
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_seconds):
+                return await self._receive_body(receive, limit)
+        except TimeoutError:
+            raise errors.ApiError(
+                408,
+                "The request body did not arrive in time.",
+                code="request_timeout",
+                headers=((b"connection", b"close"),),
+            ) from None
+
+    async def _receive_body(self, receive: Receive, limit: int) -> bytes:
         parts: list[bytes] = []
         size = 0
         while True:
@@ -204,15 +234,7 @@ class Gateway:
         model, handler = self._posts[route]
         request = parse(body, model)
         work = asyncio.ensure_future(handler(request))
-        watch = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, errors.ApiError):
-                await work
+        if not await finished_first(work, _disconnected(receive)):
             self.metrics.cancelled.inc()
             return CLIENT_GONE
         try:

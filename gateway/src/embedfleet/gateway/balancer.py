@@ -94,3 +94,7 @@ class Balancer:
         fresh = endpoint.ejected_until <= now
         endpoint.ejected_until = now + self.eject_seconds
         return fresh
+
+    def readmit(self, endpoint: Endpoint) -> None:
+        """End an ejection early."""
+        endpoint.ejected_until = 0.0

@@ -3,28 +3,53 @@
 from __future__ import annotations
 
 import logging
+import resource
 from collections.abc import Sequence
+from typing import Literal
 
 import uvicorn
 
 from embedfleet.common import logs
 from embedfleet.common.settings import load
 from embedfleet.gateway.app import Gateway
+from embedfleet.gateway.connection import bounded_protocol
 from embedfleet.gateway.settings import ENV_PREFIX, GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
-def serve(settings: GatewaySettings) -> None:
-    logs.configure(settings.log_level)
-    app = Gateway(settings)
-    config = uvicorn.Config(
+#: file descriptors kept out of --max-connections: worker channels, the log, the listening socket
+FD_RESERVE = 64
+
+
+def connection_cap(wanted: int, open_files: int) -> int:
+    """--max-connections (0: no cap of its own), kept below the open-file limit so that refusing
+    stays possible."""
+    room = max(1, open_files - FD_RESERVE)
+    return min(wanted, room) if wanted > 0 else room
+
+
+def server_config(
+    app: Gateway, settings: GatewaySettings, loop: Literal["uvloop", "asyncio"] = "uvloop"
+) -> uvicorn.Config:
+    """uvicorn as the gateway runs it: httptools (bounded, connection.py) and these settings."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    cap = connection_cap(settings.max_connections, soft)
+    if cap < settings.max_connections:
+        log.warning(
+            "max connections lowered to fit the open-file limit",
+            extra={"max_connections": cap, "open_files": soft},
+        )
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         # Measured fastest of the candidates (docs/gateway.md): uvloop + httptools.
-        loop="uvloop",
-        http="httptools",
+        loop=loop,
+        http=bounded_protocol(settings.header_timeout_seconds, cap),
+        timeout_keep_alive=settings.keep_alive_seconds,  # type: ignore[arg-type]
         lifespan="on",
         access_log=False,
         log_config=None,
@@ -32,6 +57,11 @@ def serve(settings: GatewaySettings) -> None:
         date_header=False,
         timeout_graceful_shutdown=10,
     )
+
+
+def serve(settings: GatewaySettings) -> None:
+    logs.configure(settings.log_level)
+    config = server_config(Gateway(settings), settings)
     log.info("gateway listening", extra={"host": settings.host, "port": settings.port})
     uvicorn.Server(config).run()
 

@@ -36,8 +36,11 @@ _OPTIONS = [
 _RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
 )
-# Codes that say the worker (or the connection to it) is broken, not merely busy.
-_EJECTING = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+# Codes that say the worker (or the connection to it) is broken, not merely busy. Not CANCELLED: a
+# worker answers it for a call whose handler was cancelled (its drain, a deadline racing the
+# reply), which says nothing about its health; a broken connection shows as UNAVAILABLE or as an
+# RST_STREAM (below).
+_EJECTING = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
 # Not frozen: contextlib (a `with` the error passes through) assigns its __traceback__. eq=False

@@ -63,7 +63,10 @@ class Dispatcher:
             tried.add(lease.address)
             start = time.perf_counter()
             try:
-                return await call(lease.worker)
+                return await lease.guard(call(lease.worker))
+            except asyncio.CancelledError:
+                self.metrics.cancelled_calls.inc()
+                raise
             except UpstreamError as exc:
                 if exc.ejects and lease.eject():
                     self.metrics.ejections.inc()
@@ -104,3 +107,5 @@ class Dispatcher:
         finally:
             for task in tasks:
                 task.cancel()
+            # The rest are gone, their tokens no longer outstanding, before the caller answers.
+            await asyncio.wait(tasks)

@@ -51,6 +51,10 @@ def not_found(message: str, param: str | None = None, code: str | None = None) -
     return ApiError(404, message, param=param, code=code)
 
 
+def not_allowed(message: str, allow: bytes) -> ApiError:
+    return ApiError(405, message, code="method_not_allowed", headers=((b"allow", allow),))
+
+
 def overloaded(retry_after: int) -> ApiError:
     return ApiError(
         429,

@@ -2,6 +2,8 @@
 
 The children run in their own sessions so a terminal's Ctrl-C reaches only this process, which then
 stops them in order (gateway first, so nothing new reaches a stopping worker) and waits for them.
+While serving, `Fleet.supervise` restarts a child that exited, on the same port, after a backoff
+that doubles with each quick failure; the gateway routes around a missing worker meanwhile.
 """
 
 from __future__ import annotations
@@ -23,6 +25,22 @@ from types import FrameType, TracebackType
 from embedfleet.common.net import free_ports
 
 STOP_SECONDS = 15.0
+#: how often `embedfleet serve` looks for exited children
+SUPERVISE_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long to wait before restarting a child that exited."""
+
+    first_seconds: float = 0.5
+    max_seconds: float = 30.0
+    #: a child that ran at least this long before exiting starts over at `first_seconds`
+    stable_seconds: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        """The wait before restart number `failures` (1-based) of a quick-failure streak."""
+        return min(self.max_seconds, self.first_seconds * 2.0 ** max(0, failures - 1))
 
 
 class FleetError(RuntimeError):
@@ -44,6 +62,15 @@ class Child:
     argv: list[str]
     port: int
     process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    #: exits in a row that came sooner than the backoff's `stable_seconds` after a start
+    failures: int = 0
+    #: when the exited child is due to start again (None: running, or not supervised)
+    restart_at: float | None = None
+    restarts: int = 0
+
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
 
     @property
     def address(self) -> str:
@@ -60,6 +87,7 @@ class Fleet:
     worker_args: Sequence[str] = ()
     gateway_args: Sequence[str] = ()
     log_dir: Path | None = None
+    backoff: Backoff = field(default_factory=Backoff)
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -121,6 +149,7 @@ class Fleet:
         finally:
             if out is not None:
                 os.close(out)
+        child.started_at = time.monotonic()
 
     def start(self, timeout: float = 180.0) -> Fleet:
         if not self.children:
@@ -157,6 +186,32 @@ class Fleet:
             text = reply.read().decode()
         alive = sum(1 for c in self.worker_children if c.process and c.process.poll() is None)
         return f'embedfleet_gateway_workers{{state="ready"}} {float(alive)}' in text
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """One supervision step: plan a restart for each child that exited, start those due.
+
+        Returns what happened, one line per event, for the caller to show.
+        """
+        now = time.monotonic() if now is None else now
+        events: list[str] = []
+        for child in self.children:
+            if child.restart_at is None and child.exited():
+                assert child.process is not None
+                quick = now - child.started_at < self.backoff.stable_seconds
+                child.failures = child.failures + 1 if quick else 1
+                wait = self.backoff.delay(child.failures)
+                child.restart_at = now + wait
+                events.append(
+                    f"{child.name} exited with {child.process.returncode}; "
+                    f"restarting in {wait:.1f}s"
+                )
+            elif child.restart_at is not None and now >= child.restart_at:
+                child.restart_at = None
+                child.restarts += 1
+                self._spawn(child)
+                assert child.process is not None
+                events.append(f"{child.name} restarted (pid {child.process.pid})")
+        return events
 
     def stop(self) -> None:
         """SIGTERM to each child, gateway first; SIGKILL whoever outlives STOP_SECONDS."""
@@ -222,14 +277,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"embedfleet is serving at {fleet.url}  (OpenAI base_url {fleet.url}/v1)", flush=True)
     print("Ctrl-C stops it.", flush=True)
-    dead: list[str] = []
     try:
-        while not dead and not stop.wait(0.5):
-            dead = [c.name for c in fleet.children if c.process and c.process.poll() is not None]
+        while not stop.wait(SUPERVISE_SECONDS):
+            for event in fleet.supervise():
+                print(event, flush=True)
     finally:
         fleet.stop()
-    if dead:
-        raise SystemExit(f"embedfleet serve: {', '.join(dead)} exited; stopped the rest")
     print("stopped.", flush=True)
 
 

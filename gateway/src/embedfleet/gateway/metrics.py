@@ -97,4 +97,10 @@ class Metrics:
             "Requests whose client disconnected before the answer; their chunks were cancelled.",
             registry=r,
         )
+        self.cancelled_calls = Counter(
+            "embedfleet_gateway_cancelled_calls",
+            "Chunk calls to workers the gateway cancelled: the client went away, or another chunk "
+            "of the same request failed. A worker may never see one sent just before.",
+            registry=r,
+        )
         r.register(_WorkerCollector(balancer))

@@ -20,29 +20,56 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
+_ERROR = {"content": _json(schemas.ErrorResponse)}
+
+
+def _not_allowed(allow: str) -> dict[str, Any]:
+    return {
+        "description": "Wrong method for this route",
+        "headers": {
+            "Allow": {"description": f"The allowed methods: {allow}.", "schema": {"type": "string"}}
+        },
+        **_ERROR,
+    }
+
+
 def _post(summary: str, request: type[BaseModel], response: type[BaseModel]) -> dict[str, Any]:
-    error = {"content": _json(schemas.ErrorResponse)}
+    retry_after = {
+        "Retry-After": {"description": "Seconds to wait.", "schema": {"type": "integer"}}
+    }
     return {
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": _json(request)},
             "responses": {
                 "200": {"description": "OK", "content": _json(response)},
-                "400": {"description": "Invalid request", **error},
-                "404": {"description": "Unknown model", **error},
-                "413": {"description": "Request over a configured cap", **error},
-                "429": {"description": "All workers saturated (see Retry-After)", **error},
-                "503": {"description": "No ready worker", **error},
+                "400": {"description": "Invalid request", **_ERROR},
+                "404": {"description": "Unknown model", **_ERROR},
+                "405": _not_allowed("POST"),
+                "408": {"description": "Headers or body too slow to arrive", **_ERROR},
+                "413": {"description": "Request over a configured cap", **_ERROR},
+                "415": {"description": "The body is not application/json", **_ERROR},
+                "429": {
+                    "description": "All workers saturated",
+                    "headers": retry_after,
+                    **_ERROR,
+                },
+                "502": {"description": "A worker failed and a retry could not help", **_ERROR},
+                "503": {"description": "No ready worker", **_ERROR},
+                "504": {"description": "A worker did not answer in time", **_ERROR},
             },
         }
     }
 
 
-def _get(summary: str, content: dict[str, Any] | None = None) -> dict[str, Any]:
+def _get(
+    summary: str, content: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ok: dict[str, Any] = {"description": "OK"}
     if content:
         ok["content"] = content
-    return {"get": {"summary": summary, "responses": {"200": ok}}}
+    responses = {"200": ok, "405": _not_allowed("GET, HEAD"), **(extra or {})}
+    return {"get": {"summary": summary, "responses": responses}}
 
 
 def document(version: str) -> dict[str, Any]:
@@ -51,6 +78,7 @@ def document(version: str) -> dict[str, Any]:
         schemas.EmbeddingResponse,
         schemas.RerankRequest,
         schemas.RerankResponse,
+        schemas.Document,
         schemas.ScoreRequest,
         schemas.ScoreResponse,
         schemas.ModelList,
@@ -72,9 +100,17 @@ def document(version: str) -> dict[str, Any]:
                 schemas.RerankResponse,
             ),
             "/v1/score": _post("Score text pairs.", schemas.ScoreRequest, schemas.ScoreResponse),
-            "/v1/models": _get("The served model.", _json(schemas.ModelList)),
+            "/v1/models": _get(
+                "The served model.",
+                _json(schemas.ModelList),
+                {"503": {"description": "Starting up", **_ERROR}},
+            ),
             "/health": _get("The gateway process is up."),
-            "/ready": _get("At least one worker is ready (503 otherwise)."),
+            "/ready": _get(
+                "At least one worker is ready (503 otherwise).",
+                extra={"503": {"description": "No ready worker"}},
+            ),
+            "/openapi.json": _get("This document."),
             "/metrics": _get("Prometheus metrics."),
         },
         "components": {"schemas": defs.get("$defs", {})},

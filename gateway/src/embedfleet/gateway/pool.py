@@ -6,15 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Iterator
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from typing import Protocol, TypeVar
+
+import grpc
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.balancer import Balancer, Endpoint
 from embedfleet.gateway.client import UpstreamError, WorkerClient
+from embedfleet.gateway.racing import finished_first
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Worker(Protocol):
@@ -50,12 +54,15 @@ class NoWorkerError(Exception):
 class Lease:
     """One worker lent for one call; see `WorkerPool.lease`."""
 
-    __slots__ = ("_balancer", "_endpoint", "worker")
+    __slots__ = ("_balancer", "_endpoint", "_hung", "worker")
 
-    def __init__(self, worker: Worker, endpoint: Endpoint, balancer: Balancer) -> None:
+    def __init__(
+        self, worker: Worker, endpoint: Endpoint, balancer: Balancer, hung: asyncio.Event
+    ) -> None:
         self.worker = worker
         self._endpoint = endpoint
         self._balancer = balancer
+        self._hung = hung
 
     @property
     def address(self) -> str:
@@ -64,6 +71,16 @@ class Lease:
     def eject(self) -> bool:
         """Take this worker out of rotation for a while; True unless it was out already."""
         return self._balancer.eject(self._endpoint)
+
+    async def guard(self, call: Awaitable[T]) -> T:
+        """Await `call`, but give it up with a retryable UNAVAILABLE once the pool finds the
+        worker hung (its probe timed out): a stopped process never answers, and its connection
+        can look alive for as long as the kernel keeps it."""
+        work = asyncio.ensure_future(call)
+        if not await finished_first(work, self._hung.wait()):
+            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the worker stopped answering")
+        result: T = work.result()
+        return result
 
 
 class WorkerPool:
@@ -76,6 +93,8 @@ class WorkerPool:
         self._workers: dict[str, Worker] = {}
         self._infos: dict[str, pb.InfoResponse] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
+        #: set when a worker's probe fails, giving up the calls in flight there (Lease.guard)
+        self._hung: dict[str, asyncio.Event] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     def update(self, addresses: Collection[str]) -> None:
@@ -83,6 +102,7 @@ class WorkerPool:
         for address in removed:
             self._probes.pop(address).cancel()
             self._infos.pop(address, None)
+            self._hung.pop(address, None)
             worker = self._workers.pop(address)
             # Let calls in flight finish briefly; the rest fail over to other workers.
             task = asyncio.create_task(worker.close())
@@ -90,6 +110,7 @@ class WorkerPool:
             task.add_done_callback(self._closing.discard)
         for address in added:
             self._workers[address] = self._connect(address)
+            self._hung[address] = asyncio.Event()
             self._probes[address] = asyncio.create_task(self._probe_loop(address))
         if added or removed:
             log.info(
@@ -112,7 +133,7 @@ class WorkerPool:
         worker = self._workers[endpoint.address]
         endpoint.outstanding_tokens += tokens
         try:
-            yield Lease(worker, endpoint, self._balancer)
+            yield Lease(worker, endpoint, self._balancer, self._hung[endpoint.address])
         finally:
             endpoint.outstanding_tokens -= tokens
 
@@ -144,6 +165,9 @@ class WorkerPool:
                 log.warning(
                     "worker not answering", extra={"worker": address, "code": exc.code.name}
                 )
+                # Its calls in flight go elsewhere; later leases wait on a fresh event.
+                self._hung[address].set()
+                self._hung[address] = asyncio.Event()
             endpoint.ready = False
             return
         was = endpoint.ready
@@ -152,13 +176,18 @@ class WorkerPool:
         self._infos[address] = info
         if endpoint.ready != was:
             log.info("worker readiness", extra={"worker": address, "ready": endpoint.ready})
+            if endpoint.ready:
+                # Ejection guards against a worker that fails calls while claiming readiness; one
+                # that went unready and passed its start-up checks again is a fresh process.
+                self._balancer.readmit(endpoint)
 
     async def _probe_loop(self, address: str) -> None:
         while True:
             await self._probe_once(address)
-            # Poll fast until the worker is first ready, so a new replica takes traffic quickly.
+            # Poll fast while the worker is not ready, so a new or restarted replica takes
+            # traffic as soon as it can.
             endpoint = self._balancer.endpoints.get(address)
-            fast = endpoint is not None and not endpoint.ready and address not in self._infos
+            fast = endpoint is not None and not endpoint.ready
             await asyncio.sleep(min(0.2, self._probe_seconds) if fast else self._probe_seconds)
 
     async def close(self) -> None:

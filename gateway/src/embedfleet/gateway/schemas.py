@@ -7,12 +7,27 @@ the response models exist for the OpenAPI document and for tests.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
+
+# The non-empty rules below are enforced by the service (with messages that name the offending
+# item), so they appear in the JSON schema only: a pydantic constraint inside a union would turn
+# "'input' item 3 is an empty string" into an unreadable union error.
+_TEXT: dict[str, Any] = {"type": "string", "minLength": 1}
+_IDS: dict[str, Any] = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+
+
+def _list_of(item: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": item, "minItems": 1}
+
 
 TokenIds = list[StrictInt]
-EmbeddingInput = StrictStr | list[StrictStr] | TokenIds | list[TokenIds]
+EmbeddingInput = Annotated[
+    StrictStr | list[StrictStr] | TokenIds | list[TokenIds],
+    WithJsonSchema({"anyOf": [_TEXT, _list_of(_TEXT), _IDS, _list_of(_IDS)]}),
+]
+Texts = Annotated[StrictStr | list[StrictStr], WithJsonSchema({"anyOf": [_TEXT, _list_of(_TEXT)]})]
 InputType = Literal["query", "document"]
 TruncationSide = Literal["left", "right"]
 
@@ -23,7 +38,7 @@ class _Request(BaseModel):
     model: StrictStr | None = Field(
         None, description="The served model's name (GET /v1/models); omitted means that model."
     )
-    truncate: bool = Field(
+    truncate: StrictBool = Field(
         False,
         description="Extension: cut inputs over the model's limit instead of rejecting them.",
     )
@@ -52,25 +67,29 @@ class EmbeddingRequest(_Request):
 
 class Document(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
-    text: StrictStr
+    text: StrictStr = Field(json_schema_extra={"minLength": 1})
 
 
 class RerankRequest(_Request):
-    query: StrictStr = Field(description="The query every document is scored against.")
-    documents: list[StrictStr | Document] = Field(
-        description="Documents as strings or {text} objects."
+    query: StrictStr = Field(
+        description="The query every document is scored against.",
+        json_schema_extra={"minLength": 1},
     )
+    documents: Annotated[
+        list[StrictStr | Document],
+        WithJsonSchema(_list_of({"anyOf": [_TEXT, {"$ref": "#/components/schemas/Document"}]})),
+    ] = Field(description="Documents as strings or {text} objects.")
     top_n: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="Return only the best N results."
     )
-    return_documents: bool = Field(False, description="Include each document's text in results.")
+    return_documents: StrictBool = Field(
+        False, description="Include each document's text in results."
+    )
 
 
 class ScoreRequest(_Request):
-    text_1: StrictStr | list[StrictStr] = Field(
-        description="One text, or a list paired element-wise with text_2."
-    )
-    text_2: StrictStr | list[StrictStr] = Field(
+    text_1: Texts = Field(description="One text, or a list paired element-wise with text_2.")
+    text_2: Texts = Field(
         description="One text, or a list: one text_1 is scored against every text_2."
     )
 

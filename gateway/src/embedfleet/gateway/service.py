@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -190,6 +190,9 @@ class Service:
         raw = req.input
         if isinstance(raw, str):
             raw = [raw]
+        elif raw and isinstance(raw[0], int):
+            # A flat list of token ids is one input, however long: `truncate` decides its fate.
+            raw = [raw]
         self._check_count(len(raw), "input")
         dims = self.dimensions
         if req.dimensions is not None and req.dimensions > dims:
@@ -204,10 +207,9 @@ class Service:
             batch = await self._tokenize_texts(
                 texts, req.input_type, req.truncate, req.truncation_side
             )
-        elif isinstance(raw[0], int):
-            batch = self.tokenization.token_ids([raw], req.truncate, req.truncation_side)
         else:
-            batch = self.tokenization.token_ids(raw, req.truncate, req.truncation_side)
+            seqs = cast(list[list[int]], raw)
+            batch = self.tokenization.token_ids(seqs, req.truncate, req.truncation_side)
         self._check_tokens(batch, "input")
         requested = req.dimensions if req.dimensions is not None and req.dimensions < dims else 0
         rows = await self._embed(batch, requested)

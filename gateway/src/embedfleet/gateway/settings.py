@@ -87,7 +87,31 @@ class GatewaySettings:
         "Requests with fewer characters of text than this are tokenized on the event loop: the "
         "thread hop costs more than the work (see docs/gateway.md).",
     )
+    tokenize_large_chars: int = setting(
+        65536,
+        "Requests with at least this many characters of text are tokenized on a lane (thread) of "
+        "their own, so a huge request never delays the others.",
+    )
     # --- serving ---------------------------------------------------------------------------
+    header_timeout_seconds: float = setting(
+        10.0,
+        "A connection must send a request's complete headers within this long of opening (or of "
+        "the next request's first byte); else it gets 408 and is closed (slow-client defence).",
+    )
+    body_timeout_seconds: float = setting(
+        60.0,
+        "A request's body must arrive within this long after its headers; else 408 and the "
+        "connection is closed.",
+    )
+    keep_alive_seconds: float = setting(
+        5.0, "An idle kept-alive connection is closed after this long without a new request."
+    )
+    max_connections: int = setting(
+        0,
+        "Open HTTP connections beyond this are answered 503 and closed at once, so idle sockets "
+        "cannot use up the file descriptors; 0 (and any larger value) means the process's "
+        "open-file limit less 64.",
+    )
     host: str = setting("127.0.0.1", "Address the HTTP server binds.")
     port: int = setting(8080, "HTTP port.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))

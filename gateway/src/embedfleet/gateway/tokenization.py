@@ -2,23 +2,29 @@
 
 `encode_batch` releases the GIL and fans out over its own thread pool, so a request's texts go to it
 in one call from a worker thread; only tiny requests run inline, where the thread hop would cost
-more than the work (see docs/gateway.md for the measurement).
+more than the work (see docs/gateway.md for the measurement). Requests of many characters run on a
+lane (thread) of their own, so however long they take they never hold up the others. Before
+anything is tokenized, a long text is cut to the window that decides its tokens (window.py): with
+`truncate` it is cut there, without it is refused there, so no text is ever tokenized whole merely
+to be cut or rejected.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from tokenizers import Encoding, Tokenizer
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.errors import ApiError, invalid
+from embedfleet.gateway.window import Window, first_window_chars, window
 
 Side = Literal["left", "right"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +43,10 @@ class Batch:
         return sum(len(s) for s in self.ids)
 
 
-def too_long(index: int, length: int, limit: int, param: str) -> ApiError:
+def too_long(index: int, length: int, limit: int, param: str, at_least: bool = False) -> ApiError:
+    count = f"at least {length}" if at_least else str(length)
     return invalid(
-        f"Input {index} has {length} tokens, more than this model's limit of {limit}. "
+        f"Input {index} has {count} tokens, more than this model's limit of {limit}. "
         'Shorten it, or pass "truncate": true to cut it.',
         param=param,
         code="context_length_exceeded",
@@ -63,10 +70,18 @@ def cut(ids: Sequence[int], limit: int, side: Side) -> list[int]:
 
 
 class Tokenization:
-    def __init__(self, model: ModelDir, max_tokens: int, threads: int, inline_chars: int) -> None:
+    def __init__(
+        self,
+        model: ModelDir,
+        max_tokens: int,
+        threads: int,
+        inline_chars: int,
+        large_chars: int = 65536,
+    ) -> None:
         self.model = model
         self.max_tokens = max_tokens
         self.inline_chars = inline_chars
+        self.large_chars = large_chars
         self._plain = model.tokenizer()
         # Separate instances because truncation is tokenizer state, and threads share them.
         self._cutting: dict[Side, Tokenizer] = {}
@@ -74,18 +89,68 @@ class Tokenization:
             tok = model.tokenizer()
             tok.enable_truncation(max_tokens, strategy="longest_first", direction=side)
             self._cutting[side] = tok
+        self._first_chars = first_window_chars(self._plain, max_tokens + 1)
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tokenize")
+        self._large = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._large.shutdown(wait=False, cancel_futures=True)
+
+    def _window(self, text: str, side: Side) -> Window:
+        # One more than the limit: a cut text then certainly overflows it, special tokens or not.
+        return window(self._plain, text, self.max_tokens + 1, side, self._first_chars)
+
+    def _encode_texts(self, texts: list[str], truncate: bool, side: Side) -> list[Encoding]:
+        """Window every text, refuse what overflows (truncate off), tokenize the rest."""
+        windows = [self._window(t, side) for t in texts]
+        self._refuse_cut(windows, truncate, "input")
+        encodings: list[Encoding] = self._tokenizer(truncate, side).encode_batch(
+            [w.text for w in windows]
+        )
+        return encodings
+
+    def _encode_pairs(
+        self, pairs: list[tuple[str, str]], truncate: bool, side: Side
+    ) -> list[Encoding]:
+        windows = [(self._window(a, side), self._window(b, side)) for a, b in pairs]
+        self._refuse_cut([a if a.cut else b for a, b in windows], truncate, "documents")
+        fitted = [self._fit_pair(a, b, *w) for (a, b), w in zip(pairs, windows, strict=True)]
+        encodings: list[Encoding] = self._tokenizer(truncate, side).encode_batch(fitted)
+        return encodings
+
+    def _fit_pair(self, a: str, b: str, wa: Window, wb: Window) -> tuple[str, str]:
+        """Longest-first truncation gives the odd token to the longer side, so a side may be cut
+        only while it stays the longer one: when its exact tokens outnumber the other whole
+        side's. Both sides over the limit leave their order unknown: tokenized whole."""
+        if wa.cut == wb.cut:
+            return a, b
+        if wa.cut:
+            other = self._content_tokens(b)
+            return (wa.text if wa.exact_tokens > other else a), b
+        other = self._content_tokens(a)
+        return a, (wb.text if wb.exact_tokens > other else b)
+
+    def _content_tokens(self, text: str) -> int:
+        (encoding,) = self._plain.encode_batch([text], add_special_tokens=False)  # GIL released
+        return len(encoding.ids)
+
+    def _refuse_cut(self, windows: Sequence[Window], truncate: bool, param: str) -> None:
+        if truncate:
+            return
+        for i, w in enumerate(windows):
+            if w.cut:
+                raise too_long(i, w.exact_tokens, self.max_tokens, param, at_least=True)
 
     async def _run(
-        self, tok: Tokenizer, items: list[str] | list[tuple[str, str]], chars: int
-    ) -> list[Encoding]:
+        self, encode: Callable[[T, bool, Side], list[Encoding]], items: T, chars: int,
+        truncate: bool, side: Side,
+    ) -> list[Encoding]:  # fmt: skip
         if chars < self.inline_chars:
-            return tok.encode_batch(items)
+            return encode(items, truncate, side)
+        pool = self._large if chars >= self.large_chars else self._pool
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, tok.encode_batch, items)
+        return await loop.run_in_executor(pool, encode, items, truncate, side)
 
     def _tokenizer(self, truncate: bool, side: Side) -> Tokenizer:
         return self._cutting[side] if truncate else self._plain
@@ -103,13 +168,13 @@ class Tokenization:
         prompt = prompt_for(self.model, input_type)
         items = [prompt + t for t in texts] if prompt else list(texts)
         chars = sum(len(t) for t in items)
-        encodings = await self._run(self._tokenizer(truncate, side), items, chars)
+        encodings = await self._run(self._encode_texts, items, chars, truncate, side)
         self._check(encodings, truncate, "input")
         return Batch(ids=[e.ids for e in encodings])
 
     async def pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool, side: Side) -> Batch:
         chars = sum(len(a) + len(b) for a, b in pairs)
-        encodings = await self._run(self._tokenizer(truncate, side), list(pairs), chars)
+        encodings = await self._run(self._encode_pairs, list(pairs), chars, truncate, side)
         self._check(encodings, truncate, "documents")
         return Batch(ids=[e.ids for e in encodings], type_ids=[e.type_ids for e in encodings])
 

@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Sequence
 
 import kopf
 
 from embedfleet.common.settings import load
+from embedfleet.operator import handlers  # noqa: F401  (registers the kopf handlers)
 from embedfleet.operator.settings import ENV_PREFIX, OperatorSettings
-
-# Optional handler modules of other parts of the operator, registered when installed.
-PLUGINS = ("embedfleet.operator.autoscaling.handlers",)
-
-
-def _import_plugins() -> list[str]:
-    loaded = []
-    for module in PLUGINS:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            # Only a missing plugin is fine; a plugin whose own import fails is a bug to surface.
-            if err.name is None or not module.startswith(err.name):
-                raise
-            continue
-        loaded.append(module)
-    return loaded
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,9 +28,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.log_level != "debug":
         # kopf logs every handler call at INFO: one line per watch event of every child.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    importlib.import_module("embedfleet.operator.handlers")
-    plugins = _import_plugins()
-    logging.getLogger(__name__).info("handler plugins: %s", ", ".join(plugins) or "none")
     memo = kopf.Memo(settings=settings, lost_leadership=False)
     liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(

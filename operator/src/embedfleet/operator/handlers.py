@@ -10,6 +10,7 @@ that does need it survives the structural schema's pruning of unknown status fie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -23,12 +24,14 @@ import kopf
 from prometheus_client import start_http_server
 
 from embedfleet.operator import metrics, paths
-from embedfleet.operator.kube import Kube
+from embedfleet.operator.autoscaling import autoscaler
+from embedfleet.operator.kube import Kube, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
 from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER, Images
-from embedfleet.operator.reconciler import Key, Queue, Reconciler
+from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
+from embedfleet.operator.workqueue import Key, Queue
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,7 @@ def _configure_kopf(settings: kopf.OperatorSettings, op: OperatorSettings) -> No
 async def _run_one(reconciler: Reconciler, key: Key) -> bool:
     started = time.monotonic()
     try:
-        outcome = await asyncio.to_thread(reconciler.reconcile, *key)
+        outcome = await reconciler.kube.call(reconciler.reconcile, *key)
     except Exception:  # a shell around API calls: log, count, retry with backoff
         log.exception("reconcile of %s/%s failed", *key)
         metrics.RECONCILES.labels(result="error").inc()
@@ -119,7 +122,7 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
     while True:
         await asyncio.sleep(interval)
         try:
-            found = await asyncio.to_thread(kube.get, paths.embedding_deployments(namespace))
+            found = await kube.call(kube.get, paths.embedding_deployments(namespace))
         except Exception:
             log.exception("listing EmbeddingDeployments for the periodic resync failed")
             continue
@@ -133,7 +136,8 @@ async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
     renewed = time.monotonic()
     while True:
         await asyncio.sleep(period)
-        if await asyncio.to_thread(elector.try_acquire):
+        # Not kube.call: a renewal must never queue behind reconciles.
+        if await in_daemon_thread(elector.try_acquire):
             renewed = time.monotonic()
         elif time.monotonic() - renewed > elector.duration * 2 / 3:
             log.error("lost the leader lease %s; stopping", elector.name)
@@ -145,7 +149,7 @@ async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
 
 async def _acquire(elector: LeaderElector, logger: Any) -> None:
     waiting_logged = False
-    while not await asyncio.to_thread(elector.try_acquire):
+    while not await in_daemon_thread(elector.try_acquire):
         if not waiting_logged:
             logger.info(f"waiting for the leader lease {elector.namespace}/{elector.name}")
             waiting_logged = True
@@ -157,7 +161,8 @@ async def _acquire(elector: LeaderElector, logger: Any) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     op = _settings(memo)
     _configure_kopf(settings, op)
-    kube = await asyncio.to_thread(Kube.connect)
+    kube = await in_daemon_thread(Kube.connect)
+    memo["kube"] = kube
     tasks: list[asyncio.Task[None]] = []
     memo["tasks"] = tasks
     if op.leader_election:
@@ -175,17 +180,33 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     queue = Queue(lambda key: _run_one(reconciler, key), max_backoff=op.resync_seconds)
     memo["queue"] = queue
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
+    tasks.append(asyncio.create_task(autoscaler.run(kube, op.namespace)))
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    for task in memo.get("tasks", ()):
+    """Stops every task, hands the Lease back, then refuses further API calls.
+
+    Nothing here waits on the API server beyond the release (bounded): the tasks' blocking calls
+    are abandoned on their daemon threads (kube.py), and the closed client ends them at their
+    next call, so the process exits within the release's round trips, or one renew period when
+    the API server does not answer at all.
+    """
+    tasks: list[asyncio.Task[None]] = list(memo.get("tasks", ()))
+    for task in tasks:
         task.cancel()
     if (queue := _queue(memo)) is not None:
         queue.cancel()
+        await queue.idle()
+    await asyncio.gather(*tasks, return_exceptions=True)
     elector = memo.get("elector")
     if isinstance(elector, LeaderElector):
-        await asyncio.to_thread(elector.release)
+        # Best effort, bounded by one renew period: a release slower than that is on an API
+        # server too slow to matter (the Lease expires anyway), and the exit does not wait for it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(in_daemon_thread(elector.release), elector.duration / 3)
+    if isinstance(kube := memo.get("kube"), Kube):
+        kube.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -1,19 +1,32 @@
 """A thin JSON client for the Kubernetes API on top of the kubernetes package's connection setup.
 
 The operator speaks raw paths (server-side apply, status merge patches, leases); the typed models
-of the kubernetes package would only get in the way. Calls are blocking: use them via
-asyncio.to_thread from handlers.
+of the kubernetes package would only get in the way. Calls are blocking: from the event loop, run
+them (or a function made of them, like a reconcile) with `await kube.call(fn, *args)`.
+
+Why not asyncio.to_thread: a thread cannot be cancelled, and asyncio.run joins every thread of
+its default executor before it returns, so a SIGTERM during a reconcile waited for all of that
+reconcile's remaining API calls (each up to `timeout` on a slow API server) while the operator
+looked stopped. `call` runs each function on a daemon thread that the exit does not wait for,
+and `close` (at shutdown) makes every later request fail at once, so an abandoned reconcile ends
+at its next call instead of carrying on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import json
-from collections.abc import Mapping
-from typing import Any
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from kubernetes import client, config
+
+T = TypeVar("T")
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -30,10 +43,58 @@ class KubeError(RuntimeError):
         self.message = str(message)
 
 
+class KubeClosedError(RuntimeError):
+    """A request after `Kube.close`: the operator is stopping (deliberately not a KubeError, which
+    callers handle and carry on after)."""
+
+
+async def in_daemon_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` on a new daemon thread: cancelling the await abandons the call, and the
+    interpreter's exit never waits for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: Callable[[Any], None], value: Any) -> None:
+        def unless_cancelled() -> None:
+            if not future.done():
+                outcome(value)
+
+        # A closed loop means nobody waits for the answer any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(unless_cancelled)
+
+    def target() -> None:
+        try:
+            result = context.run(fn, *args, **kwargs)
+        except BaseException as err:  # handed to the awaiting task, which re-raises it
+            settle(future.set_exception, err)
+        else:
+            settle(future.set_result, result)
+
+    name = f"kube-{getattr(fn, '__name__', 'call')}"
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await future
+
+
 class Kube:
+    #: Blocking calls in flight at once (what asyncio's default executor would allow).
+    max_calls = min(32, (os.cpu_count() or 1) + 4)
+
     def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
         self._api = api
         self._timeout = timeout
+        self._closed = False
+        self._slots = asyncio.Semaphore(self.max_calls)
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Runs a blocking function of this client's calls (see the module docstring)."""
+        async with self._slots:
+            return await in_daemon_thread(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        """Every later request raises KubeClosedError; calls in flight finish or are dropped."""
+        self._closed = True
 
     @classmethod
     def connect(cls) -> Kube:
@@ -55,7 +116,9 @@ class Kube:
         content_type: str = JSON,
         query: Mapping[str, str] | None = None,
     ) -> Any:
-        """Decoded JSON of a 2xx reply; raises KubeError otherwise."""
+        """Decoded JSON of a 2xx reply; raises KubeError otherwise, KubeClosedError once closed."""
+        if self._closed:
+            raise KubeClosedError(f"{method} {path}: the operator is stopping")
         full = f"{path}?{urlencode(dict(query))}" if query else path
         headers = {"Accept": JSON}
         if body is not None:

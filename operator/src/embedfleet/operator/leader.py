@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,6 +80,11 @@ class LeaderElector:
         self.duration = duration
         self.owners = pod_owner(os.environ, namespace)
         self._seen: Observation | None = None
+        # A renewal abandoned by the cancelled renew loop may still be in flight on its thread:
+        # the release waits for it, and no renewal follows a release (it would take the Lease
+        # back for a process about to exit, and the successor would wait for it to expire).
+        self._lock = threading.Lock()
+        self._released = False
 
     def _spec(self, transitions: int, acquired: str) -> dict[str, Any]:
         return {
@@ -91,6 +97,10 @@ class LeaderElector:
 
     def try_acquire(self) -> bool:
         """One attempt to take or renew the Lease; True while we hold it. Blocking."""
+        with self._lock:
+            return not self._released and self._try_acquire()
+
+    def _try_acquire(self) -> bool:
         now = time.monotonic()
         try:
             lease = self.kube.get_or_none(self.path)
@@ -131,6 +141,11 @@ class LeaderElector:
 
     def release(self) -> None:
         """Hands the Lease back on a clean shutdown, so a standby needs not wait for expiry."""
+        with self._lock:
+            self._released = True
+            self._release()
+
+    def _release(self) -> None:
         try:
             lease = self.kube.get_or_none(self.path)
             if lease is None or record_of(lease)[0] != self.identity:

@@ -36,6 +36,9 @@ GATEWAY_PREFIX = "EMBEDFLEET_GATEWAY_"
 GRPC_PORT = 50051
 WORKER_METRICS_PORT = 9090
 GATEWAY_PORT = 8080
+METRICS_PORTS = {"worker": ("metrics", WORKER_METRICS_PORT), "gateway": ("http", GATEWAY_PORT)}
+"""Where each component's pods serve /metrics: (container port name, port). The gateway serves it
+on its one HTTP port."""
 MODEL_DIR = "/models"
 PRESTOP_SECONDS = 5
 """Before SIGTERM: time for the endpoint removal to reach the gateways, so no new work arrives."""

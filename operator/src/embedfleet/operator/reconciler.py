@@ -6,15 +6,14 @@ the next call.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from embedfleet.operator import metrics, paths
+from embedfleet.operator.conditions import MONITORED, Condition, find
 from embedfleet.operator.kube import Kube, KubeError
 from embedfleet.operator.manifests import (
     MANAGER,
@@ -28,12 +27,9 @@ from embedfleet.operator.manifests import (
 )
 from embedfleet.operator.replicas import worker_replicas
 from embedfleet.operator.spec import Spec, SpecError, parse_spec
-from embedfleet.operator.status import changed, compute_status, rollout_state
+from embedfleet.operator.status import changed, compute_status, monitored, rollout_state
 
 log = logging.getLogger(__name__)
-
-Key = tuple[str, str]
-"""(namespace, name) of an EmbeddingDeployment."""
 
 MONITORS_RECHECK_SECONDS = 60.0
 
@@ -82,6 +78,14 @@ def _notable(old: dict[str, Any], new: dict[str, Any], error: str) -> list[Event
     return events
 
 
+def _may_have_made_one(old: dict[str, Any]) -> bool:
+    """Whether a ServiceMonitor of ours may exist: the last status said it was applied, or the
+    status predates the Monitored condition. Else a disabled one is never touched (no API call,
+    and none that RBAC could refuse)."""
+    cond = find(old.get("conditions"), MONITORED)
+    return cond is None or cond.get("status") == "True"
+
+
 class Reconciler:
     def __init__(self, kube: Kube, images: Images) -> None:
         self.kube = kube
@@ -116,7 +120,7 @@ class Reconciler:
         except SpecError as err:
             return self._write_invalid(path, body, owner, str(err))
         desired = worker_replicas(spec, old)
-        observed, error = self._apply(owner, spec, desired)
+        observed, error, monitoring = self._apply(owner, spec, desired, old)
         workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
         gateways = rollout_state(
             self._deployment(observed, owner, "gateway"), spec.gateway.replicas
@@ -131,6 +135,7 @@ class Reconciler:
             endpoint=endpoint(owner, spec),
             error=error,
             now=_now(),
+            monitoring=monitoring,
         )
         events = _notable(old, new, error)
         if changed(old, new):
@@ -141,20 +146,50 @@ class Reconciler:
                     raise
         return Outcome(body, desired, workers.ready, error, events)
 
-    def _apply(self, owner: Owner, spec: Spec, desired: int) -> tuple[dict[str, Any], str]:
-        """Applies every child; returns what the API server answered (by kind/name) and an error."""
+    def _apply(
+        self, owner: Owner, spec: Spec, desired: int, old: dict[str, Any]
+    ) -> tuple[dict[str, Any], str, Condition]:
+        """Applies every child; returns what the API server answered (by kind/name), an error,
+        and the Monitored condition."""
         monitors = self.service_monitors_available()
         observed: dict[str, Any] = {}
+        monitoring = monitored(owner.name, spec.service_monitor.enabled, monitors, "")
         try:
             for manifest in children(owner, spec, desired, self.images, monitors):
                 key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+                if manifest["kind"] == "ServiceMonitor":
+                    monitoring = self._apply_monitor(owner, manifest)
+                    continue
                 observed[key] = self.kube.apply(paths.of(manifest), manifest, MANAGER)
-            if monitors and not spec.service_monitor.enabled:
-                self.kube.delete(paths.of(service_monitor(owner, spec)))
+            if monitors and not spec.service_monitor.enabled and _may_have_made_one(old):
+                self._delete_monitor(owner, spec)
         except KubeError as err:
             log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
-            return observed, err.message
-        return observed, ""
+            return observed, err.message, monitoring
+        return observed, "", monitoring
+
+    def _apply_monitor(self, owner: Owner, manifest: dict[str, Any]) -> Condition:
+        """A ServiceMonitor the spec asks for, where RBAC allows: refusals become a condition,
+        not a failed reconcile (the default chart grants no ServiceMonitor rights)."""
+        try:
+            self.kube.apply(paths.of(manifest), manifest, MANAGER)
+        except KubeError as err:
+            if err.status == 403:
+                return monitored(owner.name, True, True, err.message)
+            if err.status == 404:  # the CRD went away since the last check
+                self._monitors = None
+                return monitored(owner.name, True, False, "")
+            raise
+        return monitored(owner.name, True, True, "")
+
+    def _delete_monitor(self, owner: Owner, spec: Spec) -> None:
+        try:
+            self.kube.delete(paths.of(service_monitor(owner, spec)))
+        except KubeError as err:
+            if err.status != 403:
+                raise
+            # Without the right to delete, the operator could not have made one either.
+            log.info("no rights on ServiceMonitors in %s: nothing to delete", owner.namespace)
 
     def _deployment(
         self, observed: dict[str, Any], owner: Owner, component: str
@@ -190,60 +225,3 @@ class Reconciler:
         if old.get("conditions") != status["conditions"]:
             self.kube.merge_status(path, status)
         return Outcome(body, error=message, events=[Event("Warning", "InvalidSpec", message)])
-
-
-class Queue:
-    """Single-flight per key: a trigger during a run schedules exactly one more run; failures
-    retry with exponential backoff."""
-
-    def __init__(
-        self,
-        run: Callable[[Key], Awaitable[bool]],
-        min_backoff: float = 1.0,
-        max_backoff: float = 60.0,
-    ) -> None:
-        self._run = run
-        self._running: dict[Key, asyncio.Task[None]] = {}
-        self._dirty: set[Key] = set()
-        self._failures: dict[Key, int] = {}
-        self._retries: dict[Key, asyncio.TimerHandle] = {}
-        self.min_backoff = min_backoff
-        self.max_backoff = max_backoff
-
-    def trigger(self, key: Key) -> None:
-        if key in self._running:
-            self._dirty.add(key)
-            return
-        self._running[key] = asyncio.get_running_loop().create_task(self._drain(key))
-
-    def backoff(self, failures: int) -> float:
-        return float(min(self.max_backoff, self.min_backoff * 2 ** max(failures - 1, 0)))
-
-    async def _drain(self, key: Key) -> None:
-        try:
-            while True:
-                self._dirty.discard(key)
-                ok = await self._run(key)
-                if ok:
-                    self._failures.pop(key, None)
-                else:
-                    count = self._failures[key] = self._failures.get(key, 0) + 1
-                    if (handle := self._retries.pop(key, None)) is not None:
-                        handle.cancel()
-                    loop = asyncio.get_running_loop()
-                    self._retries[key] = loop.call_later(self.backoff(count), self.trigger, key)
-                if key not in self._dirty:
-                    return
-        finally:
-            del self._running[key]
-
-    async def idle(self) -> None:
-        """Waits until no run is in flight (tests and shutdown)."""
-        while self._running:
-            await asyncio.gather(*self._running.values(), return_exceptions=True)
-
-    def cancel(self) -> None:
-        for handle in self._retries.values():
-            handle.cancel()
-        for task in self._running.values():
-            task.cancel()

@@ -9,6 +9,7 @@ from typing import Any
 from embedfleet.operator.conditions import (
     AVAILABLE,
     DEGRADED,
+    MONITORED,
     PROGRESSING,
     SCALING_ACTIVE,
     Condition,
@@ -137,6 +138,37 @@ def _scaling(spec: Spec, status: Mapping[str, Any]) -> Condition:
     )
 
 
+def monitored(name: str, enabled: bool, served: bool, refusal: str) -> Condition:
+    """The Monitored condition: whether the ServiceMonitor the spec may ask for is in place.
+
+    Never a reason to call the fleet Degraded: the fleet serves either way, and the default chart
+    grants no ServiceMonitor rights.
+    """
+    if not enabled:
+        return Condition(
+            MONITORED, "False", "Disabled", "spec.monitoring.serviceMonitor.enabled is false"
+        )
+    if not served:
+        return Condition(
+            MONITORED,
+            "False",
+            "CRDNotInstalled",
+            "no ServiceMonitor: the API server serves no monitoring.coreos.com/v1 "
+            "servicemonitors (install the Prometheus Operator's CRDs)",
+        )
+    if refusal:
+        return Condition(
+            MONITORED,
+            "False",
+            "Forbidden",
+            "no ServiceMonitor: the operator may not manage servicemonitors.monitoring.coreos.com "
+            f"(grant it, e.g. the chart's rbac.serviceMonitors=true): {refusal}",
+        )
+    return Condition(
+        MONITORED, "True", "ServiceMonitorApplied", f"ServiceMonitor {name} selects the fleet"
+    )
+
+
 def compute_status(
     *,
     spec: Spec,
@@ -148,6 +180,7 @@ def compute_status(
     endpoint: str,
     error: str,
     now: str,
+    monitoring: Condition | None = None,
 ) -> dict[str, Any]:
     """The fields of status the operator owns (status.autoscaling belongs to the autoscaler)."""
     wanted = [
@@ -155,6 +188,7 @@ def compute_status(
         _progressing(workers, gateways),
         _degraded(error, workers, gateways),
         _scaling(spec, old),
+        *([monitoring] if monitoring is not None else []),
     ]
     out: dict[str, Any] = {
         "observedGeneration": generation,

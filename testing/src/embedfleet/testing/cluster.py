@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from embedfleet.common.net import free_ports
-from embedfleet.testing import components, process
+from embedfleet.testing import components, fence, process
 from embedfleet.testing.apiclient import ApiClient, ApiError
 from embedfleet.testing.components import Layout
 from embedfleet.testing.kubeconfig import write_kubeconfig
@@ -89,6 +89,7 @@ class Cluster:
         """Seconds from start() (after the binaries) until each readiness check passed."""
         self._began = time.monotonic()
         self._stopped = False
+        self._fence: Path | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,6 +125,8 @@ class Cluster:
             "etcd /health", etcd, lambda: _http_ok(layout.ports["etcd_client"], "/health"), deadline
         )
         apiserver = self._spawn("kube-apiserver", components.apiserver_argv(tools, layout))
+        # Before any pod or Service gets an address that leads nowhere on this machine.
+        self._fence = fence.hold(apiserver)
         self._wait("kube-apiserver /readyz", apiserver, self._api_ready, deadline)
 
         # The rest only needs the API; start them together.
@@ -164,6 +167,8 @@ class Cluster:
         if left:
             names = ", ".join(f"{r.name} (pid {r.pid})" for r in left)
             raise ClusterError(f"could not stop {names}")
+        if self._fence is not None:
+            fence.release(self._fence)
         if self.owns_run_dir and not keep_run_dir:
             shutil.rmtree(self.layout.run_dir, ignore_errors=True)
 
@@ -245,6 +250,7 @@ class Cluster:
             "startup_seconds": round(self.startup_seconds, 2),
             "milestones": {what: round(seconds, 2) for what, seconds in self.milestones.items()},
             "processes": [record.to_json() for record in self.processes],
+            "fence": str(self._fence) if self._fence else None,
         }
 
     # -- internals -----------------------------------------------------------------------------
@@ -341,6 +347,8 @@ def stop_recorded(state: Mapping[str, Any], grace_seconds: float = 10.0) -> list
     others = [record for record in reversed(records) if record.name != "etcd"]
     left = process.stop(others, grace_seconds=grace_seconds)
     left += process.stop(etcd, grace_seconds=grace_seconds)
+    if not left and state.get("fence"):
+        fence.release(Path(state["fence"]))
     if not left and state.get("owns_run_dir"):
         shutil.rmtree(state["run_dir"], ignore_errors=True)
     return left

@@ -22,14 +22,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
-from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.worker.contract import Engine, GraphCounters
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
 from embedfleet.worker.scheduler import Budget, FcfsQueue
 from embedfleet.worker.selfcheck import ReferenceFn, reference_outputs, run_selfcheck
-from embedfleet.worker.server import WorkerService, WorkerState
+from embedfleet.worker.server import WorkerService, WorkerState, add_to_server
 from embedfleet.worker.settings import WorkerSettings
 from embedfleet.worker.warmup import measure_capacity
 
@@ -152,7 +151,7 @@ async def serve(settings: WorkerSettings) -> int:
             ("grpc.max_send_message_length", _MAX_MESSAGE),
         ]
     )
-    pb_grpc.add_WorkerServicer_to_server(WorkerService(state), server)  # type: ignore[no-untyped-call]
+    add_to_server(WorkerService(state), server)
     servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)

@@ -8,13 +8,15 @@ INVALID_ARGUMENT, a full queue -> RESOURCE_EXHAUSTED, warming up or draining -> 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpack_tokens
@@ -37,6 +39,10 @@ _POOLING: dict[int, Pooling | None] = {
 _POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
 _TASKS = {"Embed": "embed", "Score": "score"}
 R = TypeVar("R")
+M = TypeVar("M", bound=Message)
+log = logging.getLogger(__name__)
+#: one log line per this many seconds about undecodable messages, however many arrive
+MALFORMED_LOG_SECONDS = 10.0
 
 
 class StatusError(Exception):
@@ -86,9 +92,59 @@ class WorkerState:
         return entry.future.result()
 
 
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """What the deserializer hands a handler for bytes that are no protobuf message."""
+
+    detail: str
+
+
+@dataclass(slots=True)
+class LogLimiter:
+    """Lets one event through per `seconds`; counts those held back in between."""
+
+    seconds: float
+    _next: float = -math.inf
+    _held: int = 0
+
+    def allow(self, now: float) -> int | None:
+        """The count held back since the last one let through, or None to stay quiet."""
+        if now < self._next:
+            self._held += 1
+            return None
+        held, self._held, self._next = self._held, 0, now + self.seconds
+        return held
+
+
+def _tolerant(parse: Callable[[bytes], M]) -> Callable[[bytes], M | Malformed]:
+    """gRPC's deserializer, but undecodable bytes become a value instead of an exception (which
+    grpc would answer with UNKNOWN and log with a traceback, once per message)."""
+
+    def deserialize(data: bytes) -> M | Malformed:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(str(exc) or "undecodable message")
+
+    return deserialize
+
+
 class WorkerService(pb_grpc.WorkerServicer):
     def __init__(self, state: WorkerState) -> None:
         self.state = state
+        self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
+
+    async def refuse_malformed(
+        self, rpc: str, request: Malformed, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        self._record(rpc, Code.INVALID_ARGUMENT, None)
+        held = self._malformed_log.allow(time.monotonic())
+        if held is not None:
+            log.warning(
+                "undecodable request message",
+                extra={"rpc": rpc, "detail": request.detail, "since_last_line": held},
+            )
+        await context.abort(Code.INVALID_ARGUMENT, f"malformed {rpc} request: {request.detail}")
 
     async def Embed(  # noqa: N802 - gRPC method names
         self,
@@ -164,22 +220,24 @@ class WorkerService(pb_grpc.WorkerServicer):
         reply: Callable[[Entry], R],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> R:
-        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes."""
+        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes.
+
+        Each outcome is counted before the client can see it, so a client that reads the metrics
+        right after its answer finds its own call counted."""
         started = time.perf_counter()
-        code = Code.OK
         try:
             self._check_task(_TASKS[rpc])
             entry = await self._run(batch, options(), context)
-            return reply(entry)
+            answer = reply(entry)
         except StatusError as failure:
-            code = failure.code
+            self._record(rpc, failure.code, started)
             await context.abort(failure.code, failure.message)
+            raise AssertionError("unreachable: abort raises") from None
         except asyncio.CancelledError:
-            code = _cancel_code(context)
+            self._record(rpc, _cancel_code(context), started)
             raise
-        finally:
-            self._record(rpc, code, started)
-        raise AssertionError("unreachable: abort raises")
+        self._record(rpc, Code.OK, started)
+        return answer
 
     def _check_task(self, task: str) -> None:
         if self.state.model.task != task:
@@ -262,3 +320,38 @@ def _cancel_code(context: grpc.aio.ServicerContext[Any, Any]) -> grpc.StatusCode
     if remaining is not None and remaining <= 0:
         return Code.DEADLINE_EXCEEDED
     return Code.CANCELLED
+
+
+def _guarded(
+    service: WorkerService,
+    rpc: str,
+    handler: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, Malformed):
+            await service.refuse_malformed(rpc, request, context)
+        return await handler(request, context)
+
+    return handle
+
+
+def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
+    """Register the Worker service as the generated code would, but with deserializers that turn
+    undecodable bytes into INVALID_ARGUMENT with one rate-limited log line."""
+    methods: dict[str, tuple[Any, Callable[[bytes], Any], Callable[[Any], bytes]]] = {
+        "Embed": (service.Embed, pb.EmbedRequest.FromString, pb.EmbedResponse.SerializeToString),
+        "Score": (service.Score, pb.ScoreRequest.FromString, pb.ScoreResponse.SerializeToString),
+        "Info": (service.Info, pb.InfoRequest.FromString, pb.InfoResponse.SerializeToString),
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _guarded(service, name, method),
+            request_deserializer=_tolerant(parse),
+            response_serializer=serialize,
+        )
+        for name, (method, parse, serialize) in methods.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+SERVICE = "embedfleet.v1.Worker"

@@ -30,7 +30,6 @@ GATEWAY_LATENCY = "embedfleet_gateway_request_seconds"
 #: Pod annotation naming the full metrics URL, for pods whose metrics are not at podIP:port
 #: (port-forwarded development clusters, proxies, and KWOK test fleets whose pods are fake).
 METRICS_URL_ANNOTATION = "embedfleet.dev/metrics-url"
-DEFAULT_METRICS_PORT = 9090
 QUANTILE = 0.99
 
 
@@ -167,8 +166,11 @@ def observe(
     )
 
 
-def pod_metrics_urls(pods: Iterable[Mapping[str, Any]], port_name: str = "metrics") -> list[str]:
-    """Metrics URLs of running pods: the annotation if set, else http://podIP:port/metrics."""
+def pod_metrics_urls(
+    pods: Iterable[Mapping[str, Any]], port_name: str, default_port: int
+) -> list[str]:
+    """Metrics URLs of running pods: the annotation if set, else http://podIP:port/metrics with
+    the container port named `port_name` (`default_port` when no container has one)."""
     urls = []
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -179,17 +181,17 @@ def pod_metrics_urls(pods: Iterable[Mapping[str, Any]], port_name: str = "metric
         if annotated:
             urls.append(str(annotated))
         elif status.get("podIP"):
-            port = _container_port(pod.get("spec") or {}, port_name)
+            port = _container_port(pod.get("spec") or {}, port_name, default_port)
             urls.append(f"http://{_host(str(status['podIP']))}:{port}/metrics")
     return sorted(urls)
 
 
-def _container_port(spec: Mapping[str, Any], name: str) -> int:
+def _container_port(spec: Mapping[str, Any], name: str, default: int) -> int:
     for container in spec.get("containers") or []:
         for port in container.get("ports") or []:
             if port.get("name") == name and port.get("containerPort"):
                 return int(port["containerPort"])
-    return DEFAULT_METRICS_PORT
+    return default
 
 
 def _host(ip: str) -> str:
@@ -198,7 +200,7 @@ def _host(ip: str) -> str:
 
 @dataclass
 class Scraper:
-    """Keeps each fleet's last scrape round between timer ticks (in the operator's memory only:
+    """Keeps each fleet's last scrape round between autoscaler ticks (in the operator's memory only:
     after a restart the first round yields no rates and the policy holds)."""
 
     timeout: float = 2.0

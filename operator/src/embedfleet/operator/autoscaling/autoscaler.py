@@ -1,8 +1,8 @@
 """The autoscaler's I/O shell: every few seconds, measure each autoscaled fleet, decide, record.
 
-Like the rest of the operator it runs as a task started at startup rather than a kopf timer (a
-timer would put a finalizer on every EmbeddingDeployment). It starts acting only once the
-operator's own startup is done, i.e. while this replica holds the leader lease.
+`run` is one of the tasks the operator's startup handler starts once it holds the leader lease
+(handlers.py), on the operator's Kubernetes client; the cleanup handler cancels it. A task rather
+than a kopf timer, because a timer would put a finalizer on every EmbeddingDeployment.
 
 Per EmbeddingDeployment with autoscaling.enabled and not external, one tick:
 1. reads the worker Deployment (replicas asked for and ready),
@@ -11,20 +11,17 @@ Per EmbeddingDeployment with autoscaling.enabled and not external, one tick:
 4. merges the decision into status.autoscaling; the operator's reconcile (triggered by that status
    change) sets the worker Deployment's replicas from status.autoscaling.desiredReplicas,
 5. posts an Event when the replica count or the reason changes.
-
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
-import kopf
 from prometheus_client import Counter
 
 from embedfleet.operator import paths
@@ -32,7 +29,7 @@ from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.autoscaling.policy import Observation, Reason, decide
 from embedfleet.operator.autoscaling.state import rfc3339, state_from_status, status_patch
 from embedfleet.operator.kube import Kube, KubeError
-from embedfleet.operator.manifests import MANAGER, Names
+from embedfleet.operator.manifests import MANAGER, METRICS_PORTS, Names
 from embedfleet.operator.replicas import autoscaler_desired
 from embedfleet.operator.spec import GROUP, VERSION, Spec, SpecError, parse_spec
 
@@ -50,27 +47,8 @@ SCALE_DECISIONS = Counter(
 )
 
 
-@kopf.on.startup()
-async def start_autoscaler(memo: kopf.Memo, **_: Any) -> None:
-    memo["autoscaler"] = asyncio.create_task(_run(memo))
-
-
-@kopf.on.cleanup()
-async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
-    task = memo.get("autoscaler")
-    if isinstance(task, asyncio.Task):
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            await asyncio.wait_for(task, timeout=5)
-
-
-async def _run(memo: kopf.Memo) -> None:
-    # The operator's startup handler sets "queue" once it holds the lease and is ready to act.
-    while "queue" not in memo:
-        await asyncio.sleep(0.2)
-    settings = memo.get("settings")
-    namespace = str(getattr(settings, "namespace", "") or "")
-    kube = await asyncio.to_thread(Kube.connect)
+async def run(kube: Kube, namespace: str) -> None:
+    """Ticks until cancelled; `namespace` empty means every namespace."""
     scraper = signals.Scraper()
     async with aiohttp.ClientSession() as session:
         while True:
@@ -87,7 +65,7 @@ async def _run(memo: kopf.Memo) -> None:
 async def tick(
     kube: Kube, session: aiohttp.ClientSession, scraper: signals.Scraper, namespace: str
 ) -> None:
-    found = await asyncio.to_thread(kube.get, paths.embedding_deployments(namespace))
+    found = await kube.call(kube.get, paths.embedding_deployments(namespace))
     live = set()
     for body in found.get("items", ()):
         meta = body["metadata"]
@@ -117,7 +95,7 @@ async def autoscale(
     meta = body["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
     names = Names.of(name)
-    worker = await asyncio.to_thread(
+    worker = await kube.call(
         kube.get_or_none, f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.worker}"
     )
     if worker is None:
@@ -142,14 +120,14 @@ async def autoscale(
     if decision.reason == Reason.NO_METRICS and decided is None:
         # Nothing measured and nothing decided yet: leave the replicas to spec.worker.replicas.
         del patch["desiredReplicas"]
-    await asyncio.to_thread(
+    await kube.call(
         kube.merge_status, paths.embedding_deployment(namespace, name), {"autoscaling": patch}
     )
     if decision.scaled:
         SCALE_DECISIONS.labels(namespace, name, str(decision.reason)).inc()
     if decision.scaled or old.get("reason") != str(decision.reason):
         log.info("%s/%s: %s: %s", namespace, name, decision.reason, decision.message)
-        await asyncio.to_thread(
+        await kube.call(
             kube.request,
             "POST",
             f"/api/v1/namespaces/{namespace}/events",
@@ -160,7 +138,7 @@ async def autoscale(
 def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
     """A core/v1 Event about the EmbeddingDeployment.
 
-    Posted directly: kopf's own posting needs context its handlers have and this loop lacks, and
+    Posted directly: kopf's own posting needs context its handlers have and this task lacks, and
     kopf.info obeys settings.posting.level, which is meant for handler log lines.
     """
     meta = body["metadata"]
@@ -200,17 +178,22 @@ async def _from_pods(
     namespace = str(worker["metadata"]["namespace"])
     worker_pods = await _pods(kube, namespace, worker)
     workers = await scraper.round(
-        session, key + "worker", signals.pod_metrics_urls(worker_pods), gateway=False, now=now
+        session, key + "worker", metrics_urls("worker", worker_pods), gateway=False, now=now
     )
-    gateway = await asyncio.to_thread(
+    gateway = await kube.call(
         kube.get_or_none,
         f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.gateway}",
     )
     gateway_pods = await _pods(kube, namespace, gateway) if gateway else []
     gateways = await scraper.round(
-        session, key + "gateway", signals.pod_metrics_urls(gateway_pods), gateway=True, now=now
+        session, key + "gateway", metrics_urls("gateway", gateway_pods), gateway=True, now=now
     )
     return signals.observe(workers, gateways, ready)
+
+
+def metrics_urls(component: str, pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Where to scrape the pods of one component ("worker" or "gateway")."""
+    return signals.pod_metrics_urls(pods, *METRICS_PORTS[component])
 
 
 async def _pods(
@@ -220,7 +203,7 @@ async def _pods(
     if not match:
         return []
     selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
-    found = await asyncio.to_thread(
+    found = await kube.call(
         kube.request,
         "GET",
         f"/api/v1/namespaces/{namespace}/pods",

@@ -1,0 +1,192 @@
+"""Slow, stalled and idle HTTP clients against the gateway's real server settings (cli.py), in front
+of FAKE workers (fakes.py): stalled connections are closed after their bound, a connection flood is
+refused cleanly past the cap, and a normal client is answered throughout."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.gateway.cli import connection_cap
+from embedfleet.gateway.settings import GatewaySettings
+
+from .fakes import FakeWorker
+from .helpers import GatewayThread, wait_until
+
+HEADER_SECONDS = 1.0
+BODY_SECONDS = 1.0
+KEEP_ALIVE_SECONDS = 1.0
+STALLED = 300
+CAP = 400
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[FakeWorker]]:
+    fakes = [FakeWorker(i).start() for i in range(2)]
+    yield fakes
+    for w in fakes:
+        w.stop()
+
+
+def _gateway(minilm: ModelDir, workers: list[FakeWorker], cap: int) -> GatewayThread:
+    settings = GatewaySettings(
+        workers=tuple(w.address for w in workers),
+        probe_seconds=0.1,
+        header_timeout_seconds=HEADER_SECONDS,
+        body_timeout_seconds=BODY_SECONDS,
+        keep_alive_seconds=KEEP_ALIVE_SECONDS,
+        max_connections=cap,
+    )
+    gw = GatewayThread(settings, minilm).start()
+    wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
+    return gw
+
+
+@pytest.fixture(scope="module")
+def gateway(minilm: ModelDir, workers: list[FakeWorker]) -> Iterator[GatewayThread]:
+    gw = _gateway(minilm, workers, CAP)
+    yield gw
+    gw.stop()
+
+
+def _port(gw: GatewayThread) -> int:
+    return int(gw.url.rsplit(":", 1)[1])
+
+
+def _connect(gw: GatewayThread, first: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", _port(gw)), timeout=10)
+    if first:
+        sock.sendall(first)
+    return sock
+
+
+def _until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes, and when it closed (monotonic)."""
+    sock.settimeout(timeout)
+    got = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got, time.monotonic()
+
+
+class Prober:
+    """A normal keep-alive client posting small requests in a thread; records each latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            deadline = time.monotonic() + 60
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                start = time.monotonic()
+                try:
+                    reply = client.post("/v1/embeddings", json={"input": [[5, 6]]})
+                    if reply.status_code != 200:
+                        self.failures.append(reply.text)
+                except httpx.HTTPError as exc:
+                    self.failures.append(repr(exc))
+                self.latencies.append(time.monotonic() - start)
+                time.sleep(0.01)
+
+    def __enter__(self) -> Prober:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(20)
+
+
+def test_stalled_connections_are_closed_after_the_header_bound_while_others_are_served(
+    gateway: GatewayThread,
+) -> None:
+    with Prober(gateway.url) as prober:
+        time.sleep(0.3)
+        opened = time.monotonic()
+        # Half send a request line and a Host header and stop; half send nothing at all.
+        partial = b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n"
+        stalled = [_connect(gateway, partial if i % 2 else b"") for i in range(STALLED)]
+        try:
+            closed = [_until_closed(s, HEADER_SECONDS + 10) for s in stalled]
+        finally:
+            for s in stalled:
+                s.close()
+        time.sleep(0.3)
+    assert prober.failures == []
+    assert len(prober.latencies) > 10
+    last = max(t for _, t in closed) - opened
+    assert min(t for _, t in closed) - opened >= HEADER_SECONDS * 0.9
+    assert last < HEADER_SECONDS + 3.0, last
+    assert all(b"408 Request Timeout" in got for got, _ in closed)
+    worst = max(prober.latencies)
+    print(
+        f"{STALLED} stalled: all closed {last:.2f}s after opening; normal client worst {worst:.3f}s"
+    )
+    assert worst < 1.0
+
+
+def test_a_slow_body_gets_408_and_the_connection_closes(gateway: GatewayThread) -> None:
+    head = (
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 100\r\n\r\n"
+    )
+    sock = _connect(gateway, head + b'{"input": ')
+    start = time.monotonic()
+    got, closed = _until_closed(sock, BODY_SECONDS + 10)
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 408 "), got
+    assert b'"request_timeout"' in got
+    assert BODY_SECONDS * 0.9 <= closed - start < BODY_SECONDS + 3.0
+
+
+def test_an_idle_kept_alive_connection_is_closed(gateway: GatewayThread) -> None:
+    sock = _connect(gateway, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    start = time.monotonic()
+    got, closed = _until_closed(sock, KEEP_ALIVE_SECONDS + 10)
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert b"408" not in got  # idle after a response is the keep-alive bound, not a slow request
+    assert KEEP_ALIVE_SECONDS * 0.9 <= closed - start < KEEP_ALIVE_SECONDS + 3.0
+
+
+def test_connections_past_the_cap_are_refused_cleanly(
+    minilm: ModelDir, workers: list[FakeWorker]
+) -> None:
+    gw = _gateway(minilm, workers, cap=20)
+    held = [_connect(gw) for _ in range(20)]
+    try:
+        extra = _connect(gw)
+        got, _ = _until_closed(extra, 5)
+        extra.close()
+        assert got.startswith(b"HTTP/1.1 503 "), got
+        assert b'"too_many_connections"' in got
+    finally:
+        for s in held:
+            s.close()
+    # Once they are gone, new clients are served again.
+    wait_until(
+        "served again",
+        lambda: httpx.get(gw.url + "/health", timeout=5).status_code == 200,
+        timeout=10,
+    )
+    gw.stop()
+
+
+def test_the_connection_cap_stays_below_the_open_file_limit() -> None:
+    assert connection_cap(4096, 1024) == 1024 - 64
+    assert connection_cap(100, 1024) == 100
+    assert connection_cap(0, 20000) == 20000 - 64  # 0: the open-file limit's own
+    assert connection_cap(4096, 10) == 1
