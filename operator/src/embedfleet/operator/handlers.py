@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -46,6 +47,8 @@ CHILD_KINDS = (
     ("policy", "v1", "poddisruptionbudgets"),
 )
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: How long kopf may take to end after our cleanup before the process ends anyway.
+EXIT_GRACE_SECONDS = 1.0
 
 
 def _settings(memo: kopf.Memo) -> OperatorSettings:
@@ -207,6 +210,22 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             await asyncio.wait_for(in_daemon_thread(elector.release), elector.duration / 3)
     if isinstance(kube := memo.get("kube"), Kube):
         kube.close()
+    # Nothing of ours is left to finish. kopf still gives tasks of its own up to 5 s to end by
+    # themselves (its discovery of the API, started before this run's stop, retries on the closed
+    # session), so a stop during that discovery would cost 5 s on every rollout: bound it.
+    _exit_soon(1 if memo.get("lost_leadership") else 0, EXIT_GRACE_SECONDS)
+
+
+def _exit_soon(code: int, after: float) -> None:
+    """Ends the process `after` seconds from now unless it has ended by itself before."""
+
+    def hard_exit() -> None:
+        logging.shutdown()  # flush the log handlers: os._exit skips them
+        os._exit(code)
+
+    timer = threading.Timer(after, hard_exit)
+    timer.daemon = True
+    timer.start()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
