@@ -120,6 +120,9 @@ def operator_env(
             env[var["name"]] = {
                 "metadata.name": pod_name,
                 "metadata.namespace": deployment["metadata"]["namespace"],
+                # No pod backs the local process: without a uid its Lease gets no owner (an owner
+                # that does not exist would have the garbage collector delete the Lease).
+                "metadata.uid": "",
             }[field]
     # Local ports: the pod's fixed container ports may be taken on this machine.
     env["EMBEDFLEET_OPERATOR_METRICS_PORT"] = str(ports["metrics"])

@@ -73,7 +73,7 @@ def test_minilm_example_end_to_end(
     assert container["command"] == ["embedfleet-worker"]
     assert container["image"] == "example.invalid/worker:test"
     assert container["readinessProbe"]["grpc"]["port"] == 50051
-    assert container["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert container["resources"]["requests"] == {"cpu": "250m", "memory": "768Mi"}
     cm = kids["ConfigMap/minilm-config"]["data"]
     assert cm["EMBEDFLEET_WORKER_MODEL"] == "/opt/embedfleet/models/all-MiniLM-L6-v2"
     assert cm["EMBEDFLEET_GATEWAY_K8S_SERVICE"] == "minilm-worker"
