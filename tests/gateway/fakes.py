@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 
 from embedfleet.common.arrays import FloatArray
-from embedfleet.common.codec import Tokens, pack_floats, unpack_tokens
+from embedfleet.common.codec import SparseVector, Tokens, pack_floats, unpack_tokens
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.gateway.balancer import Balancer
@@ -160,6 +160,25 @@ class InMemoryFakeWorker:
         tokens = unpack_tokens(batch)
         await self._run(tokens)
         return _scores(tokens), tokens.total
+
+    async def classify(
+        self, batch: pb.TokenBatch, activate: bool, timeout: float
+    ) -> tuple[FloatArray, int]:
+        tokens = unpack_tokens(batch)
+        await self._run(tokens)
+        return _rows(tokens, self.number), tokens.total
+
+    async def sparse_embed(
+        self, batch: pb.TokenBatch, top_k: int, threshold: float, timeout: float
+    ) -> tuple[list[SparseVector], int]:
+        """Row i: its sequence's distinct token ids, each weighted by its count."""
+        tokens = unpack_tokens(batch)
+        await self._run(tokens)
+        rows: list[SparseVector] = []
+        for seq in tokens.sequences():
+            ids, counts = np.unique(seq, return_counts=True)
+            rows.append((ids.astype(np.int32), counts.astype(np.float32)))
+        return rows, tokens.total
 
     async def info(self, timeout: float) -> pb.InfoResponse:
         self.probed.set()

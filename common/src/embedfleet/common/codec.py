@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.proto import embedfleet_pb2 as pb
 
 _I32 = np.dtype("<i4")
@@ -96,3 +97,26 @@ def unpack_floats(
     if len(data) != rows * cols * dtype.itemsize:
         raise CodecError(f"expected {rows}x{cols} values of {dtype}, got {len(data)} bytes")
     return np.frombuffer(data, dtype=dtype).reshape(rows, cols)
+
+
+SparseVector = tuple[npt.NDArray[np.int32], FloatArray]
+"""(vocabulary ids ascending, their weights) of one sparse embedding."""
+
+
+def unpack_sparse(offsets: bytes, indices: bytes, values: bytes, count: int) -> list[SparseVector]:
+    """A SparseEmbedResponse's rows: views into its buffers, no copy."""
+    bounds = np.frombuffer(offsets, dtype="<i4")
+    ids = np.frombuffer(indices, dtype="<i4")
+    weights = np.frombuffer(values, dtype="<f4")
+    if bounds.shape[0] != count + 1 or ids.shape != weights.shape:
+        raise CodecError(
+            f"sparse rows: {bounds.shape[0]} offsets for {count} rows, "
+            f"{ids.shape[0]} indices and {weights.shape[0]} values"
+        )
+    if count and (bounds[0] != 0 or bounds[-1] != ids.shape[0] or np.any(np.diff(bounds) < 0)):
+        raise CodecError("sparse rows: offsets do not cover the indices in order")
+    return [
+        (ids[bounds[i] : bounds[i + 1]].astype(np.int32, copy=False),
+         weights[bounds[i] : bounds[i + 1]].astype(np.float32, copy=False))
+        for i in range(count)
+    ]  # fmt: skip

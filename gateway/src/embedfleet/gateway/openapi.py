@@ -81,6 +81,10 @@ def document(version: str) -> dict[str, Any]:
         schemas.Document,
         schemas.ScoreRequest,
         schemas.ScoreResponse,
+        schemas.ClassifyRequest,
+        schemas.ClassifyResponse,
+        schemas.SparseEmbeddingRequest,
+        schemas.SparseEmbeddingResponse,
         schemas.ModelList,
         schemas.ErrorResponse,
     ]
@@ -100,6 +104,16 @@ def document(version: str) -> dict[str, Any]:
                 schemas.RerankResponse,
             ),
             "/v1/score": _post("Score text pairs.", schemas.ScoreRequest, schemas.ScoreResponse),
+            "/v1/classify": _post(
+                "Classify texts with a sequence-classification model (labels from its config).",
+                schemas.ClassifyRequest,
+                schemas.ClassifyResponse,
+            ),
+            "/v1/sparse_embeddings": _post(
+                "SPLADE sparse embeddings of texts or token ids, as {indices, values}.",
+                schemas.SparseEmbeddingRequest,
+                schemas.SparseEmbeddingResponse,
+            ),
             "/v1/models": _get(
                 "The served model.",
                 _json(schemas.ModelList),

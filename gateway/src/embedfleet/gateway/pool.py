@@ -12,6 +12,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from embedfleet.common.arrays import FloatArray
+from embedfleet.common.codec import SparseVector
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.balancer import Balancer, Endpoint
 from embedfleet.gateway.client import UpstreamError, WorkerClient
@@ -32,6 +33,20 @@ class Worker(Protocol):
 
     async def score(self, batch: pb.TokenBatch, timeout: float) -> tuple[FloatArray, int]:
         """One activated cross-encoder score per pair in `batch`, and tokens run."""
+        ...
+
+    async def classify(
+        self, batch: pb.TokenBatch, activate: bool, timeout: float
+    ) -> tuple[FloatArray, int]:
+        """[inputs, labels] class scores (`activate`: the head's activation applied), and tokens
+        run."""
+        ...
+
+    async def sparse_embed(
+        self, batch: pb.TokenBatch, top_k: int, threshold: float, timeout: float
+    ) -> tuple[list[SparseVector], int]:
+        """Each input's SPLADE weights above `threshold`, at most `top_k` (0: all), and tokens
+        run."""
         ...
 
     async def info(self, timeout: float) -> pb.InfoResponse:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    WithJsonSchema,
+)
 
 # The non-empty rules below are enforced by the service (with messages that name the offending
 # item), so they appear in the JSON schema only: a pydantic constraint inside a union would turn
@@ -70,7 +79,17 @@ class Document(BaseModel):
     text: StrictStr = Field(json_schema_extra={"minLength": 1})
 
 
-class RerankRequest(_Request):
+class _PairRequest(_Request):
+    instruction: StrictStr | None = Field(
+        None,
+        description="Extension, prompt-template rerankers (Qwen3-Reranker) only: the task "
+        "instruction of the judging prompt; omitted uses the model card's default (\"Given a "
+        'web search query, retrieve relevant passages that answer the query").',
+        json_schema_extra={"minLength": 1},
+    )
+
+
+class RerankRequest(_PairRequest):
     query: StrictStr = Field(
         description="The query every document is scored against.",
         json_schema_extra={"minLength": 1},
@@ -87,10 +106,37 @@ class RerankRequest(_Request):
     )
 
 
-class ScoreRequest(_Request):
+class ScoreRequest(_PairRequest):
     text_1: Texts = Field(description="One text, or a list paired element-wise with text_2.")
     text_2: Texts = Field(
         description="One text, or a list: one text_1 is scored against every text_2."
+    )
+
+
+class ClassifyRequest(_Request):
+    input: Texts = Field(description="Text or texts to classify.")
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Keep only each input's best K labels in `labels`; omitted keeps all."
+    )
+    raw_scores: StrictBool = Field(
+        False,
+        description="Return the head's raw logits instead of applying its activation (softmax, "
+        "or sigmoid for multi-label and one-label heads, from the model's problem_type).",
+    )
+
+
+class SparseEmbeddingRequest(_Request):
+    input: EmbeddingInput = Field(
+        description="Text, texts, token ids or lists of token ids to embed sparsely.",
+    )
+    top_k: Annotated[StrictInt, Field(ge=1)] | None = Field(
+        None, description="Keep each input's K largest weights; omitted keeps every nonzero one."
+    )
+    threshold: Annotated[StrictFloat | StrictInt, Field(ge=0)] | None = Field(
+        None, description="Drop weights at or below this value; omitted drops only zeros."
+    )
+    input_type: InputType | None = Field(
+        None, description="Extension: apply the model's prompt for queries or documents."
     )
 
 
@@ -136,6 +182,47 @@ class Score(BaseModel):
 class ScoreResponse(BaseModel):
     object: Literal["list"] = "list"
     data: list[Score]
+    model: str
+    usage: Usage
+
+
+class LabelScore(BaseModel):
+    label: str
+    score: float
+
+
+class Classification(BaseModel):
+    object: Literal["classification"] = "classification"
+    index: int
+    label: str = Field(description="The best label.")
+    score: float = Field(description="The best label's score.")
+    labels: list[LabelScore] = Field(description="Labels by descending score (`top_k` of them).")
+    probs: list[float] = Field(description="Every label's score in id order (vLLM's field).")
+    num_classes: int
+
+
+class ClassifyResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Classification]
+    model: str
+    usage: Usage
+
+
+class SparseVector(BaseModel):
+    indices: list[int] = Field(description="Vocabulary ids, ascending.")
+    values: list[float] = Field(description="Their weights, all > 0.")
+
+
+class SparseEmbedding(BaseModel):
+    object: Literal["sparse_embedding"] = "sparse_embedding"
+    index: int
+    embedding: SparseVector
+    dimensions: int = Field(description="The vocabulary size (the dense dimension).")
+
+
+class SparseEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[SparseEmbedding]
     model: str
     usage: Usage
 

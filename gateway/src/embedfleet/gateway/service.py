@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -10,22 +11,27 @@ from typing import Any, cast
 import numpy as np
 
 from embedfleet.common.arrays import FloatArray
-from embedfleet.common.codec import pack_tokens
+from embedfleet.common.codec import SparseVector, pack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import errors
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import Worker, WorkerPool
 from embedfleet.gateway.schemas import (
+    ClassifyRequest,
     Document,
+    EmbeddingInput,
     EmbeddingRequest,
     RerankRequest,
     ScoreRequest,
+    SparseEmbeddingRequest,
     TruncationSide,
 )
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.gateway.splitting import Chunk, chunk_budget, join, plan
 from embedfleet.gateway.tokenization import Batch, Tokenization
+
+log = logging.getLogger(__name__)
 
 
 def _usage(tokens: int) -> dict[str, int]:
@@ -153,14 +159,69 @@ class Service:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
         return batch
 
+    def _require(self, task: str, route: str) -> None:
+        """A 400 naming the route that serves this model, when `route` cannot."""
+        if self.model.task == task:
+            return
+        serves = {
+            "embed": "/v1/embeddings (and /v1/rerank, /v1/score by cosine)",
+            "score": "/v1/rerank and /v1/score",
+            "classify": "/v1/classify",
+            "sparse": "/v1/sparse_embeddings",
+        }[self.model.task]
+        raise errors.invalid(
+            f"'{self.name}' is a {self.model.task} model; {route} needs a {task} model. "
+            f"Use {serves}.",
+            param="model",
+        )
+
+    async def _tokenize_input(
+        self, raw: EmbeddingInput, input_type: str | None, truncate: bool, side: TruncationSide
+    ) -> Batch:
+        """Texts or token ids, checked and tokenized (the embedding endpoints' input)."""
+        if isinstance(raw, str):
+            raw = [raw]
+        elif raw and isinstance(raw[0], int):
+            # A flat list of token ids is one input, however long: `truncate` decides its fate.
+            raw = [raw]
+        self._check_count(len(raw), "input")
+        self.dispatcher.admit()
+        if isinstance(raw[0], str):
+            texts: list[str] = raw
+            _check_texts(texts, "input")
+            batch = await self._tokenize_texts(texts, input_type, truncate, side)
+        else:
+            seqs = cast(list[list[int]], raw)
+            batch = self.tokenization.token_ids(seqs, truncate, side)
+        self._check_tokens(batch, "input")
+        return batch
+
     async def _pair_scores(
-        self, pairs: list[tuple[str, str]], truncate: bool, side: TruncationSide, param: str
+        self,
+        pairs: list[tuple[str, str]],
+        truncate: bool,
+        side: TruncationSide,
+        param: str,
+        instruction: str | None = None,
     ) -> tuple[FloatArray, int]:
-        """Relevance of each pair: the cross-encoder's own score, else embedding cosine."""
+        """Relevance of each pair: the reranker's own score, else embedding cosine."""
+        if self.model.task not in ("score", "embed"):
+            self._require("score", "/v1/rerank and /v1/score")
+        if instruction is not None and self.model.head != "yes_no":
+            raise errors.invalid(
+                "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); "
+                f"'{self.name}' takes none.",
+                param="instruction",
+            )
+        if instruction is not None and not instruction:
+            raise errors.invalid("'instruction' must not be empty.", param="instruction")
         self.dispatcher.admit()
         if self.model.task == "score":
             start = time.perf_counter()
-            batch = await self.tokenization.pairs(pairs, truncate, side)
+            if self.model.head == "yes_no":
+                batch = await self.tokenization.judged_pairs(pairs, instruction, truncate, side)
+            else:
+                batch = await self.tokenization.pairs(pairs, truncate, side)
             self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
             self._check_tokens(batch, param)
             return await self._score(batch), batch.total
@@ -182,35 +243,16 @@ class Service:
 
     async def embeddings(self, req: EmbeddingRequest) -> dict[str, Any]:
         self._check_model(req.model)
-        if self.model.task == "score":
-            raise errors.invalid(
-                f"'{self.name}' is a cross-encoder: it scores pairs. Use /v1/rerank or /v1/score.",
-                param="model",
-            )
-        raw = req.input
-        if isinstance(raw, str):
-            raw = [raw]
-        elif raw and isinstance(raw[0], int):
-            # A flat list of token ids is one input, however long: `truncate` decides its fate.
-            raw = [raw]
-        self._check_count(len(raw), "input")
+        self._require("embed", "/v1/embeddings")
         dims = self.dimensions
         if req.dimensions is not None and req.dimensions > dims:
             raise errors.invalid(
                 f"'dimensions' must be between 1 and {dims} for this model; got {req.dimensions}.",
                 param="dimensions",
             )
-        self.dispatcher.admit()
-        if isinstance(raw[0], str):
-            texts: list[str] = raw
-            _check_texts(texts, "input")
-            batch = await self._tokenize_texts(
-                texts, req.input_type, req.truncate, req.truncation_side
-            )
-        else:
-            seqs = cast(list[list[int]], raw)
-            batch = self.tokenization.token_ids(seqs, req.truncate, req.truncation_side)
-        self._check_tokens(batch, "input")
+        batch = await self._tokenize_input(
+            req.input, req.input_type, req.truncate, req.truncation_side
+        )
         requested = req.dimensions if req.dimensions is not None and req.dimensions < dims else 0
         rows = await self._embed(batch, requested)
         if req.encoding_format == "base64":
@@ -235,7 +277,11 @@ class Service:
             raise errors.invalid("'query' must not be empty.", param="query")
         _check_texts(docs, "documents")
         scores, tokens = await self._pair_scores(
-            [(req.query, d) for d in docs], req.truncate, req.truncation_side, "documents"
+            [(req.query, d) for d in docs],
+            req.truncate,
+            req.truncation_side,
+            "documents",
+            req.instruction,
         )
         order = np.argsort(-scores, kind="stable")
         if req.top_n is not None:
@@ -255,12 +301,84 @@ class Service:
         for a, b in pairs:
             if not a or not b:
                 raise errors.invalid("Texts to score must not be empty.", param="text_1")
-        scores, tokens = await self._pair_scores(pairs, req.truncate, req.truncation_side, "text_2")
+        scores, tokens = await self._pair_scores(
+            pairs, req.truncate, req.truncation_side, "text_2", req.instruction
+        )
         data = [
             {"object": "score", "index": i, "score": float(s)}
             for i, s in enumerate(scores.tolist())
         ]
         return {"object": "list", "data": data, "model": self.name, "usage": _usage(tokens)}
+
+    async def classify(self, req: ClassifyRequest) -> dict[str, Any]:
+        self._check_model(req.model)
+        self._require("classify", "/v1/classify")
+        texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        self._check_count(len(texts), "input")
+        _check_texts(texts, "input")
+        self.dispatcher.admit()
+        batch = await self._tokenize_texts(texts, None, req.truncate, req.truncation_side)
+        self._check_tokens(batch, "input")
+        timeout = self.settings.upstream_timeout_seconds
+        activate = not req.raw_scores
+
+        async def call(chunk: Chunk, worker: Worker) -> FloatArray:
+            packed = pack_tokens(batch.ids[chunk.start : chunk.stop])
+            scores, _ = await worker.classify(packed, activate, timeout)
+            return scores
+
+        scores = join(await self.dispatcher.run(self._chunks(batch), call))
+        labels = self.model.labels
+        if scores.shape[1] != len(labels):
+            # The gateway and its workers were given different models: a deployment error.
+            log.error(
+                "workers and gateway disagree on the label count",
+                extra={"worker_labels": int(scores.shape[1]), "gateway_labels": len(labels)},
+            )
+            raise errors.internal()
+        keep = req.top_k or len(labels)
+        data: list[dict[str, Any]] = []
+        for i, row in enumerate(scores.tolist()):
+            order = sorted(range(len(labels)), key=lambda k: -row[k])
+            data.append(
+                {
+                    "object": "classification",
+                    "index": i,
+                    "label": labels[order[0]],
+                    "score": row[order[0]],
+                    "labels": [{"label": labels[k], "score": row[k]} for k in order[:keep]],
+                    "probs": row,
+                    "num_classes": len(labels),
+                }
+            )
+        return {"object": "list", "data": data, "model": self.name, "usage": _usage(batch.total)}
+
+    async def sparse_embeddings(self, req: SparseEmbeddingRequest) -> dict[str, Any]:
+        self._check_model(req.model)
+        self._require("sparse", "/v1/sparse_embeddings")
+        batch = await self._tokenize_input(
+            req.input, req.input_type, req.truncate, req.truncation_side
+        )
+        timeout = self.settings.upstream_timeout_seconds
+        top_k, threshold = req.top_k or 0, float(req.threshold or 0.0)
+
+        async def call(chunk: Chunk, worker: Worker) -> list[SparseVector]:
+            packed = pack_tokens(batch.ids[chunk.start : chunk.stop])
+            rows, _ = await worker.sparse_embed(packed, top_k, threshold, timeout)
+            return rows
+
+        parts = await self.dispatcher.run(self._chunks(batch), call)
+        dims = self.model.vocab_size
+        data = [
+            {
+                "object": "sparse_embedding",
+                "index": i,
+                "embedding": {"indices": ids, "values": values},
+                "dimensions": dims,
+            }
+            for i, (ids, values) in enumerate(row for part in parts for row in part)
+        ]
+        return {"object": "list", "data": data, "model": self.name, "usage": _usage(batch.total)}
 
     def models(self) -> dict[str, Any]:
         return {

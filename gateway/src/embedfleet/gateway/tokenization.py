@@ -6,7 +6,9 @@ more than the work (see docs/gateway.md for the measurement). Requests of many c
 lane (thread) of their own, so however long they take they never hold up the others. Before
 anything is tokenized, a long text is cut to the window that decides its tokens (window.py): with
 `truncate` it is cut there, without it is refused there, so no text is ever tokenized whole merely
-to be cut or rejected.
+to be cut or rejected. Prompt-template rerankers (Qwen3-Reranker) get each pair rendered in their
+judging frame (common.judge_prompt): the fixed prefix and suffix tokens around the instruction,
+query and document, tokenized apart as the model card does, so truncation only ever cuts the pair.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from typing import Literal, TypeVar
 
 from tokenizers import Encoding, Tokenizer
 
-from embedfleet.common.modeldir import ModelDir
+from embedfleet.common import judge_prompt
+from embedfleet.common.modeldir import ModelDir, ModelDirError
 from embedfleet.gateway.errors import ApiError, invalid
 from embedfleet.gateway.window import Window, first_window_chars, window
 
 Side = Literal["left", "right"]
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,14 @@ class Tokenization:
             tok.enable_truncation(max_tokens, strategy="longest_first", direction=side)
             self._cutting[side] = tok
         self._first_chars = first_window_chars(self._plain, max_tokens + 1)
+        self._frame: tuple[list[int], list[int]] = ([], [])
+        if model.head == "yes_no":
+            self._frame = (self._special_free(judge_prompt.PREFIX),
+                           self._special_free(judge_prompt.SUFFIX))  # fmt: skip
+            if len(self._frame[0]) + len(self._frame[1]) >= max_tokens:
+                raise ModelDirError(
+                    f"max input tokens {max_tokens} leave no room inside the judging prompt"
+                )
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="tokenize")
         self._large = ThreadPoolExecutor(1, thread_name_prefix="tokenize-large")
 
@@ -131,6 +143,33 @@ class Tokenization:
         other = self._content_tokens(a)
         return a, (wb.text if wb.exact_tokens > other else b)
 
+    def _special_free(self, text: str) -> list[int]:
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
+
+    def _encode_judged(
+        self, items: tuple[list[tuple[str, str]], str], truncate: bool, side: Side
+    ) -> list[list[int]]:
+        pairs, instruction = items
+        prefix, suffix = self._frame
+        room = self.max_tokens - len(prefix) - len(suffix)
+        bodies = [judge_prompt.body(instruction, q, d) for q, d in pairs]
+        windows = [self._window(b, side) for b in bodies]
+        for i, w in enumerate(windows):
+            if w.cut and not truncate:
+                frame = len(prefix) + len(suffix)
+                raise too_long(i, w.exact_tokens + frame, self.max_tokens, "documents", True)
+        encodings = self._plain.encode_batch([w.text for w in windows], add_special_tokens=False)
+        out: list[list[int]] = []
+        for i, enc in enumerate(encodings):
+            ids = enc.ids
+            if len(ids) > room:
+                if not truncate:
+                    frame = len(prefix) + len(suffix)
+                    raise too_long(i, len(ids) + frame, self.max_tokens, "documents")
+                ids = cut(ids, room, side)
+            out.append([*prefix, *ids, *suffix])
+        return out
+
     def _content_tokens(self, text: str) -> int:
         (encoding,) = self._plain.encode_batch([text], add_special_tokens=False)  # GIL released
         return len(encoding.ids)
@@ -143,9 +182,9 @@ class Tokenization:
                 raise too_long(i, w.exact_tokens, self.max_tokens, param, at_least=True)
 
     async def _run(
-        self, encode: Callable[[T, bool, Side], list[Encoding]], items: T, chars: int,
+        self, encode: Callable[[T, bool, Side], R], items: T, chars: int,
         truncate: bool, side: Side,
-    ) -> list[Encoding]:  # fmt: skip
+    ) -> R:  # fmt: skip
         if chars < self.inline_chars:
             return encode(items, truncate, side)
         pool = self._large if chars >= self.large_chars else self._pool
@@ -177,6 +216,19 @@ class Tokenization:
         encodings = await self._run(self._encode_pairs, list(pairs), chars, truncate, side)
         self._check(encodings, truncate, "documents")
         return Batch(ids=[e.ids for e in encodings], type_ids=[e.type_ids for e in encodings])
+
+    async def judged_pairs(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        instruction: str | None,
+        truncate: bool,
+        side: Side,
+    ) -> Batch:
+        """(query, document) pairs in a yes/no reranker's judging prompt, one sequence each."""
+        task = instruction or judge_prompt.DEFAULT_INSTRUCTION
+        chars = sum(len(a) + len(b) for a, b in pairs) + len(task) * len(pairs)
+        ids = await self._run(self._encode_judged, (list(pairs), task), chars, truncate, side)
+        return Batch(ids=ids)
 
     def token_ids(self, seqs: Sequence[Sequence[int]], truncate: bool, side: Side) -> Batch:
         vocab = self.model.vocab_size

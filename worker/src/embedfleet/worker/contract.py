@@ -15,7 +15,7 @@ from typing import Protocol
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
-from embedfleet.common.modeldir import Pooling, Task
+from embedfleet.common.modeldir import Activation, ModelDir, Pooling, Task
 
 
 class InvalidInputError(ValueError):
@@ -33,7 +33,8 @@ class Options:
     normalize: bool | None = None
     #: Matryoshka truncation, applied before normalizing; 0 keeps the full dimension
     dimensions: int = 0
-    #: scoring only: apply the head's activation (sigmoid for one logit) to the raw logits
+    #: score and classify: apply the head's activation (sigmoid for one logit, else
+    #: `EngineInfo.activation`) to the raw logits
     activate: bool = False
 
 
@@ -51,6 +52,7 @@ class WorkItem:
 class EngineInfo:
     model_name: str
     task: Task
+    #: embed: the vector size; score: 1; classify: the label count; sparse: the vocabulary size
     dimensions: int
     max_input_tokens: int
     vocab_size: int
@@ -58,6 +60,19 @@ class EngineInfo:
     device: str
     default_pooling: Pooling
     default_normalize: bool
+    #: classify: how `Options.activate` turns logits into scores
+    activation: Activation = "sigmoid"
+
+
+def output_dimensions(model: ModelDir) -> int:
+    """Columns of a result row for the model's task (see `EngineInfo.dimensions`)."""
+    if model.task == "embed":
+        return model.hidden_size
+    if model.task == "classify":
+        return len(model.labels)
+    if model.task == "sparse":
+        return model.vocab_size
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +89,7 @@ class Pending(Protocol):
         ...
 
     def wait(self) -> list[FloatArray]:
-        """One array per work item, in order: [count, dims] for embed, [count] for score."""
+        """One array per work item, in order: [count] for score, else [count, dimensions]."""
         ...
 
 

@@ -140,7 +140,7 @@ async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health
 
 async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
-    model = load_model_dir(resolve_model_path(settings.model))
+    model = load_model_dir(resolve_model_path(settings.model), settings.task)
     # The metrics thread reads the engine's counters at scrape time, once there is an engine.
     metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
     state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics)

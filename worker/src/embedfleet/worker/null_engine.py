@@ -19,6 +19,7 @@ from embedfleet.worker.contract import (
     InvalidInputError,
     Pending,
     WorkItem,
+    output_dimensions,
 )
 
 
@@ -51,13 +52,14 @@ class NullEngine:
             EngineInfo(
                 model_name=model.name,
                 task=model.task,
-                dimensions=model.hidden_size if model.task == "embed" else 1,
+                dimensions=output_dimensions(model),
                 max_input_tokens=model.max_input_tokens(max_input_tokens),
                 vocab_size=model.vocab_size,
                 dtype="none",
                 device="null",
                 default_pooling=model.pooling,
                 default_normalize=model.normalize,
+                activation=model.activation,
             )
         )
 

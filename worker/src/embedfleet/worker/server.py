@@ -27,6 +27,7 @@ from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkI
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
 from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
+from embedfleet.worker.sparse import sparsify
 
 Code = grpc.StatusCode
 
@@ -37,7 +38,7 @@ _POOLING: dict[int, Pooling | None] = {
     pb.POOLING_LAST_TOKEN: "last_token",
 }
 _POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
-_TASKS = {"Embed": "embed", "Score": "score"}
+_TASKS = {"Embed": "embed", "Score": "score", "Classify": "classify", "SparseEmbed": "sparse"}
 R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 log = logging.getLogger(__name__)
@@ -180,6 +181,49 @@ class WorkerService(pb_grpc.WorkerServicer):
 
         options = Options(activate=request.activate)
         return await self._serve("Score", request.batch, lambda: options, reply, context)
+
+    async def Classify(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.ClassifyRequest,
+        context: grpc.aio.ServicerContext[pb.ClassifyRequest, pb.ClassifyResponse],
+    ) -> pb.ClassifyResponse:
+        def reply(entry: Entry) -> pb.ClassifyResponse:
+            scores = entry.future.result()  # [count, labels]
+            return pb.ClassifyResponse(
+                scores=pack_floats(scores),
+                count=int(scores.shape[0]),
+                labels=int(scores.shape[1]),
+                prompt_tokens=entry.tokens,
+            )
+
+        options = Options(activate=request.activate)
+        return await self._serve("Classify", request.batch, lambda: options, reply, context)
+
+    async def SparseEmbed(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.SparseEmbedRequest,
+        context: grpc.aio.ServicerContext[pb.SparseEmbedRequest, pb.SparseEmbedResponse],
+    ) -> pb.SparseEmbedResponse:
+        def options() -> Options:
+            if not math.isfinite(request.threshold) or request.threshold < 0:
+                raise StatusError(
+                    Code.INVALID_ARGUMENT, f"threshold must be >= 0, got {request.threshold}"
+                )
+            return Options()
+
+        def reply(entry: Entry) -> pb.SparseEmbedResponse:
+            rows = entry.future.result()  # [count, vocab], dense
+            sparse = sparsify(rows, int(request.top_k), float(request.threshold))
+            return pb.SparseEmbedResponse(
+                offsets=sparse.offsets.astype("<i4").tobytes(),
+                indices=sparse.indices.astype("<i4").tobytes(),
+                values=pack_floats(sparse.values),
+                count=int(rows.shape[0]),
+                dimensions=int(rows.shape[1]),
+                prompt_tokens=entry.tokens,
+            )
+
+        return await self._serve("SparseEmbed", request.batch, options, reply, context)
 
     async def Info(  # noqa: N802 - gRPC method names
         self,
@@ -342,6 +386,16 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
         "Embed": (service.Embed, pb.EmbedRequest.FromString, pb.EmbedResponse.SerializeToString),
         "Score": (service.Score, pb.ScoreRequest.FromString, pb.ScoreResponse.SerializeToString),
         "Info": (service.Info, pb.InfoRequest.FromString, pb.InfoResponse.SerializeToString),
+        "Classify": (
+            service.Classify,
+            pb.ClassifyRequest.FromString,
+            pb.ClassifyResponse.SerializeToString,
+        ),
+        "SparseEmbed": (
+            service.SparseEmbed,
+            pb.SparseEmbedRequest.FromString,
+            pb.SparseEmbedResponse.SerializeToString,
+        ),
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(

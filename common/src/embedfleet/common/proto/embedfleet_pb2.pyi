@@ -117,3 +117,49 @@ class InfoResponse(_message.Message):
     ready: bool
     draining: bool
     def __init__(self, model_name: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., capacity_tokens_per_second: _Optional[float] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., default_pooling: _Optional[_Union[Pooling, str]] = ..., default_normalize: _Optional[bool] = ..., queued_requests: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., ready: _Optional[bool] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class ClassifyRequest(_message.Message):
+    __slots__ = ("batch", "activate")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATE_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    activate: bool
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., activate: _Optional[bool] = ...) -> None: ...
+
+class ClassifyResponse(_message.Message):
+    __slots__ = ("scores", "count", "labels", "prompt_tokens")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    scores: bytes
+    count: int
+    labels: int
+    prompt_tokens: int
+    def __init__(self, scores: _Optional[bytes] = ..., count: _Optional[int] = ..., labels: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class SparseEmbedRequest(_message.Message):
+    __slots__ = ("batch", "top_k", "threshold")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    top_k: int
+    threshold: float
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., top_k: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class SparseEmbedResponse(_message.Message):
+    __slots__ = ("offsets", "indices", "values", "count", "dimensions", "prompt_tokens")
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    offsets: bytes
+    indices: bytes
+    values: bytes
+    count: int
+    dimensions: int
+    prompt_tokens: int
+    def __init__(self, offsets: _Optional[bytes] = ..., indices: _Optional[bytes] = ..., values: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...

@@ -49,6 +49,16 @@ class WorkerStub:
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoRequest.SerializeToString,
                 response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/embedfleet.v1.Worker/Classify',
+                request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyRequest.SerializeToString,
+                response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
+        self.SparseEmbed = channel.unary_unary(
+                '/embedfleet.v1.Worker/SparseEmbed',
+                request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
+                response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -75,6 +85,20 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Classify(self, request, context):
+        """One score per label for each tokenized input; sequence-classification models only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SparseEmbed(self, request, context):
+        """SPLADE weights over the vocabulary for each tokenized input, sparse; masked-LM models only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +116,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoRequest.FromString,
                     response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyRequest.FromString,
+                    response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyResponse.SerializeToString,
+            ),
+            'SparseEmbed': grpc.unary_unary_rpc_method_handler(
+                    servicer.SparseEmbed,
+                    request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.FromString,
+                    response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +209,60 @@ class Worker:
             '/embedfleet.v1.Worker/Info',
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoRequest.SerializeToString,
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedfleet.v1.Worker/Classify',
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyRequest.SerializeToString,
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.ClassifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SparseEmbed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedfleet.v1.Worker/SparseEmbed',
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

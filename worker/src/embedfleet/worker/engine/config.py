@@ -13,6 +13,7 @@ class EngineConfig:
     """See WorkerSettings for each field's meaning."""
 
     model: str = ""
+    task: str = ""
     max_input_tokens: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -31,6 +32,7 @@ class EngineConfig:
     def from_settings(cls, s: WorkerSettings) -> EngineConfig:
         return cls(
             model=s.model,
+            task=s.task,
             max_input_tokens=s.max_input_tokens,
             device=s.device,
             dtype=s.dtype,

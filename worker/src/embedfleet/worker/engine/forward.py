@@ -27,16 +27,16 @@ def forward(
     max_seqlen: int,
     lengths: npt.NDArray[np.int64],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden [T, H], pooled [N, H] float32 or scores [N]) for every slot of `batch`.
+    """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`.
 
     `lengths` are the host-side sequence lengths the attention plans with; graph captures pass
     none, as their plan may only read device tensors.
     """
     plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
     hidden = model.forward(batch, plan)
-    scores = model.score(hidden, batch)
-    if scores is not None:
-        return hidden, scores
+    out = model.head(hidden, batch)
+    if out is not None:
+        return hidden, out
     return hidden, pool(hidden, batch, pooling)
 
 

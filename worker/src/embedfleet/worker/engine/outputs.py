@@ -1,7 +1,8 @@
 """From one batch's forward outputs to each work item's rows, with its own options applied.
 
-Pooling other than the default, Matryoshka truncation, normalization (embedders) or the sigmoid
-(scorers), and the slice of the batch output each item reads back. Pure: the forward's tensors are
+Pooling other than the default, Matryoshka truncation, normalization (embedders) or the
+activation (scorers and classifiers; sparse rows pass as they are), and the slice of the batch
+output each item reads back. Pure: the forward's tensors are
 read, never written, so a graph's static outputs can be passed straight in.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from embedfleet.common.modeldir import Pooling
+from embedfleet.common.modeldir import Activation, Pooling
 from embedfleet.worker.contract import EngineInfo, Options, WorkItem
 from embedfleet.worker.engine.batch import DeviceBatch
 from embedfleet.worker.engine.pending import Slice
@@ -30,7 +31,12 @@ def apply_options(
     slice of it. `head` is the default head's output for every slot, `hidden` the [T, H] states
     other poolings read; `model` supplies the defaults that unset options fall back to."""
     if model.task == "score":
-        return _scores(items, head[:real_sequences])
+        return _scores(items, head[:real_sequences], "sigmoid")
+    if model.task == "classify":
+        return _scores(items, head[:real_sequences], model.activation)
+    if model.task == "sparse":
+        out = head[:real_sequences]
+        return out, _slices(items, out.shape[1])
     pooled: dict[Pooling, torch.Tensor] = {model.default_pooling: head[:real_sequences]}
 
     def vectors(mode: Pooling) -> torch.Tensor:
@@ -65,16 +71,28 @@ def resolve(options: Options, model: EngineInfo) -> tuple[Pooling, int, bool]:
     )
 
 
-def _scores(items: Sequence[WorkItem], scores: torch.Tensor) -> tuple[torch.Tensor, list[Slice]]:
+def activate(logits: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """Scores from logits ([N] or [N, labels]): softmax over the labels, sigmoid each, or none."""
+    if activation == "softmax":
+        return torch.softmax(logits, dim=-1)
+    if activation == "sigmoid":
+        return torch.sigmoid(logits)
+    return logits
+
+
+def _scores(
+    items: Sequence[WorkItem], scores: torch.Tensor, activation: Activation
+) -> tuple[torch.Tensor, list[Slice]]:
     if any(it.options.activate for it in items):
         scores = scores.clone()
         row = 0
         for it in items:
             if it.options.activate:
                 span = slice(row, row + it.tokens.count)
-                scores[span] = torch.sigmoid(scores[span])
+                scores[span] = activate(scores[span], activation)
             row += it.tokens.count
-    return scores.contiguous(), _slices(items, 0)
+    columns = scores.shape[1] if scores.dim() == 2 else 0
+    return scores.contiguous(), _slices(items, columns)
 
 
 def _slices(items: Sequence[WorkItem], columns: int) -> list[Slice]:

@@ -47,6 +47,6 @@ def agreement(fast: list[FloatArray], slow: list[FloatArray], task: str) -> tupl
     a = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in fast])
     b = np.concatenate([np.atleast_1d(x).astype(np.float64) for x in slow])
     diff = float(np.abs(a - b).max()) if a.size else 0.0
-    if task == "score" or a.ndim == 1:
+    if task in ("score", "classify") or a.ndim == 1:
         return 1.0, diff
     return min_cosine(a, b), 0.0

@@ -25,6 +25,7 @@ from embedfleet.worker.contract import (
     InvalidInputError,
     Pending,
     WorkItem,
+    output_dimensions,
 )
 from embedfleet.worker.engine.attention import AttentionBackend, select_backend
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
@@ -48,7 +49,7 @@ class TorchEngine:
         if config.threads > 0:
             # Process-wide, and set before the first op: the engine is the process's only user.
             torch.set_num_threads(config.threads)
-        self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model))
+        self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model), config.task)
         self.device = resolve_device(config.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         self.dtype, self.model = load_model_at_dtype(
@@ -64,13 +65,14 @@ class TorchEngine:
         self._info = EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
-            dimensions=self.shape.hidden_size if self.model_dir.task == "embed" else 1,
+            dimensions=output_dimensions(self.model_dir),
             max_input_tokens=self.max_tokens,
             vocab_size=self.shape.vocab_size,
             dtype=dtype_name(self.dtype),
             device=str(self.device),
             default_pooling=self.model_dir.pooling,
             default_normalize=self.model_dir.normalize,
+            activation=self.model_dir.activation,
         )
         self._cache = GraphCache(
             mode=config.cuda_graphs,

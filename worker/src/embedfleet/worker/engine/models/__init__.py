@@ -32,6 +32,8 @@ class Model(Protocol):
         """Packed hidden states [T, hidden] (compute dtype) for the batch's tokens."""
         ...
 
-    def score(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
-        """One float32 logit per sequence slot for scoring models, None for embedders."""
+    def head(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
+        """The model's own head per sequence slot, float32: [N] relevance logits (score), [N, K]
+        class logits (classify), [N, vocab] SPLADE weights (sparse); None for embedders, which
+        are pooled instead."""
         ...

@@ -39,7 +39,7 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Norm:
+class LayerNorm:
     weight: torch.Tensor
     bias: torch.Tensor
     eps: float
@@ -54,12 +54,12 @@ class _Layer:
     qkv_b: torch.Tensor
     out_w: torch.Tensor
     out_b: torch.Tensor
-    attn_norm: _Norm
+    attn_norm: LayerNorm
     up_w: torch.Tensor
     up_b: torch.Tensor
     down_w: torch.Tensor
     down_b: torch.Tensor
-    mlp_norm: _Norm
+    mlp_norm: LayerNorm
 
 
 class BertEncoder:
@@ -82,7 +82,7 @@ class BertEncoder:
         self.word = reader.get(e + "word_embeddings.weight")
         self.position = reader.get(e + "position_embeddings.weight")
         self.segment = reader.optional(e + "token_type_embeddings.weight")
-        self.emb_norm = _Norm(
+        self.emb_norm = LayerNorm(
             reader.get(e + "LayerNorm.weight"), reader.get(e + "LayerNorm.bias"), eps
         )
         self.layers = [self._layer(reader, i, eps) for i in range(int(config["num_hidden_layers"]))]
@@ -97,7 +97,7 @@ class BertEncoder:
             qkv_b=reader.cat(a + n + ".bias" for n in names),
             out_w=reader.get(p + "attention.output.dense.weight"),
             out_b=reader.get(p + "attention.output.dense.bias"),
-            attn_norm=_Norm(
+            attn_norm=LayerNorm(
                 reader.get(p + "attention.output.LayerNorm.weight"),
                 reader.get(p + "attention.output.LayerNorm.bias"),
                 eps,
@@ -106,7 +106,7 @@ class BertEncoder:
             up_b=reader.get(p + "intermediate.dense.bias"),
             down_w=reader.get(p + "output.dense.weight"),
             down_b=reader.get(p + "output.dense.bias"),
-            mlp_norm=_Norm(
+            mlp_norm=LayerNorm(
                 reader.get(p + "output.LayerNorm.weight"),
                 reader.get(p + "output.LayerNorm.bias"),
                 eps,
@@ -130,7 +130,7 @@ class BertEncoder:
             x = layer.mlp_norm(x + mlp)
         return x
 
-    def score(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
+    def head(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
         return None
 
 

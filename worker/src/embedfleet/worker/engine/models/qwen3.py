@@ -114,7 +114,7 @@ class Qwen3Encoder:
             x = x + F.linear(F.silu(gate) * up, layer.down_w)
         return self._rms(x, self.norm)
 
-    def score(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
+    def head(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
         return None
 
 
