@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from embedfleet.testing.families import FamilyDirs
 
 
 def _cuda_available() -> bool:
@@ -20,3 +25,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# ---- random-weight checkpoints of the served families (embedfleet.testing.families) ------------
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> FamilyDirs:
+    """Every family's checkpoint, each built once per session on first use."""
+    from embedfleet.testing.families import FamilyDirs
+
+    return FamilyDirs(tmp_path_factory.mktemp("families"))

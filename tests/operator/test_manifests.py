@@ -114,6 +114,22 @@ def test_hf_source_downloads_in_an_init_container_into_the_cache_claim() -> None
     assert env["EMBEDFLEET_WORKER_DEVICE"] == "cuda"
 
 
+@pytest.mark.parametrize(
+    ("task", "served"),
+    [(None, "auto"), ("embed", "auto"), ("score", "score"), ("classify", "classify"),
+     ("sparse", "sparse")],
+)  # fmt: skip
+def test_model_task_reaches_worker_and_gateway(task: str | None, served: str) -> None:
+    """embed (the default) lets the checkpoint decide; the others are the worker's and the
+    gateway's --task, so a Qwen3ForCausalLM deployed with task score is a yes/no reranker."""
+    model: dict[str, str] = {"source": "pvc://weights/q"}
+    if task:
+        model["task"] = task
+    spec = parse_spec({"model": model})
+    assert worker_env(spec)["EMBEDFLEET_WORKER_TASK"] == served
+    assert gateway_env(OWNER, spec)["EMBEDFLEET_GATEWAY_TASK"] == served
+
+
 def test_pvc_source_is_mounted_read_only() -> None:
     raw = {"model": {"source": "pvc://weights/bge/m3"}}
     pod = child_objects(raw)["Deployment/minilm-worker"]["spec"]["template"]["spec"]

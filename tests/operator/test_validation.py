@@ -49,7 +49,7 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "spec.autoscaling.targetTokensPerSecond: Invalid value: -100",
     ),
     ("negative-replicas", "bad", _with("worker.replicas", -1), "spec.worker.replicas: Invalid"),
-    ("unknown-task", "bad", _with("model.task", "classify"), 'Unsupported value: "classify"'),
+    ("unknown-task", "bad", _with("model.task", "generate"), 'Unsupported value: "generate"'),
     ("graphs-enum", "bad", _with("worker.engine.cudaGraphs", "on"), 'Unsupported value: "on"'),
     (
         "utilization-over-1",

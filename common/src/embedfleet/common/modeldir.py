@@ -211,7 +211,7 @@ def _head(
     causal_lm = any(a.endswith("ForCausalLM") for a in architectures)
     qwen = config.get("model_type") in ("qwen3",)
     named = f"{config.get('_name_or_path', '')} {path.name}".lower()
-    if task == "":
+    if task in ("", "auto"):
         if classifier:
             return ("score" if labels == 1 else "classify"), "classifier"
         if masked_lm and _splade_pooling(path, modules) is not False:
@@ -244,8 +244,8 @@ def _head(
 
 
 def load_model_dir(path: Path, task: str = "") -> ModelDir:
-    """`task` empty infers it from the checkpoint; a Qwen3ForCausalLM is a yes/no reranker only
-    when its name says "reranker" or `task` is score."""
+    """`task` empty (or auto) infers it from the checkpoint; a Qwen3ForCausalLM is a yes/no
+    reranker only when its name says "reranker" or `task` is score."""
     config = _read_json(path / "config.json")
     if not isinstance(config, dict):
         raise ModelDirError(f"{path}: config.json missing or not an object")

@@ -34,6 +34,15 @@ from embedfleet.gateway.tokenization import Batch, Tokenization
 log = logging.getLogger(__name__)
 
 
+#: what each task's model is, for the 400 that sends a request to the right route
+_KINDS = {
+    "embed": "an embedding model",
+    "score": "a cross-encoder reranker (it scores query-document pairs)",
+    "classify": "a sequence classifier",
+    "sparse": "a sparse (SPLADE) embedding model",
+}
+
+
 def _usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
 
@@ -165,12 +174,12 @@ class Service:
             return
         serves = {
             "embed": "/v1/embeddings (and /v1/rerank, /v1/score by cosine)",
-            "score": "/v1/rerank and /v1/score",
+            "score": "/v1/rerank or /v1/score",
             "classify": "/v1/classify",
             "sparse": "/v1/sparse_embeddings",
         }[self.model.task]
         raise errors.invalid(
-            f"'{self.name}' is a {self.model.task} model; {route} needs a {task} model. "
+            f"'{self.name}' is {_KINDS[self.model.task]}; {route} needs {_KINDS[task]}. "
             f"Use {serves}.",
             param="model",
         )

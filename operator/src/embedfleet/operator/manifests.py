@@ -178,6 +178,13 @@ def worker_threads(resources: Resources) -> int:
     return max(1, math.ceil(cores)) if cores else 0
 
 
+def served_task(spec: Spec) -> str:
+    """The worker's and gateway's --task: embed, the default, leaves the choice to the checkpoint
+    (so a cross-encoder deployed without model.task still scores); the others are checked
+    against it at start."""
+    return "auto" if spec.model.task == "embed" else spec.model.task
+
+
 def worker_env(spec: Spec) -> dict[str, str]:
     """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
     engine = spec.worker.engine
@@ -186,6 +193,7 @@ def worker_env(spec: Spec) -> dict[str, str]:
         {
             "threads": worker_threads(spec.worker.resources),
             "model": model_path(spec.model.source),
+            "task": served_task(spec),
             "max_input_tokens": spec.model.max_input_tokens,
             "device": "cuda" if spec.worker.gpus > 0 else "cpu",
             "dtype": spec.model.dtype,
@@ -210,6 +218,7 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
         GATEWAY_PREFIX,
         {
             "model": model_path(spec.model.source),
+            "task": served_task(spec),
             "served_model_name": spec.model.served_model_name,
             "max_input_tokens": spec.model.max_input_tokens,
             "k8s_service": Names.of(owner.name).worker,

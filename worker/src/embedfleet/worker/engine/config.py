@@ -13,7 +13,7 @@ class EngineConfig:
     """See WorkerSettings for each field's meaning."""
 
     model: str = ""
-    task: str = ""
+    task: str = "auto"
     max_input_tokens: int = 0
     device: str = "auto"
     dtype: str = "auto"
