@@ -52,3 +52,20 @@ def test_floats_round_trip(fmt: int) -> None:
     np.testing.assert_allclose(back, values, atol=1e-3)
     with pytest.raises(CodecError):
         unpack_floats(pack_floats(values, fmt), 4, 4, fmt)
+
+
+def test_sparse_rows_decode_and_malformed_ones_are_refused() -> None:
+    from embedfleet.common.codec import unpack_sparse
+
+    offsets = np.array([0, 2, 2, 3], "<i4").tobytes()
+    indices = np.array([4, 9, 1], "<i4").tobytes()
+    values = np.array([0.5, 1.5, 2.0], "<f4").tobytes()
+    rows = unpack_sparse(offsets, indices, values, 3)
+    assert [r[0].tolist() for r in rows] == [[4, 9], [], [1]]
+    assert [r[1].tolist() for r in rows] == [[0.5, 1.5], [], [2.0]]
+    with pytest.raises(CodecError, match="offsets for 2 rows"):
+        unpack_sparse(offsets, indices, values, 2)
+    with pytest.raises(CodecError, match="do not cover"):
+        unpack_sparse(np.array([0, 3, 2, 3], "<i4").tobytes(), indices, values, 3)
+    with pytest.raises(CodecError, match="2 values"):
+        unpack_sparse(offsets, indices, values[:8], 3)

@@ -5,9 +5,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from embedfleet.common.modeldir import ModelDir
+from embedfleet.common import judge_prompt
+from embedfleet.common.modeldir import ModelDir, load_model_dir
 from embedfleet.gateway.errors import ApiError
 from embedfleet.gateway.tokenization import Tokenization, cut, prompt_for
+from embedfleet.testing.families import FamilyDirs
 
 
 @pytest.fixture
@@ -74,3 +76,40 @@ def test_token_id_checks(tokenization: Tokenization) -> None:
         tokenization.token_ids([[5, -1]], truncate=False, side="right")
     with pytest.raises(ApiError, match="limit of 16"):
         tokenization.token_ids([[1] * 17], truncate=False, side="right")
+
+
+@pytest.fixture(scope="module")
+def judging(family_dirs: FamilyDirs) -> Iterator[Tokenization]:
+    model = load_model_dir(family_dirs.get("Qwen3-Reranker-0.6B"))
+    t = Tokenization(model, max_tokens=96, threads=1, inline_chars=10)
+    yield t
+    t.close()
+
+
+async def test_judged_pairs_sit_in_the_official_frame(judging: Tokenization) -> None:
+    tok = judging.model.tokenizer()
+    prefix = tok.encode(judge_prompt.PREFIX, add_special_tokens=False).ids
+    suffix = tok.encode(judge_prompt.SUFFIX, add_special_tokens=False).ids
+    # The frame's special tokens are single ids, not spelled out.
+    assert prefix[0] == tok.token_to_id("<|im_start|>")
+    assert tok.token_to_id("<think>") in suffix
+    batch = await judging.judged_pairs([("a query", "a document")], None, False, "right")
+    (ids,) = batch.ids
+    body = judge_prompt.body(judge_prompt.DEFAULT_INSTRUCTION, "a query", "a document")
+    assert ids == prefix + tok.encode(body, add_special_tokens=False).ids + suffix
+    assert batch.type_ids is None
+    custom = await judging.judged_pairs([("a query", "a document")], "Find x", False, "right")
+    assert tok.decode(custom.ids[0]).count("<Instruct>: Find x\n<Query>: a query") == 1
+
+
+async def test_judged_pairs_cut_only_the_pair(judging: Tokenization) -> None:
+    long = "the river bank " * 200
+    with pytest.raises(ApiError, match="limit of 96") as refused:
+        await judging.judged_pairs([("q", "short"), ("q", long)], None, False, "right")
+    assert refused.value.param == "documents"
+    batch = await judging.judged_pairs([("q", long)], None, True, "right")
+    (ids,) = batch.ids
+    tok = judging.model.tokenizer()
+    suffix = tok.encode(judge_prompt.SUFFIX, add_special_tokens=False).ids
+    assert len(ids) == 96
+    assert ids[-len(suffix) :] == suffix  # the frame survives; the document's end was cut
