@@ -19,6 +19,15 @@ Pooling = Literal["mean", "cls", "last_token"]
 #: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary
 Task = Literal["embed", "score", "classify", "sparse"]
 TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse")
+#: the worker's and the gateway's --task, documented once
+TASK_HELP = (
+    "What to serve the model as: auto infers it from config.json (a one-label "
+    "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives SPLADE "
+    "sparse vectors unless sentence-transformers pools it densely, a Qwen3ForCausalLM named "
+    "*reranker* is a yes/no reranker, anything else embeds); embed, score, classify or sparse "
+    "say it outright and are checked against the checkpoint (score on a Qwen3ForCausalLM: "
+    "Qwen3-Reranker's yes/no scoring)."
+)
 #: What turns the encoder's hidden states into the served output: pooling (embedders), a
 #: sequence-classification head, a causal LM's "yes"/"no" next-token logits (Qwen3-Reranker), or a
 #: masked-LM head max-pooled as SPLADE.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embedfleet.common.modeldir import TASK_HELP, TASKS
 from embedfleet.common.settings import setting
 
 ENV_PREFIX = "EMBEDFLEET_GATEWAY_"
@@ -18,13 +19,7 @@ class GatewaySettings:
         "bundled all-MiniLM-L6-v2. Must be the model the workers serve.",
     )
     task: str = setting(
-        "auto",
-        "What to serve the model as: auto infers it from config.json (a one-label "
-        "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives "
-        "SPLADE sparse vectors, a Qwen3ForCausalLM named *reranker* is a yes/no reranker, anything "
-        "else embeds); embed, score, classify or sparse say it outright (score on a "
-        "Qwen3ForCausalLM: the Qwen3-Reranker yes/no scoring). Keep equal to the workers' task.",
-        choices=("auto", "embed", "score", "classify", "sparse"),
+        "auto", TASK_HELP + " Keep equal to the workers' task.", choices=("auto", *TASKS)
     )
     served_model_name: str = setting(
         "", "Name clients pass as `model`; empty uses the model's own name (config _name_or_path)."

