@@ -137,7 +137,16 @@ def test_immutable_task(crd_installed: Cluster, k8s_namespace: str) -> None:
     )
 
 
-@pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
+@pytest.mark.parametrize(
+    "example",
+    [
+        "minilm.yaml",
+        "qwen3-embedding-gpu.yaml",
+        "reranker.yaml",
+        "qwen3-reranker.yaml",
+        "splade.yaml",
+    ],
+)
 def test_examples_are_valid(crd_installed: Cluster, k8s_namespace: str, example: str) -> None:
     crd_installed.kubectl(
         "apply", "--dry-run=server", "-n", k8s_namespace, "-f", str(EXAMPLES / example)
