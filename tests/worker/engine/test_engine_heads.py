@@ -20,6 +20,8 @@ from embedfleet.worker.contract import Options, WorkItem
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
+from .test_engine_graph_path import graph_engine
+
 QUERIES = families.TEXTS[:5]
 DOCUMENTS = families.TEXTS[5:]
 SCORE_TOLERANCE = 1e-3
@@ -151,3 +153,24 @@ def test_classifiers_match_transformers(
     else:
         want = sigmoid(ref)
     np.testing.assert_allclose(scores, want, atol=SCORE_TOLERANCE)
+
+
+@pytest.mark.parametrize("published", ["bge-reranker-base", "Qwen3-Reranker-8B", "splade",
+                                       "go_emotions"])  # fmt: skip
+def test_heads_on_the_graph_path_match_eager(family_dirs: FamilyDirs, published: str) -> None:
+    """Bucket padding adds a spare sequence slot and tokens; every head must leave real rows
+    alone and read its slice of the static outputs (the CUDA recording alone is mocked)."""
+    path = family_dirs.get(published)
+    tok = load_model_dir(path).tokenizer()
+    seqs = [tok.encode(t).ids for t in families.TEXTS[:7]]
+    plain = engine(path, 512)
+    graphed, runner = graph_engine(model=str(path))
+    items = [WorkItem(tokens(seqs[:3]), Options(activate=True)), WorkItem(tokens(seqs[3:]))]
+    want = plain.run(items)
+    for _ in range(3):  # eager, capture, replay
+        got = graphed.run(items)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    counts = graphed.counters()
+    assert (counts.eager_runs, counts.captures, counts.replays) == (1, 1, 1)
+    assert len(runner) == 1
