@@ -126,8 +126,9 @@ async def run_selfcheck(
 ) -> SelfCheckResult:
     """Raise SelfCheckError unless the served vectors are within MIN_COSINE of the reference."""
     if model.task != "embed":
-        # Cross-encoders return scores, not vectors; their parity lives in the engine's tests.
-        return SelfCheckResult("none (score model)", 1.0, skipped=True)
+        # Rerankers, classifiers and SPLADE have no dense reference vectors; their parity with
+        # transformers lives in the engine's tests (test_engine_heads.py).
+        return SelfCheckResult(f"none ({model.task} model)", 1.0, skipped=True)
     digest = await asyncio.to_thread(weights_digest, model.path)
     stored = load_reference(digest, reference_file)
     if stored is not None:
