@@ -4,6 +4,7 @@ the published config (testing.families); answers against `transformers` in this 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ QUERY = families.TEXTS[0]
 DOCUMENTS = list(families.TEXTS[1:])
 
 
+@contextlib.contextmanager
 def serve(
     path: Path, log_dir: Path, *args: str, worker: tuple[str, ...] = ()
 ) -> Iterator[httpx.Client]:
@@ -69,7 +71,8 @@ def xlmr(
     family_dirs: FamilyDirs, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[httpx.Client]:
     path = family_dirs.get("bge-reranker-v2-m3")
-    yield from serve(path, tmp_path_factory.mktemp("xlmr"), "--max-input-tokens", "512")
+    with serve(path, tmp_path_factory.mktemp("xlmr"), "--max-input-tokens", "512") as http:
+        yield http
 
 
 def test_xlmr_rerank_and_score(xlmr: httpx.Client, family_dirs: FamilyDirs) -> None:
@@ -109,7 +112,8 @@ def qwen(
     family_dirs: FamilyDirs, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[httpx.Client]:
     path = family_dirs.get("Qwen3-Reranker-0.6B")
-    yield from serve(path, tmp_path_factory.mktemp("qwen"), "--max-input-tokens", "160")
+    with serve(path, tmp_path_factory.mktemp("qwen"), "--max-input-tokens", "160") as http:
+        yield http
 
 
 @pytest.mark.parametrize("instruction", [None, "Given a claim, find documents that refute it"])
@@ -155,7 +159,8 @@ def splade(
     # float32: top_k and threshold are compared with the reference's exact order of weights
     # (auto may keep bf16, whose vectors are within cosine 0.999 but reorder near-equal weights).
     path = family_dirs.get("splade")
-    yield from serve(path, tmp_path_factory.mktemp("splade"), worker=("--dtype", "float32"))
+    with serve(path, tmp_path_factory.mktemp("splade"), worker=("--dtype", "float32")) as http:
+        yield http
 
 
 def dense(entry: dict[str, object], dims: int) -> np.ndarray:
@@ -212,7 +217,8 @@ def test_splade_bad_input(splade: httpx.Client) -> None:
 def finbert(
     family_dirs: FamilyDirs, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[httpx.Client]:
-    yield from serve(family_dirs.get("finbert"), tmp_path_factory.mktemp("finbert"))
+    with serve(family_dirs.get("finbert"), tmp_path_factory.mktemp("finbert")) as http:
+        yield http
 
 
 def test_classify_labels_and_scores(finbert: httpx.Client, family_dirs: FamilyDirs) -> None:
@@ -243,3 +249,20 @@ def test_classify_bad_input(finbert: httpx.Client) -> None:
     assert "top_k" in refused(finbert, "/v1/classify", 400, input="x", top_k=0)
     assert "/v1/classify" in refused(finbert, "/v1/rerank", 400, query="q", documents=["d"])
     assert "/v1/classify" in refused(finbert, "/v1/sparse_embeddings", 400, input="x")
+
+
+def test_task_score_makes_any_qwen3_causal_lm_a_yes_no_reranker(
+    family_dirs: FamilyDirs, tmp_path: Path
+) -> None:
+    """Named without "reranker", the checkpoint embeds; --task score (model.task: score in the
+    CRD) makes worker and gateway score it by its yes/no logits."""
+    import shutil
+
+    plain = tmp_path / "judge"
+    shutil.copytree(family_dirs.get("Qwen3-Reranker-8B"), plain)
+    assert load_model_dir(plain).task == "embed"
+    want = families.qwen3_reranker_scores(plain, [(QUERY, d) for d in DOCUMENTS[:3]])
+    with serve(plain, tmp_path / "logs", "--task", "score", "--max-input-tokens", "160") as http:
+        scored = post(http, "/v1/score", text_1=QUERY, text_2=DOCUMENTS[:3])["data"]
+        assert isinstance(scored, list)
+        np.testing.assert_allclose([d["score"] for d in scored], want, atol=SCORE_TOLERANCE)

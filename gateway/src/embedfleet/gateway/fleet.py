@@ -246,6 +246,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model", default="", help="Model directory; default: the bundled all-MiniLM-L6-v2."
     )
+    serve.add_argument(
+        "--task",
+        default="auto",
+        choices=("auto", "embed", "score", "classify", "sparse"),
+        help="What to serve the model as, for the workers and the gateway alike (default auto: "
+        "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
+    )
     serve.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
     serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
     return parser
@@ -265,7 +272,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
-    fleet = Fleet(workers=args.workers, model=args.model, port=args.port)
+    task = ("--task", args.task)
+    fleet = Fleet(
+        workers=args.workers,
+        model=args.model,
+        port=args.port,
+        worker_args=task,
+        gateway_args=task,
+    )
     print(f"starting a gateway and {args.workers} workers ...", flush=True)
     try:
         fleet.start()
