@@ -72,7 +72,8 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Score(self, request, context):
-        """One relevance score per tokenized (query, document) pair; cross-encoder models only.
+        """One relevance score per tokenized (query, document) pair; rerankers only (cross-encoders, and
+        yes/no rerankers, whose pairs arrive rendered in their judging prompt).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
