@@ -96,7 +96,7 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "auth-secret-name",
         "bad",
         _with("gateway.auth", {"secretRef": {"name": "Team_Keys"}}),
-        'spec.gateway.auth.secretRef.name: Invalid value: "string": must be a Secret name',
+        'spec.gateway.auth.secretRef.name: Invalid value: "Team_Keys": must be a Secret name',
     ),
     (
         "auth-no-name",
