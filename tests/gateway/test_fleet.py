@@ -242,6 +242,27 @@ def test_int8_without_calibration_for_the_dimensions_is_a_clear_400(http: httpx.
     assert len(vectors(binary)[0]) == 16
 
 
+def test_calibrate_writes_the_ranges_of_what_clients_get(
+    fleet: Fleet, http: httpx.Client, tmp_path: Path
+) -> None:
+    from embedfleet.gateway import fleet as cli
+    from embedfleet.gateway.quantization import load_calibration, ranges_of
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n\n")
+    out = tmp_path / "embedfleet_quantization.json"
+    argv = ["--url", fleet.url, "--texts", str(texts), "--dimensions", "384,128", "--out"]
+    cli.main(["calibrate", *argv, str(out)])
+    cal = load_calibration(out)
+    assert cal.samples == len(TEXTS)
+    assert cal.model == http.get("/v1/models").json()["data"][0]["id"]
+    for dims in (384, 128):
+        rows = np.asarray(vectors(embed(http, input=TEXTS, dimensions=dims)), dtype=np.float32)
+        got = cal.for_dimensions(dims)
+        assert got is not None
+        np.testing.assert_allclose(got, ranges_of(rows), rtol=0, atol=1e-6)
+
+
 def _windows_reference(
     reference: Reference, ids: list[int], limit: int, overlap: int, specials: bool = True
 ) -> tuple[npt.NDArray[np.float64], int]:
