@@ -234,12 +234,12 @@ class Service:
                 param="dimensions",
             )
         ranges = self._ranges(req.encoding_format, req.dimensions or dims)
-        split = self._split_requested(req)
+        windowed = self._split_requested(req)
         self.dispatcher.admit()
         if isinstance(raw[0], str):
             texts: list[str] = raw
             _check_texts(texts, "input")
-            if split:
+            if windowed:
                 start = time.perf_counter()
                 batch = await self.tokenization.whole_texts(texts, req.input_type)
                 self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
@@ -249,7 +249,7 @@ class Service:
                 )
         else:
             seqs = cast(list[list[int]], raw)
-            batch = self.tokenization.token_ids(seqs, req.truncate, req.truncation_side, split)
+            batch = self.tokenization.token_ids(seqs, req.truncate, req.truncation_side, windowed)
         requested = req.dimensions if req.dimensions is not None and req.dimensions < dims else 0
         if batch.ends is not None:
             rows, tokens = await self._embed_windows(batch, requested)
