@@ -271,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
+    if args.api_keys_file and not Path(args.api_keys_file).is_file():
+        raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
     stop = threading.Event()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
