@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -71,6 +72,27 @@ def wire_bytes(client: httpx.Client, texts: Sequence[str]) -> dict[str, float]:
             len(_post(client, texts[i : i + BATCH], encoding)) for i in range(0, len(texts), BATCH)
         ]
         out[encoding] = sum(sizes) / len(texts)
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def gateway_cpu(
+    client: httpx.Client, texts: Sequence[str], pid: int, passes: int
+) -> dict[str, float]:
+    """The gateway process's CPU µs per vector, end to end (parse, tokenize, balance, decode,
+    quantize, encode), for each format on the same requests."""
+    out = {}
+    for encoding in FORMATS:
+        _post(client, texts, encoding)  # warm
+        start = _cpu_seconds(pid)
+        for _ in range(passes):
+            _post(client, texts, encoding)
+        out[encoding] = (_cpu_seconds(pid) - start) * 1e6 / (passes * len(texts))
     return out
 
 
@@ -181,6 +203,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench formats")
     parser.add_argument("--url", default="", help="A running gateway (default: start a fleet).")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=20,
+        help="Requests of the 64 query passages per format for the gateway's end-to-end CPU "
+        "(only when this command starts the fleet).",
+    )
     parser.add_argument("--out", type=Path, default=None, help="Write the figures as JSON.")
     args = parser.parse_args(argv)
     c = corpus.load()
@@ -192,10 +221,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         (port,) = free_ports(1)
         fleet = Fleet(workers=1, port=port).start()
         url = fleet.url
+    end_to_end: dict[str, float] = {}
     try:
         with httpx.Client(base_url=url, timeout=300) as client:
             q_rows, d_rows = floats(client, queries), floats(client, docs)
             wire = wire_bytes(client, docs)
+            gateway = fleet.children[-1].process if fleet is not None else None
+            if gateway is not None:
+                end_to_end = gateway_cpu(client, queries, gateway.pid, args.passes)
     finally:
         if fleet is not None:
             fleet.stop()
@@ -226,8 +259,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{m['quantize_and_json_us']:.2f} | {m['decode_quantized_us']:.2f} | "
             f"{m['json_of_quantized_us']:.2f} |"
         )
+    if end_to_end:
+        print("gateway process CPU per vector, end to end (64 x 32-token inputs a request):")
+        for encoding, us in end_to_end.items():
+            print(f"  {encoding}: {us:.1f} µs ({us / end_to_end['float']:.2f}x float)")
     for key, value in fid.items():
         print(f"{key}: {value:.4f}")
     if args.out:
-        args.out.write_text(json.dumps({"wire": wire, "cpu": cpu, "fidelity": fid}, indent=1))
+        figures = {"wire": wire, "cpu": cpu, "gateway_cpu": end_to_end, "fidelity": fid}
+        args.out.write_text(json.dumps(figures, indent=1))
     return 0

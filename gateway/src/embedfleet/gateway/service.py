@@ -266,7 +266,12 @@ class Service:
         """Inputs over the limit as windows in one batch; each input's token-weighted mean."""
         assert batch.ends is not None
         limit = self.tokenization.max_tokens
-        windows = split(batch.ids, batch.ends, limit, self.settings.split_overlap_tokens)
+        try:
+            windows = split(batch.ids, batch.ends, limit, self.settings.split_overlap_tokens)
+        except ValueError as exc:  # a limit too small for the special tokens (a server setting)
+            raise errors.invalid(
+                f"Cannot split inputs: {exc}.", param="split_long_inputs"
+            ) from None
         flat = Batch(ids=windows.ids)
         self._check_tokens(flat, "input")
         if len(windows.ids) == len(batch.ids):
