@@ -18,6 +18,7 @@ import pytest
 
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.auth import ApiKeys, KeyFile, bearer, key_label, parse_keys
+from embedfleet.testing.polling import WaitTimeoutError
 
 from .helpers import wait_until
 
@@ -120,7 +121,16 @@ def secured(tmp_path: Path) -> Iterator[tuple[str, SecretDir, Path]]:
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until("serving", lambda: "serving at" in log.read_text(), timeout=120)
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"embedfleet serve exited: {log.read_text()[-2000:]}")
+            return "serving at" in log.read_text()
+
+        try:
+            wait_until("serving", serving, timeout=120)
+        except WaitTimeoutError as exc:
+            raise RuntimeError(f"{exc}; log: {log.read_text()[-2000:]}") from None
         yield url, secret, log
     finally:
         proc.terminate()
