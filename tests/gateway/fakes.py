@@ -150,7 +150,7 @@ class InMemoryFakeWorker:
                 raise
 
     async def embed(
-        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None = None
     ) -> tuple[FloatArray, int]:
         tokens = unpack_tokens(batch)
         await self._run(tokens)

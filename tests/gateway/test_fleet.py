@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -199,6 +200,127 @@ def test_truncation_right_and_left(
     assert cos(vectors(left)[0], vectors(right)[0]) < 0.99
 
 
+# --- quantized formats and long inputs ------------------------------------------------------------
+
+
+def test_quantized_formats_are_sentence_transformers_quantization_of_the_float_rows(
+    http: httpx.Client, reference: Reference
+) -> None:
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    from embedfleet.gateway.quantization import BUNDLED_CALIBRATION, load_calibration
+
+    ranges = load_calibration(BUNDLED_CALIBRATION).ranges[384]
+    floats = np.asarray(vectors(embed(http, input=TEXTS)), dtype=np.float32)
+    for precision in ("int8", "uint8", "binary", "ubinary"):
+        want = quantize_embeddings(floats, precision, ranges=ranges)
+        assert isinstance(want, np.ndarray)
+        got = np.asarray(vectors(embed(http, input=TEXTS, encoding_format=precision)))
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+        packed = vectors(embed(http, input=TEXTS, encoding_format=f"{precision}_base64"))
+        raw = np.stack([np.frombuffer(base64.b64decode(str(p)), dtype=want.dtype) for p in packed])
+        np.testing.assert_array_equal(raw, want)
+    # Against sentence-transformers' own float vectors, the sign bits agree (all but a rare
+    # near-zero dimension).
+    ours = quantize_embeddings(floats, "ubinary")
+    theirs = quantize_embeddings(reference(TEXTS), "ubinary")
+    assert isinstance(ours, np.ndarray)
+    assert isinstance(theirs, np.ndarray)
+    same_bits = (np.unpackbits(ours) == np.unpackbits(theirs)).mean()
+    assert same_bits >= 0.995, same_bits
+
+
+def test_int8_without_calibration_for_the_dimensions_is_a_clear_400(http: httpx.Client) -> None:
+    reply = http.post(
+        "/v1/embeddings", json={"input": "a", "encoding_format": "int8", "dimensions": 128}
+    )
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "encoding_format"
+    assert "calibration at 128 dimensions" in error["message"]
+    binary = embed(http, input="a", encoding_format="ubinary", dimensions=128)
+    assert len(vectors(binary)[0]) == 16
+
+
+def test_calibrate_writes_the_ranges_of_what_clients_get(
+    fleet: Fleet, http: httpx.Client, tmp_path: Path
+) -> None:
+    from embedfleet.gateway import fleet as cli
+    from embedfleet.gateway.quantization import load_calibration, ranges_of
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n\n")
+    out = tmp_path / "embedfleet_quantization.json"
+    argv = ["--url", fleet.url, "--texts", str(texts), "--dimensions", "384,128", "--out"]
+    cli.main(["calibrate", *argv, str(out)])
+    cal = load_calibration(out)
+    assert cal.samples == len(TEXTS)
+    assert cal.model == http.get("/v1/models").json()["data"][0]["id"]
+    for dims in (384, 128):
+        rows = np.asarray(vectors(embed(http, input=TEXTS, dimensions=dims)), dtype=np.float32)
+        got = cal.for_dimensions(dims)
+        assert got is not None
+        np.testing.assert_allclose(got, ranges_of(rows), rtol=0, atol=1e-6)
+
+
+def _windows_reference(
+    reference: Reference, ids: list[int], limit: int, overlap: int, specials: bool = True
+) -> tuple[npt.NDArray[np.float64], int]:
+    """The split input's vector computed directly with the sentence-transformers model's BERT.
+    Windows: a span of content every `limit - ends - overlap` tokens, wrapped in [CLS] ... [SEP]
+    for a text (token-id inputs are windowed as given); mean pooling per window, the mean of
+    windows weighted by their lengths, then L2."""
+    import torch
+
+    bert: Any = reference.model[0].auto_model
+    head, content, tail = (ids[:1], ids[1:-1], ids[-1:]) if specials else ([], ids, [])
+    room = limit - len(head) - len(tail)
+    starts = [0]
+    while starts[-1] + room < len(content):
+        starts.append(starts[-1] + room - overlap)
+    windows = [[*head, *content[s : s + room], *tail] for s in starts]
+    assert windows[-1][len(windows[-1]) - len(tail) - 1] == content[-1]
+    pooled, weights = [], []
+    with torch.no_grad():
+        for w in windows:
+            out = bert(input_ids=torch.tensor([w])).last_hidden_state[0]
+            pooled.append(out.mean(dim=0).double().numpy())
+            weights.append(len(w))
+    vec = np.average(np.stack(pooled), axis=0, weights=weights)
+    return vec / np.linalg.norm(vec), sum(weights)
+
+
+def test_long_inputs_split_into_windows_give_the_weighted_mean(
+    http: httpx.Client, reference: Reference, minilm: ModelDir
+) -> None:
+    tok = minilm.tokenizer()
+    long_text = " ".join(f"{i}. {TEXTS[i % len(TEXTS)]}" for i in range(70))
+    ids = tok.encode(long_text).ids
+    assert len(ids) > 3 * 256
+    refused = http.post("/v1/embeddings", json={"input": long_text})
+    assert refused.status_code == 400
+    assert "split_long_inputs" in refused.json()["error"]["message"]
+    both = http.post(
+        "/v1/embeddings", json={"input": long_text, "truncate": True, "split_long_inputs": True}
+    )
+    assert both.status_code == 400
+    assert both.json()["error"]["param"] == "split_long_inputs"
+
+    want, tokens = _windows_reference(reference, ids, 256, 32)
+    doc = embed(http, input=[TEXTS[0], long_text, TEXTS[1]], split_long_inputs=True)
+    rows = vectors(doc)
+    assert cos(rows[1], want) >= 0.999, cos(rows[1], want)
+    assert abs(np.linalg.norm(rows[1]) - 1) < 1e-3
+    assert_close([rows[0], rows[2]], reference([TEXTS[0], TEXTS[1]]))
+    short = len(tok.encode(TEXTS[0]).ids) + len(tok.encode(TEXTS[1]).ids)
+    assert doc["usage"] == {"prompt_tokens": tokens + short, "total_tokens": tokens + short}
+    # Token ids: windows of the ids as given (no special tokens of their own).
+    want_ids, tokens_ids = _windows_reference(reference, ids, 256, 32, specials=False)
+    as_ids = embed(http, input=ids, split_long_inputs=True)
+    assert cos(vectors(as_ids)[0], want_ids) >= 0.999
+    assert as_ids["usage"] == {"prompt_tokens": tokens_ids, "total_tokens": tokens_ids}
+
+
 # --- rerank and score -----------------------------------------------------------------------------
 
 
@@ -297,7 +419,20 @@ def _bad_requests(name: str) -> list[tuple[str, str | bytes | dict[str, object],
         ("/v1/embeddings", {"input": "x", "model": "gpt-9"}, 404, "does not exist"),
         ("/v1/embeddings", {"input": "x", "dimensions": 0}, 400, "'dimensions'"),
         ("/v1/embeddings", {"input": "x", "dimensions": 385}, 400, "between 1 and 384"),
-        ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 400, "'encoding_format'"),
+        ("/v1/embeddings", {"input": "x", "encoding_format": "int4"}, 400, "'encoding_format'"),
+        (
+            "/v1/embeddings",
+            {"input": "x", "encoding_format": "uint8", "dimensions": 64},
+            400,
+            "calibration at 64 dimensions",
+        ),
+        ("/v1/embeddings", {"input": "x", "split_long_inputs": 1}, 400, "valid boolean"),
+        (
+            "/v1/embeddings",
+            {"input": "x", "split_long_inputs": True, "truncate": True},
+            400,
+            "pick one",
+        ),
         ("/v1/embeddings", {"input": ["x"] * (MAX_BATCH + 1)}, 413, f"at most {MAX_BATCH}"),
         ("/v1/embeddings", {"input": ["word " * 200] * 100}, 413, f"at most {MAX_TOKENS}"),
         ("/v1/embeddings", {"input": "x" * (MAX_BODY + 10)}, 413, "over the limit"),

@@ -303,3 +303,75 @@ def test_worker_threads_follow_the_pods_cpu_share(
     data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
     # "0" keeps torch's default: a pod with no CPU figure may use the node's cores.
     assert data["EMBEDFLEET_WORKER_THREADS"] == (threads or "0")
+
+
+def test_gateway_auth_and_calibration_are_mounted_as_updatable_files() -> None:
+    raw = {
+        "model": {"source": "file:///m"},
+        "gateway": {
+            "auth": {"secretRef": {"name": "team-keys"}, "perKeyMetrics": True},
+            "quantization": {"configMapRef": {"name": "minilm-ranges", "key": "q.json"}},
+            "splitLongInputs": True,
+            "splitOverlapTokens": 16,
+        },
+    }
+    objs = child_objects(raw)
+    pod = objs["Deployment/minilm-gateway"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["api-keys"]["secret"] == {
+        "secretName": "team-keys",
+        "items": [{"key": "api-keys", "path": "api-keys"}],
+        "defaultMode": 0o440,
+    }
+    assert volumes["quantization"]["configMap"] == {
+        "name": "minilm-ranges",
+        "items": [{"key": "q.json", "path": "embedfleet_quantization.json"}],
+    }
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    # No subPath: the kubelet updates only whole volume mounts when the Secret changes.
+    assert mounts["api-keys"] == {
+        "name": "api-keys",
+        "mountPath": "/etc/embedfleet/auth",
+        "readOnly": True,
+    }
+    assert not any("subPath" in m for m in container["volumeMounts"])
+    data = objs["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_GATEWAY_API_KEYS_FILE"] == "/etc/embedfleet/auth/api-keys"
+    assert data["EMBEDFLEET_GATEWAY_API_KEY_METRICS"] == "true"
+    assert (
+        data["EMBEDFLEET_GATEWAY_QUANTIZATION_FILE"]
+        == "/etc/embedfleet/quantization/embedfleet_quantization.json"
+    )
+    assert data["EMBEDFLEET_GATEWAY_SPLIT_LONG_INPUTS"] == "true"
+    assert data["EMBEDFLEET_GATEWAY_SPLIT_OVERLAP_TOKENS"] == "16"
+    # The workers read none of it, and roll for none of it.
+    worker = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    assert {v["name"] for v in worker["volumes"]} == {"tmp"}
+    base = {"model": {"source": "file:///m"}}
+    assert _hash(base, "worker") == _hash(raw, "worker")
+    assert _hash(base, "gateway") != _hash(raw, "gateway")
+    plain = child_objects(base)
+    gateway_volumes = plain["Deployment/minilm-gateway"]["spec"]["template"]["spec"]["volumes"]
+    assert {v["name"] for v in gateway_volumes} == {"tmp"}
+    assert plain["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_API_KEYS_FILE"] == ""
+
+
+def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rendered env, read back by the gateway's own settings loader."""
+    from embedfleet.common.settings import load
+    from embedfleet.gateway.settings import ENV_PREFIX
+
+    raw = {
+        "model": {"source": "file:///m"},
+        "gateway": {"auth": {"secretRef": {"name": "k"}}, "splitLongInputs": True},
+    }
+    for name, value in gateway_env(OWNER, parse_spec(raw)).items():
+        monkeypatch.setenv(name, value)
+    settings = load(GatewaySettings, ENV_PREFIX, [])
+    assert settings.api_keys_file == "/etc/embedfleet/auth/api-keys"
+    assert settings.split_long_inputs is True
+    assert settings.api_key_metrics is False
+    assert settings.quantization_file == ""

@@ -92,6 +92,37 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "panicWindowSeconds must not exceed",
     ),
     ("typo-field", "bad", _with("worker.gpu", 1), 'unknown field "spec.worker.gpu"'),
+    (
+        "auth-secret-name",
+        "bad",
+        _with("gateway.auth", {"secretRef": {"name": "Team_Keys"}}),
+        'spec.gateway.auth.secretRef.name: Invalid value: "Team_Keys": must be a Secret name',
+    ),
+    (
+        "auth-no-name",
+        "bad",
+        _with("gateway.auth", {"secretRef": {"key": "k"}}),
+        "spec.gateway.auth.secretRef.name: Required value",
+    ),
+    (
+        "auth-key",
+        "bad",
+        _with("gateway.auth", {"secretRef": {"name": "keys", "key": "a/b"}}),
+        "must be a Secret data key",
+    ),
+    (
+        "auth-metrics-without-keys",
+        "bad",
+        _with("gateway.auth", {"perKeyMetrics": True}),
+        "gateway.auth.perKeyMetrics needs gateway.auth.secretRef",
+    ),
+    (
+        "calibration-name",
+        "bad",
+        _with("gateway.quantization", {"configMapRef": {"name": "-ranges"}}),
+        "must be a ConfigMap name",
+    ),
+    ("overlap", "bad", _with("gateway.splitOverlapTokens", -1), "spec.gateway.splitOverlapTokens"),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]
@@ -151,3 +182,21 @@ def test_examples_are_valid(crd_installed: Cluster, k8s_namespace: str, example:
     crd_installed.kubectl(
         "apply", "--dry-run=server", "-n", k8s_namespace, "-f", str(EXAMPLES / example)
     )
+
+
+def test_gateway_auth_is_accepted_with_its_defaults(
+    crd_installed: Cluster, k8s_namespace: str
+) -> None:
+    spec = _with("gateway.auth", {"secretRef": {"name": "team.keys-1"}, "perKeyMetrics": True})
+    spec = _with("gateway.quantization", {"configMapRef": {"name": "ranges"}}, spec)
+    crd_installed.kubectl("apply", "-n", k8s_namespace, "-f", "-", input=_manifest("keyed", spec))
+    got = json.loads(
+        crd_installed.kubectl("get", "emb", "keyed", "-n", k8s_namespace, "-o", "json").stdout
+    )["spec"]["gateway"]
+    assert got["auth"] == {
+        "secretRef": {"name": "team.keys-1", "key": "api-keys"},
+        "perKeyMetrics": True,
+    }
+    assert got["quantization"]["configMapRef"]["key"] == "embedfleet_quantization.json"
+    assert got["splitLongInputs"] is False
+    assert got["splitOverlapTokens"] == 32

@@ -11,19 +11,27 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.modeldir import (
+    DEFAULT_MODEL_NAME,
+    ModelDir,
+    load_model_dir,
+    resolve_model_path,
+)
 from embedfleet.gateway import errors, openapi
+from embedfleet.gateway.auth import KeyFile, bearer
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.quantization import find_calibration
 from embedfleet.gateway.racing import finished_first
 from embedfleet.gateway.schemas import (
     ClassifyRequest,
@@ -112,10 +120,20 @@ class Gateway:
             settings.tokenize_inline_chars,
             settings.tokenize_large_chars,
         )
+        self.calibration = find_calibration(
+            settings.quantization_file,
+            self.model.path,
+            bundled=self.model.name == DEFAULT_MODEL_NAME,
+        )
+        self.keys = (
+            KeyFile(Path(settings.api_keys_file), settings.api_keys_reload_seconds)
+            if settings.api_keys_file
+            else None
+        )
         self.pool: WorkerPool | None = None
         self.service: Service | None = None
         self.discovery: Discovery | None = None
-        self._openapi = orjson.dumps(openapi.document(VERSION))
+        self._openapi = orjson.dumps(openapi.document(VERSION, auth=self.keys is not None))
         self._posts: dict[str, tuple[type[BaseModel], Callable[[Any], Awaitable[Any]]]] = {}
 
     async def start(self) -> None:
@@ -123,8 +141,10 @@ class Gateway:
         self.pool = WorkerPool(self.balancer, s.probe_seconds)
         dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
         self.service = Service(
-            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics
+            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics, self.calibration
         )
+        if self.keys is not None:
+            self.keys.start()
         self._posts = {
             "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
             "/v1/rerank": (RerankRequest, self.service.rerank),
@@ -136,6 +156,8 @@ class Gateway:
         await self.discovery.start()
 
     async def stop(self) -> None:
+        if self.keys is not None:
+            await self.keys.stop()
         if self.discovery:
             await self.discovery.stop()
         if self.pool:
@@ -184,6 +206,8 @@ class Gateway:
         self, route: str, method: str, scope: Scope, receive: Receive, send: Send
     ) -> int:
         try:
+            if self.keys is not None and scope["path"].startswith("/v1/"):
+                self._authorize(route, scope)
             if route in self._posts:
                 if method != "POST":
                     raise errors.not_allowed(f"Use POST for {route}.", b"POST")
@@ -199,6 +223,16 @@ class Gateway:
         except ClientGoneError:
             self.metrics.cancelled.inc()
             return CLIENT_GONE
+
+    def _authorize(self, route: str, scope: Scope) -> None:
+        """401 unless the request carries a current API key; counts it per key when asked."""
+        assert self.keys is not None
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        label = self.keys.keys.check(bearer(header))
+        if label is None:
+            raise errors.unauthorized(header is not None)
+        if self.settings.api_key_metrics:
+            self.metrics.key_requests.labels(label, route).inc()
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.settings.max_body_bytes

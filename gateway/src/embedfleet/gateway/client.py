@@ -92,9 +92,9 @@ class WorkerClient:
         await self._channel.close(grace=None)
 
     async def embed(
-        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None = None
     ) -> tuple[FloatArray, int]:
-        request = pb.EmbedRequest(batch=batch, dimensions=dimensions)
+        request = pb.EmbedRequest(batch=batch, dimensions=dimensions, normalize=normalize)
         reply: pb.EmbedResponse = await _call(self._stub.Embed(request, timeout=timeout))
         rows = unpack_floats(reply.embeddings, reply.count, reply.dimensions, reply.format)
         return rows.astype(np.float32, copy=False), int(reply.prompt_tokens)

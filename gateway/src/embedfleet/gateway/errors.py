@@ -65,6 +65,18 @@ def overloaded(retry_after: int) -> ApiError:
     )
 
 
+def unauthorized(presented: bool) -> ApiError:
+    """OpenAI's answer to a missing or wrong key (the key itself is never echoed)."""
+    message = (
+        "Incorrect API key provided."
+        if presented
+        else "You didn't provide an API key. Pass it as 'Authorization: Bearer <key>'."
+    )
+    return ApiError(
+        401, message, code="invalid_api_key", headers=((b"www-authenticate", b"Bearer"),)
+    )
+
+
 def unavailable(message: str) -> ApiError:
     return ApiError(503, message, type="server_error", code="no_workers")
 

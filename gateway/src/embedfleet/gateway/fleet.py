@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from embedfleet.common.net import free_ports
+from embedfleet.gateway import calibrate
 
 STOP_SECONDS = 15.0
 #: how often `embedfleet serve` looks for exited children
@@ -255,13 +256,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
     serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
+    serve.add_argument(
+        "--api-keys-file",
+        default="",
+        help="File of API keys, one a line; the gateway then requires `Authorization: Bearer` "
+        "and re-reads the file when it changes.",
+    )
+    calibrate.add_arguments(
+        commands.add_parser(
+            "calibrate",
+            help="Compute int8/uint8 calibration ranges through a running gateway.",
+        )
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "calibrate":
+        calibrate.run(args)
+        return
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
+    if args.api_keys_file and not Path(args.api_keys_file).is_file():
+        raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
     stop = threading.Event()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
@@ -273,12 +291,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
     task = ("--task", args.task)
+    keys = (
+        ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
+    )
     fleet = Fleet(
         workers=args.workers,
         model=args.model,
         port=args.port,
         worker_args=task,
-        gateway_args=task,
+        gateway_args=(*task, *keys),
     )
     print(f"starting a gateway and {args.workers} workers ...", flush=True)
     try:

@@ -103,4 +103,16 @@ class Metrics:
             "of the same request failed. A worker may never see one sent just before.",
             registry=r,
         )
+        self.split_inputs = Counter(
+            "embedfleet_gateway_split_inputs",
+            "Inputs over the model's limit embedded as windows (split_long_inputs).",
+            registry=r,
+        )
+        self.key_requests = Counter(
+            "embedfleet_gateway_key_requests",
+            "Authorized requests per API key (only with --api-key-metrics), by route; `key` is "
+            "the first 12 hex digits of the key's sha256, never the key.",
+            ["key", "route"],
+            registry=r,
+        )
         r.register(_WorkerCollector(balancer))

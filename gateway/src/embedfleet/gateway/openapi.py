@@ -72,7 +72,25 @@ def _get(
     return {"get": {"summary": summary, "responses": responses}}
 
 
-def document(version: str) -> dict[str, Any]:
+_UNAUTHORIZED = {
+    "description": "Missing or wrong API key (only when the gateway has keys)",
+    "headers": {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    **_ERROR,
+}
+
+
+def _secured(paths: dict[str, Any]) -> dict[str, Any]:
+    """/v1/* operations need a bearer key: declared, with their 401."""
+    for path, item in paths.items():
+        if path.startswith("/v1/"):
+            for operation in item.values():
+                operation["security"] = [{"apiKey": []}]
+                operation["responses"]["401"] = _UNAUTHORIZED
+    return paths
+
+
+def document(version: str, auth: bool = False) -> dict[str, Any]:
+    """The document; with `auth` (the gateway has API keys) /v1/* declares its bearer key."""
     models: list[type[BaseModel]] = [
         schemas.EmbeddingRequest,
         schemas.EmbeddingResponse,
@@ -89,43 +107,48 @@ def document(version: str) -> dict[str, Any]:
         schemas.ErrorResponse,
     ]
     _, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+    paths = {
+        "/v1/embeddings": _post(
+            "Embed texts or token ids (OpenAI-compatible).",
+            schemas.EmbeddingRequest,
+            schemas.EmbeddingResponse,
+        ),
+        "/v1/rerank": _post(
+            "Rank documents against a query (Cohere/Jina-compatible).",
+            schemas.RerankRequest,
+            schemas.RerankResponse,
+        ),
+        "/v1/score": _post("Score text pairs.", schemas.ScoreRequest, schemas.ScoreResponse),
+        "/v1/classify": _post(
+            "Classify texts with a sequence-classification model (labels from its config).",
+            schemas.ClassifyRequest,
+            schemas.ClassifyResponse,
+        ),
+        "/v1/sparse_embeddings": _post(
+            "SPLADE sparse embeddings of texts or token ids, as {indices, values}.",
+            schemas.SparseEmbeddingRequest,
+            schemas.SparseEmbeddingResponse,
+        ),
+        "/v1/models": _get(
+            "The served model.",
+            _json(schemas.ModelList),
+            {"503": {"description": "Starting up", **_ERROR}},
+        ),
+        "/health": _get("The gateway process is up."),
+        "/ready": _get(
+            "At least one worker is ready (503 otherwise).",
+            extra={"503": {"description": "No ready worker"}},
+        ),
+        "/openapi.json": _get("This document."),
+        "/metrics": _get("Prometheus metrics."),
+    }
+    components: dict[str, Any] = {"schemas": defs.get("$defs", {})}
+    if auth:
+        components["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+        paths = _secured(paths)
     return {
         "openapi": "3.1.0",
         "info": {"title": "embedfleet gateway", "version": version},
-        "paths": {
-            "/v1/embeddings": _post(
-                "Embed texts or token ids (OpenAI-compatible).",
-                schemas.EmbeddingRequest,
-                schemas.EmbeddingResponse,
-            ),
-            "/v1/rerank": _post(
-                "Rank documents against a query (Cohere/Jina-compatible).",
-                schemas.RerankRequest,
-                schemas.RerankResponse,
-            ),
-            "/v1/score": _post("Score text pairs.", schemas.ScoreRequest, schemas.ScoreResponse),
-            "/v1/classify": _post(
-                "Classify texts with a sequence-classification model (labels from its config).",
-                schemas.ClassifyRequest,
-                schemas.ClassifyResponse,
-            ),
-            "/v1/sparse_embeddings": _post(
-                "SPLADE sparse embeddings of texts or token ids, as {indices, values}.",
-                schemas.SparseEmbeddingRequest,
-                schemas.SparseEmbeddingResponse,
-            ),
-            "/v1/models": _get(
-                "The served model.",
-                _json(schemas.ModelList),
-                {"503": {"description": "Starting up", **_ERROR}},
-            ),
-            "/health": _get("The gateway process is up."),
-            "/ready": _get(
-                "At least one worker is ready (503 otherwise).",
-                extra={"503": {"description": "No ready worker"}},
-            ),
-            "/openapi.json": _get("This document."),
-            "/metrics": _get("Prometheus metrics."),
-        },
-        "components": {"schemas": defs.get("$defs", {})},
+        "paths": paths,
+        "components": components,
     }

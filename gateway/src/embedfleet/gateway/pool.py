@@ -26,9 +26,10 @@ class Worker(Protocol):
     """What the gateway asks of one worker. Every failure is an `UpstreamError`."""
 
     async def embed(
-        self, batch: pb.TokenBatch, dimensions: int, timeout: float
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None = None
     ) -> tuple[FloatArray, int]:
-        """Rows of `batch`'s embeddings (0 `dimensions`: the model's own), and tokens run."""
+        """Rows of `batch`'s embeddings (0 `dimensions`: the model's own; `normalize` None: the
+        model's default), and tokens run."""
         ...
 
     async def score(self, batch: pb.TokenBatch, timeout: float) -> tuple[FloatArray, int]:

@@ -39,6 +39,18 @@ EmbeddingInput = Annotated[
 Texts = Annotated[StrictStr | list[StrictStr], WithJsonSchema({"anyOf": [_TEXT, _list_of(_TEXT)]})]
 InputType = Literal["query", "document"]
 TruncationSide = Literal["left", "right"]
+EncodingFormat = Literal[
+    "float",
+    "base64",
+    "int8",
+    "uint8",
+    "binary",
+    "ubinary",
+    "int8_base64",
+    "uint8_base64",
+    "binary_base64",
+    "ubinary_base64",
+]
 
 
 class _Request(BaseModel):
@@ -60,11 +72,22 @@ class EmbeddingRequest(_Request):
     input: EmbeddingInput = Field(
         description="Text, texts, token ids or lists of token ids to embed.",
     )
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="base64: little-endian float32 bytes, base64-encoded."
+    encoding_format: EncodingFormat = Field(
+        "float",
+        description="float: JSON numbers; base64: little-endian float32 bytes, base64-encoded. "
+        "Extensions, as sentence-transformers' quantize_embeddings: int8 and uint8 (one byte a "
+        "dimension, from the model's calibrated ranges), binary (int8) and ubinary (uint8) "
+        "(the sign of 8 dimensions a byte, most significant bit first), as JSON integers; "
+        "`<format>_base64` sends the same bytes base64-encoded.",
     )
     dimensions: Annotated[StrictInt, Field(ge=1)] | None = Field(
         None, description="Matryoshka truncation to this many dimensions (then re-normalized)."
+    )
+    split_long_inputs: StrictBool | None = Field(
+        None,
+        description="Extension: embed an input over the model's limit as overlapping windows "
+        "and return their token-weighted mean (usage counts every window's tokens); omitted "
+        "uses the server's default. Not together with `truncate`.",
     )
     user: StrictStr | None = Field(None, description="Accepted for compatibility; not logged.")
     input_type: InputType | None = Field(
@@ -151,7 +174,10 @@ class Usage(BaseModel):
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float] | str
+    embedding: list[float] | list[int] | str = Field(
+        description="Numbers for float, integers for int8/uint8/binary/ubinary, a base64 string "
+        "for base64 and each `_base64` format."
+    )
 
 
 class EmbeddingResponse(BaseModel):

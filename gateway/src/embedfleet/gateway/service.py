@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
 from collections.abc import Sequence
@@ -15,8 +14,10 @@ from embedfleet.common.codec import SparseVector, pack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import errors
 from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.long_inputs import merge, split
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import Worker, WorkerPool
+from embedfleet.gateway.quantization import ENCODINGS, Calibration, encode_rows
 from embedfleet.gateway.schemas import (
     ClassifyRequest,
     Document,
@@ -87,8 +88,10 @@ class Service:
         pool: WorkerPool,
         dispatcher: Dispatcher,
         metrics: Metrics,
+        calibration: Calibration | None = None,
     ) -> None:
         self.settings = settings
+        self.calibration = calibration
         self.model = model
         self.tokenization = tokenization
         self.pool = pool
@@ -138,12 +141,14 @@ class Service:
         budget = chunk_budget(batch.total, workers, s.chunk_tokens, s.min_chunk_tokens)
         return plan(batch.lengths, budget, s.chunk_sequences)
 
-    async def _embed(self, batch: Batch, dimensions: int) -> FloatArray:
+    async def _embed(
+        self, batch: Batch, dimensions: int, normalize: bool | None = None
+    ) -> FloatArray:
         timeout = self.settings.upstream_timeout_seconds
 
         async def call(chunk: Chunk, worker: Worker) -> FloatArray:
             packed = pack_tokens(batch.ids[chunk.start : chunk.stop])
-            rows, _ = await worker.embed(packed, dimensions, timeout)
+            rows, _ = await worker.embed(packed, dimensions, timeout, normalize)
             return rows
 
         return join(await self.dispatcher.run(self._chunks(batch), call))
@@ -185,9 +190,15 @@ class Service:
         )
 
     async def _tokenize_input(
-        self, raw: EmbeddingInput, input_type: str | None, truncate: bool, side: TruncationSide
+        self,
+        raw: EmbeddingInput,
+        input_type: str | None,
+        truncate: bool,
+        side: TruncationSide,
+        windowed: bool = False,
     ) -> Batch:
-        """Texts or token ids, checked and tokenized (the embedding endpoints' input)."""
+        """Texts or token ids, checked and tokenized (the embedding endpoints' input); with
+        `windowed`, over-long inputs stay whole (`Batch.ends` set) for splitting into windows."""
         if isinstance(raw, str):
             raw = [raw]
         elif raw and isinstance(raw[0], int):
@@ -198,11 +209,17 @@ class Service:
         if isinstance(raw[0], str):
             texts: list[str] = raw
             _check_texts(texts, "input")
-            batch = await self._tokenize_texts(texts, input_type, truncate, side)
+            if windowed:
+                start = time.perf_counter()
+                batch = await self.tokenization.whole_texts(texts, input_type)
+                self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
+            else:
+                batch = await self._tokenize_texts(texts, input_type, truncate, side)
         else:
             seqs = cast(list[list[int]], raw)
-            batch = self.tokenization.token_ids(seqs, truncate, side)
-        self._check_tokens(batch, "input")
+            batch = self.tokenization.token_ids(seqs, truncate, side, windowed)
+        if batch.ends is None:
+            self._check_tokens(batch, "input")
         return batch
 
     async def _pair_scores(
@@ -250,6 +267,34 @@ class Service:
 
     # --- endpoints -------------------------------------------------------------------------
 
+    def _ranges(self, encoding: str, dimensions: int) -> FloatArray | None:
+        """The calibration ranges an int8/uint8 `encoding` needs (400 when there are none)."""
+        precision, _ = ENCODINGS[encoding]
+        if precision not in ("int8", "uint8"):
+            return None
+        ranges = self.calibration.for_dimensions(dimensions) if self.calibration else None
+        if ranges is None:
+            have = sorted(self.calibration.ranges) if self.calibration else []
+            raise errors.invalid(
+                f"'{encoding}' needs this model's {precision} calibration at {dimensions} "
+                f"dimensions, and the server has {'ranges for ' + str(have) if have else 'none'}. "
+                "Use binary or float, or calibrate (embedfleet calibrate; docs/gateway.md).",
+                param="encoding_format",
+            )
+        return ranges
+
+    def _split_requested(self, req: EmbeddingRequest) -> bool:
+        if req.truncate and req.split_long_inputs:
+            raise errors.invalid(
+                "'truncate' and 'split_long_inputs' are both true: pick one way to handle inputs "
+                "over the model's limit.",
+                param="split_long_inputs",
+            )
+        if req.truncate:
+            return False
+        wanted = req.split_long_inputs
+        return self.settings.split_long_inputs if wanted is None else wanted
+
     async def embeddings(self, req: EmbeddingRequest) -> dict[str, Any]:
         self._check_model(req.model)
         self._require("embed", "/v1/embeddings")
@@ -259,24 +304,41 @@ class Service:
                 f"'dimensions' must be between 1 and {dims} for this model; got {req.dimensions}.",
                 param="dimensions",
             )
+        ranges = self._ranges(req.encoding_format, req.dimensions or dims)
+        windowed = self._split_requested(req)
         batch = await self._tokenize_input(
-            req.input, req.input_type, req.truncate, req.truncation_side
+            req.input, req.input_type, req.truncate, req.truncation_side, windowed
         )
         requested = req.dimensions if req.dimensions is not None and req.dimensions < dims else 0
-        rows = await self._embed(batch, requested)
-        if req.encoding_format == "base64":
-            little = rows.astype("<f4", copy=False)
-            data: list[dict[str, Any]] = [
-                {
-                    "object": "embedding",
-                    "index": i,
-                    "embedding": base64.b64encode(r.tobytes()).decode(),
-                }
-                for i, r in enumerate(little)
-            ]
+        if batch.ends is not None:
+            rows, tokens = await self._embed_windows(batch, requested)
         else:
-            data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
-        return {"object": "list", "data": data, "model": self.name, "usage": _usage(batch.total)}
+            rows, tokens = await self._embed(batch, requested), batch.total
+        data = [
+            {"object": "embedding", "index": i, "embedding": e}
+            for i, e in enumerate(encode_rows(rows, req.encoding_format, ranges))
+        ]
+        return {"object": "list", "data": data, "model": self.name, "usage": _usage(tokens)}
+
+    async def _embed_windows(self, batch: Batch, dimensions: int) -> tuple[FloatArray, int]:
+        """Inputs over the limit as windows in one batch; each input's token-weighted mean."""
+        assert batch.ends is not None
+        limit = self.tokenization.max_tokens
+        try:
+            windows = split(batch.ids, batch.ends, limit, self.settings.split_overlap_tokens)
+        except ValueError as exc:  # a limit too small for the special tokens (a server setting)
+            raise errors.invalid(
+                f"Cannot split inputs: {exc}.", param="split_long_inputs"
+            ) from None
+        flat = Batch(ids=windows.ids)
+        self._check_tokens(flat, "input")
+        if len(windows.ids) == len(batch.ids):
+            return await self._embed(flat, dimensions), flat.total
+        info = self.pool.info()
+        normalize = bool(info.default_normalize) if info else self.model.normalize
+        rows = await self._embed(flat, dimensions, normalize=False)
+        self.metrics.split_inputs.inc(int((np.bincount(windows.owner) > 1).sum()))
+        return merge(rows, windows, normalize), flat.total
 
     async def rerank(self, req: RerankRequest) -> dict[str, Any]:
         self._check_model(req.model)

@@ -29,6 +29,38 @@ class GatewaySettings:
         "Longest single input in tokens; 0 uses the model's default (sentence-transformers "
         "max_seq_length, else its position limit). Keep equal to the workers' limit.",
     )
+    quantization_file: str = setting(
+        "",
+        "int8/uint8 calibration file (`embedfleet calibrate` writes one); empty uses the model "
+        "directory's embedfleet_quantization.json, else the bundled model's shipped ranges. "
+        "Without ranges, int8 and uint8 requests are refused with 400.",
+    )
+    # --- long inputs -----------------------------------------------------------------------
+    split_long_inputs: bool = setting(
+        False,
+        "Default of the request field `split_long_inputs`: embed an input over the model's limit "
+        "as overlapping windows and return their token-weighted mean (instead of a 400). "
+        '`"truncate": true` in a request still cuts.',
+    )
+    split_overlap_tokens: int = setting(
+        32,
+        "Tokens each window of a split input shares with the previous one (at most half a window).",
+    )
+    # --- auth ------------------------------------------------------------------------------
+    api_keys_file: str = setting(
+        "",
+        "File of API keys, one a line (blank lines and # comments ignored). When set, /v1/* "
+        "needs `Authorization: Bearer <key>`; the file is re-read when it changes (a mounted "
+        "Secret's update included), no restart. Empty: no auth.",
+    )
+    api_keys_reload_seconds: float = setting(
+        1.0, "How often the API keys file is checked for a change."
+    )
+    api_key_metrics: bool = setting(
+        False,
+        "Count requests per API key (embedfleet_gateway_key_requests_total), labelled by the "
+        "first 12 hex digits of the key's sha256, never the key.",
+    )
     # --- workers ---------------------------------------------------------------------------
     workers: tuple[str, ...] = setting(
         (), "Static worker gRPC addresses host:port, comma-separated."

@@ -24,6 +24,7 @@ from tokenizers import Encoding, Tokenizer
 from embedfleet.common import judge_prompt
 from embedfleet.common.modeldir import ModelDir, ModelDirError
 from embedfleet.gateway.errors import ApiError, invalid
+from embedfleet.gateway.long_inputs import special_ends
 from embedfleet.gateway.window import Window, first_window_chars, window
 
 Side = Literal["left", "right"]
@@ -37,6 +38,8 @@ class Batch:
 
     ids: list[list[int]]
     type_ids: list[list[int]] | None = None
+    #: special tokens leading and trailing each input (texts tokenized whole, for splitting)
+    ends: list[tuple[int, int]] | None = None
 
     @property
     def lengths(self) -> list[int]:
@@ -49,9 +52,10 @@ class Batch:
 
 def too_long(index: int, length: int, limit: int, param: str, at_least: bool = False) -> ApiError:
     count = f"at least {length}" if at_least else str(length)
+    split = ', or "split_long_inputs": true to embed it in windows' if param == "input" else ""
     return invalid(
         f"Input {index} has {count} tokens, more than this model's limit of {limit}. "
-        'Shorten it, or pass "truncate": true to cut it.',
+        f'Shorten it, pass "truncate": true to cut it{split}.',
         param=param,
         code="context_length_exceeded",
     )
@@ -120,6 +124,11 @@ class Tokenization:
         encodings: list[Encoding] = self._tokenizer(truncate, side).encode_batch(
             [w.text for w in windows]
         )
+        return encodings
+
+    def _encode_whole(self, texts: list[str], truncate: bool, side: Side) -> list[Encoding]:
+        """Every text tokenized whole, however long: its windows are cut from the tokens."""
+        encodings: list[Encoding] = self._plain.encode_batch(texts)
         return encodings
 
     def _encode_pairs(
@@ -211,6 +220,17 @@ class Tokenization:
         self._check(encodings, truncate, "input")
         return Batch(ids=[e.ids for e in encodings])
 
+    async def whole_texts(self, texts: Sequence[str], input_type: str | None) -> Batch:
+        """Texts tokenized whole, with each one's special ends, for splitting into windows."""
+        prompt = prompt_for(self.model, input_type)
+        items = [prompt + t for t in texts] if prompt else list(texts)
+        chars = sum(len(t) for t in items)
+        encodings = await self._run(self._encode_whole, items, chars, False, "right")
+        return Batch(
+            ids=[e.ids for e in encodings],
+            ends=[special_ends(e.special_tokens_mask) for e in encodings],
+        )
+
     async def pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool, side: Side) -> Batch:
         chars = sum(len(a) + len(b) for a, b in pairs)
         encodings = await self._run(self._encode_pairs, list(pairs), chars, truncate, side)
@@ -230,7 +250,11 @@ class Tokenization:
         ids = await self._run(self._encode_judged, (list(pairs), task), chars, truncate, side)
         return Batch(ids=ids)
 
-    def token_ids(self, seqs: Sequence[Sequence[int]], truncate: bool, side: Side) -> Batch:
+    def token_ids(
+        self, seqs: Sequence[Sequence[int]], truncate: bool, side: Side, split: bool = False
+    ) -> Batch:
+        """Checked token-id inputs; over-long ones are cut (truncate), kept whole for splitting
+        into windows (split: token ids carry no special tokens), else refused."""
         vocab = self.model.vocab_size
         out: list[list[int]] = []
         for i, seq in enumerate(seqs):
@@ -241,10 +265,10 @@ class Tokenization:
                     f"Input {i} holds a token id outside this model's vocabulary [0, {vocab}).",
                     param="input",
                 )
-            if len(seq) > self.max_tokens:
+            if len(seq) > self.max_tokens and not split:
                 if not truncate:
                     raise too_long(i, len(seq), self.max_tokens, "input")
                 out.append(cut(seq, self.max_tokens, side))
             else:
                 out.append(list(seq))
-        return Batch(ids=out)
+        return Batch(ids=out, ends=[(0, 0)] * len(out) if split else None)

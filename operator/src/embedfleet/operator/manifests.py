@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from embedfleet.operator.spec import API_VERSION, KIND, ModelSource, Resources, Spec
+from embedfleet.operator.spec import API_VERSION, KIND, Gateway, ModelSource, Resources, Spec
 
 Manifest = dict[str, Any]
 
@@ -40,6 +40,11 @@ METRICS_PORTS = {"worker": ("metrics", WORKER_METRICS_PORT), "gateway": ("http",
 """Where each component's pods serve /metrics: (container port name, port). The gateway serves it
 on its one HTTP port."""
 MODEL_DIR = "/models"
+#: where the gateway finds gateway.auth's Secret entry and gateway.quantization's ConfigMap entry
+API_KEYS_DIR = "/etc/embedfleet/auth"
+QUANTIZATION_DIR = "/etc/embedfleet/quantization"
+API_KEYS_FILE = f"{API_KEYS_DIR}/api-keys"
+QUANTIZATION_FILE = f"{QUANTIZATION_DIR}/embedfleet_quantization.json"
 PRESTOP_SECONDS = 5
 """Before SIGTERM: time for the endpoint removal to reach the gateways, so no new work arrives."""
 GRACE_MARGIN_SECONDS = 10
@@ -227,6 +232,11 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
             "max_request_tokens": gateway.max_request_tokens,
             "chunk_tokens": gateway.chunk_tokens,
             "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
+            "split_long_inputs": gateway.split_long_inputs,
+            "split_overlap_tokens": gateway.split_overlap_tokens,
+            "api_keys_file": API_KEYS_FILE if gateway.auth.secret else "",
+            "api_key_metrics": gateway.auth.per_key_metrics,
+            "quantization_file": QUANTIZATION_FILE if gateway.quantization else "",
             "host": "0.0.0.0",
             "port": GATEWAY_PORT,
         },
@@ -449,6 +459,32 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
     )
 
 
+def gateway_files(gateway: Gateway) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): the Secret of API keys and the ConfigMap of calibration ranges, as
+    read-only files.
+
+    Whole volumes with `items`, never `subPath`: the kubelet updates such a volume in place (by
+    swapping its `..data` symlink), which is how a key rotation reaches the running gateway.
+    """
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if (secret := gateway.auth.secret) is not None:
+        items = [{"key": secret.key, "path": API_KEYS_FILE.rsplit("/", 1)[1]}]
+        volumes.append(
+            {
+                "name": "api-keys",
+                # Readable by the pod's group (fsGroup) only; the keys are never world-readable.
+                "secret": {"secretName": secret.name, "items": items, "defaultMode": 0o440},
+            }
+        )
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+    if (ref := gateway.quantization) is not None:
+        items = [{"key": ref.key, "path": QUANTIZATION_FILE.rsplit("/", 1)[1]}]
+        volumes.append({"name": "quantization", "configMap": {"name": ref.name, "items": items}})
+        mounts.append({"name": "quantization", "mountPath": QUANTIZATION_DIR, "readOnly": True})
+    return volumes, mounts
+
+
 def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
     gateway = spec.gateway
     image = gateway.image or images.gateway
@@ -482,7 +518,9 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
     }
     if resources := _resources(gateway.resources):
         container["resources"] = resources
-    mount = model_mount(spec, image, gateway.image_pull_policy)
+    model = model_mount(spec, image, gateway.image_pull_policy)
+    volumes, mounts = gateway_files(gateway)
+    mount = ModelMount(model.volumes + volumes, model.mounts + mounts, model.init_containers)
     pod = _pod_spec(
         spec,
         container,

@@ -19,6 +19,9 @@ KIND = "EmbeddingDeployment"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 SourceKind = Literal["hf", "pvc", "file"]
+#: default entries of gateway.auth.secretRef and gateway.quantization.configMapRef (as the CRD's)
+API_KEYS_KEY = "api-keys"
+QUANTIZATION_KEY = "embedfleet_quantization.json"
 
 _HF = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@(.+))?$")
 _PVC = re.compile(r"^pvc://([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)/([^/].*)$")
@@ -117,6 +120,21 @@ class GatewayService:
 
 
 @dataclass(frozen=True)
+class FileRef:
+    """One entry of a Secret or ConfigMap, mounted into the gateway as a file."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class GatewayAuth:
+    #: the Secret entry of API keys (one a line); None: no auth
+    secret: FileRef | None = None
+    per_key_metrics: bool = False
+
+
+@dataclass(frozen=True)
 class Gateway:
     replicas: int = 1
     image: str = ""
@@ -126,6 +144,11 @@ class Gateway:
     max_request_tokens: int = 1_000_000
     chunk_tokens: int = 8192
     upstream_timeout_seconds: float = 60.0
+    split_long_inputs: bool = False
+    split_overlap_tokens: int = 32
+    auth: GatewayAuth = field(default_factory=GatewayAuth)
+    #: the ConfigMap entry holding int8/uint8 calibration ranges; None: the model directory's
+    quantization: FileRef | None = None
     service: GatewayService = field(default_factory=GatewayService)
 
 
@@ -243,8 +266,18 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
     )
 
 
+def _file_ref(raw: Mapping[str, Any], key: str, default_key: str) -> FileRef | None:
+    ref = _obj(raw, key)
+    if not ref:
+        return None
+    if not ref.get("name"):
+        raise SpecError(f"{key}.name is required")
+    return FileRef(name=str(ref["name"]), key=str(ref.get("key", default_key)))
+
+
 def _gateway(raw: Mapping[str, Any]) -> Gateway:
     d, service, s = Gateway(), _obj(raw, "service"), GatewayService()
+    auth = _obj(raw, "auth")
     return Gateway(
         replicas=int(raw.get("replicas", d.replicas)),
         image=str(raw.get("image", "")),
@@ -256,6 +289,13 @@ def _gateway(raw: Mapping[str, Any]) -> Gateway:
         upstream_timeout_seconds=float(
             raw.get("upstreamTimeoutSeconds", d.upstream_timeout_seconds)
         ),
+        split_long_inputs=bool(raw.get("splitLongInputs", d.split_long_inputs)),
+        split_overlap_tokens=int(raw.get("splitOverlapTokens", d.split_overlap_tokens)),
+        auth=GatewayAuth(
+            secret=_file_ref(auth, "secretRef", API_KEYS_KEY),
+            per_key_metrics=bool(auth.get("perKeyMetrics", False)),
+        ),
+        quantization=_file_ref(_obj(raw, "quantization"), "configMapRef", QUANTIZATION_KEY),
         service=GatewayService(
             type=str(service.get("type", s.type)),
             port=int(service.get("port", s.port)),
