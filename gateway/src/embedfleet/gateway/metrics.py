@@ -84,6 +84,18 @@ class Metrics:
         self.retries = Counter(
             "embedfleet_gateway_retries", "Chunks retried on another worker.", registry=r
         )
+        self.shed = Counter(
+            "embedfleet_gateway_shed_requests",
+            "Requests answered 429 before tokenization: the work queued ahead was past "
+            "--max-queue-seconds.",
+            registry=r,
+        )
+        self.queued_seconds = Gauge(
+            "embedfleet_gateway_queued_work_seconds",
+            "Seconds of work queued ahead of a request arriving now, at the usable workers' "
+            "measured capacity (what admission compares with --max-queue-seconds).",
+            registry=r,
+        )
         self.inflight = Gauge(
             "embedfleet_gateway_inflight_requests", "Requests being served now.", registry=r
         )
