@@ -39,6 +39,15 @@ def worker_stub(channel: grpc.Channel) -> pb_grpc.WorkerStub:
     return pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
 
 
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """One sample's value in Prometheus text, 0.0 when absent."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
 class WorkerStartError(RuntimeError):
     """The worker exited or did not become SERVING in time; the message holds its log's tail."""
 
@@ -120,13 +129,7 @@ class WorkerProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample's value, 0.0 when absent: metric("x_total", rpc="Embed", code="OK")."""
-        for family in text_string_to_metric_families(self.metrics_text()):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return float(sample.value)
-        return 0.0
+        return metric_value(self.metrics_text(), name, **labels)
 
     def log_records(self) -> list[dict[str, Any]]:
         records = []

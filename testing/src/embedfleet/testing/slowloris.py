@@ -1,0 +1,110 @@
+"""A slowloris client in a process of its own: N connections that send a request line and a Host
+header, then stall, reopened whenever the server closes them, until SIGTERM.
+
+    python -m embedfleet.testing.slowloris --port 8080 --connections 5000
+
+It prints one JSON line when all N are open (`{"open": N}`) and one when it stops (totals), so a
+test waits for the first and reads the second. A process of its own so that its sockets and event
+loop cost nothing in the measuring client's process; it raises its own open-file limit to the hard
+limit first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+
+#: a request line and one header, never finished: the server waits for the rest
+STALL = b"POST /v1/embeddings HTTP/1.1\r\nHost: slowloris\r\n"
+#: connections being opened at once (more only queue in the kernel's backlog)
+OPENING = 256
+
+
+class Attack:
+    def __init__(self, host: str, port: int, connections: int) -> None:
+        self.host, self.port, self.connections = host, port, connections
+        self.open = 0
+        self.opened = 0
+        self.closed_by_server = 0
+        self.refused = 0
+        self._gate = asyncio.Semaphore(OPENING)
+        self._announced = False
+
+    async def _one(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            async with self._gate:
+                try:
+                    reader, writer = await asyncio.open_connection(self.host, self.port)
+                    writer.write(STALL)
+                    await writer.drain()
+                except OSError:
+                    self.refused += 1
+                    await asyncio.sleep(0.1)
+                    continue
+            self.opened += 1
+            self.open += 1
+            self._announce()
+            try:
+                # Whatever comes back (a 408, a 503 past the cap) ends with the server's close.
+                waiting = asyncio.ensure_future(reader.read())
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait((waiting, stopping), return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if waiting.done():
+                    self.closed_by_server += 1
+                else:
+                    waiting.cancel()
+            except OSError:
+                self.closed_by_server += 1
+            finally:
+                self.open -= 1
+                writer.close()
+
+    def _announce(self) -> None:
+        if not self._announced and self.open >= self.connections:
+            self._announced = True
+            print(json.dumps({"open": self.open}), flush=True)
+
+    async def run(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await asyncio.gather(*(self._one(stop) for _ in range(self.connections)))
+        totals = {
+            "opened": self.opened,
+            "closed_by_server": self.closed_by_server,
+            "refused": self.refused,
+        }
+        print(json.dumps(totals), flush=True)
+
+
+def raise_open_files(wanted: int) -> int:
+    """Soft RLIMIT_NOFILE up to `wanted` (at most the hard limit); returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="slowloris", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--connections", type=int, default=5000)
+    args = parser.parse_args(argv)
+    room = raise_open_files(args.connections + 64)
+    if room < args.connections + 16:
+        sys.exit(f"slowloris: the open-file limit {room} is too low for {args.connections}")
+    asyncio.run(Attack(args.host, args.port, args.connections).run())
+
+
+if __name__ == "__main__":
+    main()
