@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import grpc
 from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.fleet import Child, Fleet
-from embedfleet.testing.workers import metric_value, worker_stub
+from embedfleet.testing.workers import metric_value, scrape, worker_stub
 
 
 def null_workers(tokens_per_second: float = 0.0) -> list[str]:
@@ -57,6 +56,4 @@ def metrics_port(child: Child) -> int:
 
 
 def worker_metric(child: Child, name: str, **labels: str) -> float:
-    url = f"http://127.0.0.1:{metrics_port(child)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return metric_value(reply.read().decode(), name, **labels)
+    return metric_value(scrape(metrics_port(child)), name, **labels)

@@ -154,6 +154,36 @@ async def closed_loop(
     return outcomes
 
 
+async def short_requests(
+    port: int, clients: int, seconds: float, body: bytes, host: str = "127.0.0.1"
+) -> tuple[list[float], list[str]]:
+    """Latencies (seconds) of `clients` closed-loop clients posting `body` for `seconds`, and a
+    line per failed request (no answer within 30 s, or not 200)."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    deadline = time.monotonic() + seconds
+
+    async def client() -> None:
+        conn = KeepAlive(host, port)
+        try:
+            while time.monotonic() < deadline:
+                start = time.monotonic()
+                try:
+                    answer = await asyncio.wait_for(conn.post("/v1/embeddings", body), 30)
+                except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+                    failures.append(type(exc).__name__)
+                    conn.close()
+                    continue
+                if answer.status != 200:
+                    failures.append(f"{answer.status} {answer.body[:100]!r}")
+                latencies.append(time.monotonic() - start)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return latencies, failures
+
+
 # --- analysis (pure) -----------------------------------------------------------------------------
 
 

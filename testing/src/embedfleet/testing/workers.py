@@ -48,6 +48,12 @@ def metric_value(exposition: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def scrape(metrics_port: int) -> str:
+    """The Prometheus text a process serves on 127.0.0.1:metrics_port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        return str(reply.read().decode())
+
+
 class WorkerStartError(RuntimeError):
     """The worker exited or did not become SERVING in time; the message holds its log's tail."""
 
@@ -123,9 +129,7 @@ class WorkerProcess:
             )
 
     def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return str(reply.read().decode())
+        return scrape(self.metrics_port)
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample's value, 0.0 when absent: metric("x_total", rpc="Embed", code="OK")."""
