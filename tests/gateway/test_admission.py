@@ -3,8 +3,10 @@ and its correction, and the queue a burst or a batch job leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+from collections import deque
 
 import pytest
 
@@ -12,9 +14,11 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.admission import (
     FIRST_CHARS_PER_TOKEN,
     Admission,
+    Ticket,
     Work,
     current_ticket,
     decide,
+    delivered_ratio,
     estimate_tokens,
     fleet_capacity,
     learned_chars_per_token,
@@ -53,6 +57,18 @@ def test_a_worker_without_a_measurement_counts_at_the_mean_of_the_others() -> No
     assert fleet_capacity([1000, 0, 3000]) == 6000
     assert fleet_capacity([0, 0]) == 0
     assert fleet_capacity([]) == 0
+
+
+def test_the_delivered_ratio_learns_only_from_saturated_periods() -> None:
+    # 2 s in which 4,000 tokens were answered by a fleet that measured 4,000 tokens/s: it
+    # delivers half of that.
+    assert delivered_ratio(1.0, 4000, 2.0, 4000, backlogged=True) == pytest.approx(0.85)
+    assert delivered_ratio(1.0, 4000, 2.0, 4000, backlogged=False) == 1.0  # demand-bound
+    assert delivered_ratio(1.0, 0, 2.0, 4000, backlogged=True) == pytest.approx(0.7 + 0.3 * 0.05)
+    ratio = 1.0
+    for _ in range(30):
+        ratio = delivered_ratio(ratio, 4000, 2.0, 4000, backlogged=True)
+    assert ratio == pytest.approx(0.5, rel=1e-3)
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -96,19 +112,27 @@ def test_work_of_each_request_shape(minilm: ModelDir) -> None:
 
 
 class Fleet:
-    """What Admission reads from the pool, set by the test."""
+    """What Admission reads from the pool (and the clock), set by the test."""
 
     def __init__(self, capacity: float) -> None:
         self.capacity = capacity
         self.elsewhere = 0.0
         self.shed = 0
+        self.now = 1000.0
 
     def admission(self, minilm: ModelDir, bound: float = 30.0) -> Admission:
         def on_shed() -> None:
             self.shed += 1
 
         return Admission(
-            minilm, 256, bound, 1, lambda: self.elsewhere, lambda: self.capacity, on_shed
+            minilm,
+            256,
+            bound,
+            1,
+            lambda: self.elsewhere,
+            lambda: self.capacity,
+            on_shed,
+            clock=lambda: self.now,
         )
 
 
@@ -201,3 +225,50 @@ def test_a_batch_job_on_one_worker_queues_instead_of_429(minilm: ModelDir) -> No
     for t in tickets:
         t.release()
     assert math.isclose(admission.queued_seconds(), 0.0)
+
+
+def _ids(n: int) -> EmbeddingRequest:
+    return EmbeddingRequest(input=[[1000] * 100 for _ in range(n // 100)])
+
+
+def test_a_fleet_slower_than_it_measured_sheds_by_what_it_delivers(minilm: ModelDir) -> None:
+    """Warm-up said 1,000 tokens/s; the fleet answers 500/s, first come first served (a busy
+    machine). Clients offer 3,000/s. Admission's capacity follows the delivered rate, so the bound
+    holds in real seconds: requests admitted once it has learned wait about 30 s, not 60."""
+    fleet = Fleet(capacity=1000)
+    admission = fleet.admission(minilm, bound=30)
+    queue: deque[tuple[float, Ticket]] = deque()
+    progress = 0
+    waits: list[tuple[float, float]] = []  # (admitted at, waited)
+    for second in range(150):
+        fleet.now += 1.0
+        budget = 500
+        while budget and queue:
+            admitted_at, head = queue[0]
+            used = min(budget, head.tokens - progress)
+            progress += used
+            budget -= used
+            if progress == head.tokens:
+                head.answered = True
+                head.release()
+                queue.popleft()
+                progress = 0
+                waits.append((admitted_at, fleet.now - admitted_at))
+        for _ in range(3 if second < 100 else 0):
+            with contextlib.suppress(ApiError):
+                queue.append((fleet.now, admission.admit(_ids(1000))))
+    assert admission.delivered == pytest.approx(0.5, abs=0.05)
+    late = [w for at, w in waits if at >= 1000 + 60]
+    assert late
+    assert max(late) <= 30 + 5  # the bound, plus the request's own 2 s and the sampling's lag
+
+
+def test_a_shallow_queue_leaves_the_measurement_alone(minilm: ModelDir) -> None:
+    fleet = Fleet(capacity=1000)
+    admission = fleet.admission(minilm)
+    for _ in range(30):  # one small request a second, answered at once: demand-bound
+        fleet.now += 1.0
+        ticket = admission.admit(_ids(100))
+        ticket.answered = True
+        ticket.release()
+    assert admission.delivered == 1.0

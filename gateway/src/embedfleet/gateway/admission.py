@@ -6,21 +6,28 @@ input capped at the model's limit, token-id inputs counted exactly), and the gue
 the true count once the request is tokenized. The work queued ahead of a new request is everything
 this gateway admitted and has not answered yet (tokenizing, queued or computing), plus what other
 gateways queued at the same workers (each worker's reported queue beyond this gateway's share).
-Divided by the fleet's capacity (the tokens/s each usable worker measured at saturation during its
-warm-up) it is seconds of work. A request is admitted while that is within `max_queue_seconds`;
-beyond it, it is shed with 429 and a Retry-After of the seconds until the queue is back within the
-bound. Its own size plays no part in the decision, so under overload small requests cannot starve
-large ones; an admitted request waits about the bound at most, then runs, which is what keeps it
-inside its deadline as long as the bound leaves room for its own work.
+Divided by the fleet's capacity it is seconds of work. The capacity is what each usable worker
+measured at saturation during its warm-up, times how much of that the fleet really delivers now:
+while the queue stays at least a second deep the workers are saturated, so the rate at which this
+gateway's requests are answered is the fleet's throughput; its ratio to the warm-up figure
+(`delivered_ratio`) corrects a measurement that a busy or throttled machine has made stale, and
+follows the warm-up figure when workers come and go. A request is admitted while the work ahead
+is within `max_queue_seconds`; beyond it, it is shed with 429 and a Retry-After of the seconds
+until the queue is back within the bound. Its own size plays no part in the decision, so under
+overload small requests cannot starve large ones; an admitted request waits about the bound at
+most, then runs, which is what keeps it inside its deadline as long as the bound leaves room for
+its own work.
 
-The decisions (`decide`, `estimate_tokens`, `learned_chars_per_token`, `fleet_capacity`) are pure;
-`Admission` holds the running sum of admitted work and hands out a `Ticket` per request.
+The decisions (`decide`, `estimate_tokens`, `learned_chars_per_token`, `delivered_ratio`,
+`fleet_capacity`) are pure; `Admission` holds the running sum of admitted work and the delivered
+ratio, and hands out a `Ticket` per request.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -42,6 +49,16 @@ LEARNING_RATE = 0.2
 #: bounds of a learned ratio: one token per byte of a 4-byte character, up to long [UNK] words
 MIN_CHARS_PER_TOKEN = 0.25
 MAX_CHARS_PER_TOKEN = 64.0
+#: the delivered throughput is sampled over periods this long, with at least this many answers
+#: (a request's tokens count when it is answered, so fewer make a lumpy sample) ...
+SAMPLE_SECONDS = 2.0
+SAMPLE_ANSWERS = 4
+#: ... in which the queue never fell below this many seconds of work (the workers were saturated)
+BACKLOG_SECONDS = 1.0
+#: weight of one period's sample in the running ratio, and the ratio's bounds
+DELIVERED_RATE = 0.3
+MIN_DELIVERED = 0.05
+MAX_DELIVERED = 2.0
 
 
 # --- decisions (pure) ----------------------------------------------------------------------------
@@ -68,6 +85,17 @@ def decide(queued_tokens: float, capacity: float, bound_seconds: float) -> Verdi
     if seconds <= bound_seconds:
         return Verdict(True, seconds)
     return Verdict(False, seconds, max(1, math.ceil(seconds - bound_seconds)))
+
+
+def delivered_ratio(
+    current: float, served_tokens: int, seconds: float, capacity: float, backlogged: bool
+) -> float:
+    """The running ratio of delivered to measured capacity after one sample period: only a period
+    whose queue stayed backlogged says what the fleet can do (a shallow queue is demand-bound)."""
+    if not backlogged or seconds <= 0 or capacity <= 0:
+        return current
+    sample = min(MAX_DELIVERED, max(MIN_DELIVERED, served_tokens / seconds / capacity))
+    return (1 - DELIVERED_RATE) * current + DELIVERED_RATE * sample
 
 
 def fleet_capacity(capacities: Sequence[float]) -> float:
@@ -168,13 +196,15 @@ def work_of(
 class Ticket:
     """One admitted request's share of the queue; see `Admission.admit`."""
 
-    __slots__ = ("_admission", "tokens", "work")
+    __slots__ = ("_admission", "answered", "tokens", "work")
 
     def __init__(self, admission: Admission, work: Work, tokens: int) -> None:
         self._admission = admission
         self.work = work
         #: the estimate until `tokenized`, then the true count; 0 once released
         self.tokens = tokens
+        #: set by the caller once the request was answered: its tokens count as delivered
+        self.answered = False
 
     def tokenized(self, lengths: Sequence[int]) -> None:
         """Replace the estimate by the true token count (and learn from the difference)."""
@@ -189,6 +219,8 @@ class Ticket:
         """The request is answered (or failed, or was cancelled): its work is no longer ahead of
         anyone. Releasing twice is harmless."""
         self._admission._queued -= self.tokens
+        if self.answered:
+            self._admission._served(self.tokens)
         self.tokens = 0
 
 
@@ -215,6 +247,7 @@ class Admission:
         queued_elsewhere: Callable[[], float],
         capacity: Callable[[], float],
         on_shed: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         tokenizer = model.tokenizer()
         self._specials = tokenizer.num_special_tokens_to_add(False)
@@ -226,17 +259,28 @@ class Admission:
         self._elsewhere = queued_elsewhere
         self._capacity = capacity
         self._on_shed = on_shed
+        self._clock = clock
         self._queued = 0
         self.chars_per_token = FIRST_CHARS_PER_TOKEN
+        #: delivered over measured capacity (delivered_ratio), and the period being sampled
+        self.delivered = 1.0
+        self._period_start = clock()
+        self._period_served = 0
+        self._period_answers = 0
+        self._backlogged = False
 
     @property
     def queued_tokens(self) -> int:
         """Tokens this gateway admitted and has not answered (estimates until tokenized)."""
         return self._queued
 
+    def capacity(self) -> float:
+        """Tokens/s the fleet delivers: the workers' measurement, corrected by what it delivered."""
+        return self._capacity() * self.delivered
+
     def queued_seconds(self) -> float:
         """Seconds of work ahead of a request arriving now (0 with no measured capacity)."""
-        return decide(self._queued + self._elsewhere(), self._capacity(), math.inf).queued_seconds
+        return decide(self._queued + self._elsewhere(), self.capacity(), math.inf).queued_seconds
 
     def estimate(self, work: Work) -> int:
         specials = self._pair_specials if work.pairs else self._specials
@@ -245,7 +289,8 @@ class Admission:
     def admit(self, request: EmbeddingRequest | RerankRequest | ScoreRequest) -> Ticket:
         """A ticket for the request, or 429 (`errors.overloaded`) when the queue is past its
         bound. The caller releases the ticket when the request ends, however it ends."""
-        verdict = decide(self._queued + self._elsewhere(), self._capacity(), self._bound)
+        self._sample()
+        verdict = decide(self._queued + self._elsewhere(), self.capacity(), self._bound)
         if not verdict.admit:
             self._on_shed()
             raise errors.overloaded(
@@ -257,6 +302,31 @@ class Admission:
         ticket = Ticket(self, work, self.estimate(work))
         self._queued += ticket.tokens
         return ticket
+
+    def _served(self, tokens: int) -> None:
+        self._period_served += tokens
+        self._period_answers += 1
+        self._sample()
+
+    def _sample(self) -> None:
+        """Close the sample period once it is long enough; note whether the queue stayed deep.
+        The queue only shrinks when a request is released, which samples, so no dip is missed."""
+        capacity = self._capacity()
+        if capacity > 0 and self._queued < BACKLOG_SECONDS * capacity * self.delivered:
+            self._backlogged = False
+        now = self._clock()
+        if now - self._period_start < SAMPLE_SECONDS:
+            return
+        if self._backlogged and self._period_answers < SAMPLE_ANSWERS:
+            return  # a slow fleet: a longer period, still to be backlogged throughout
+        self.delivered = delivered_ratio(
+            self.delivered, self._period_served, now - self._period_start, capacity,
+            self._backlogged,
+        )  # fmt: skip
+        self._period_start, self._period_served, self._period_answers = now, 0, 0
+        self._backlogged = (
+            capacity > 0 and self._queued >= BACKLOG_SECONDS * capacity * self.delivered
+        )
 
     def _learn(self, work: Work, lengths: Sequence[int]) -> None:
         specials = self._pair_specials if work.pairs else self._specials

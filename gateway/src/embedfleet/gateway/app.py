@@ -263,6 +263,7 @@ class Gateway:
                 return CLIENT_GONE
             try:
                 doc = work.result()
+                ticket.answered = True
             except errors.ApiError:
                 raise
             except Exception:
