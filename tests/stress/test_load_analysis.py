@@ -3,11 +3,14 @@ assertions rest on must itself be right."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
 from embedfleet.testing.overload import (
     NO_ANSWER,
+    KeepAlive,
     Outcome,
     mixed_bodies,
     summarize,
@@ -61,3 +64,32 @@ def test_mixed_bodies_span_the_sizes_asked_for() -> None:
     assert 490 < max(lengths) <= 500
     assert all(b["truncate"] is True for b in bodies)
     assert mixed_bodies(words, seed=1, count=3) == mixed_bodies(words, seed=1, count=3)
+
+
+async def test_keep_alive_reopens_a_connection_the_server_closed_while_idle() -> None:
+    """The gateway closes an idle kept-alive connection after its bound; a client waiting out a
+    Retry-After longer than that must not count its next request as unanswered."""
+    served = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # then close, idle: as a keep-alive bound does
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = KeepAlive("127.0.0.1", port)
+    try:
+        assert (await conn.post("/", b"{}")).status == 200
+        await asyncio.sleep(0.2)
+        assert (await conn.post("/", b"{}")).status == 200
+    finally:
+        conn.close()
+        server.close()
+    assert served == 2

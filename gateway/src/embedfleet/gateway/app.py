@@ -143,6 +143,7 @@ class Gateway:
             on_shed=self.metrics.shed.inc,
         )
         self.metrics.queued_seconds.set_function(admission.queued_seconds)
+        self.metrics.delivered_ratio.set_function(lambda: admission.delivered)
         return admission
 
     async def stop(self) -> None:

@@ -96,6 +96,13 @@ class Metrics:
             "measured capacity (what admission compares with --max-queue-seconds).",
             registry=r,
         )
+        self.delivered_ratio = Gauge(
+            "embedfleet_gateway_delivered_capacity_ratio",
+            "Tokens/s the fleet answered while this gateway's queue was deep, over what its "
+            "workers measured at warm-up (1 until learned); admission's capacity is the "
+            "measurement times this.",
+            registry=r,
+        )
         self.inflight = Gauge(
             "embedfleet_gateway_inflight_requests", "Requests being served now.", registry=r
         )

@@ -56,6 +56,22 @@ class KeepAlive:
         self._writer: asyncio.StreamWriter | None = None
 
     async def post(self, path: str, body: bytes) -> Answer:
+        """Send on the kept-alive connection; if the server had closed it while idle (its
+        keep-alive bound, e.g. while this client waited out a Retry-After), send once more on a
+        new one, as HTTP clients do: a request that met only a closed socket was never read."""
+        reused = self._writer is not None and not self._writer.is_closing()
+        if reused and self._reader is not None and self._reader.at_eof():
+            self.close()
+            reused = False
+        try:
+            return await self._post(path, body)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                raise
+            self.close()
+            return await self._post(path, body)
+
+    async def _post(self, path: str, body: bytes) -> Answer:
         if self._writer is None or self._writer.is_closing():
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
         assert self._reader is not None
