@@ -218,9 +218,10 @@ class Ticket:
     def release(self) -> None:
         """The request is answered (or failed, or was cancelled): its work is no longer ahead of
         anyone. Releasing twice is harmless."""
+        if self.tokens == 0:
+            return
         self._admission._queued -= self.tokens
-        if self.answered:
-            self._admission._served(self.tokens)
+        self._admission._released(self.tokens if self.answered else 0)
         self.tokens = 0
 
 
@@ -303,9 +304,12 @@ class Admission:
         self._queued += ticket.tokens
         return ticket
 
-    def _served(self, tokens: int) -> None:
-        self._period_served += tokens
-        self._period_answers += 1
+    def _released(self, served: int) -> None:
+        """A ticket was released, `served` of its tokens answered (0: it failed or its client
+        went): count what was delivered, and see whether the queue is still deep."""
+        if served:
+            self._period_served += served
+            self._period_answers += 1
         self._sample()
 
     def _sample(self) -> None:
