@@ -26,7 +26,7 @@ def exposition(metrics: WorkerMetrics | GatewayMetrics) -> str:
 
 
 def gateway_metrics() -> GatewayMetrics:
-    balancer = Balancer(eject_seconds=5.0, max_outstanding_tokens=1 << 20)
+    balancer = Balancer(eject_seconds=5.0)
     return GatewayMetrics(lambda: balancer)
 
 

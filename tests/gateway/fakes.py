@@ -56,6 +56,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
     calls: list[int] = field(default_factory=list)  # sequences per Embed call
     cancelled: int = 0
     queued_tokens: int = 0
+    #: the tokens/s it reports as measured at warm-up (0: none)
+    capacity: float = 0.0
     ready: bool = True
     _server: grpc.Server | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,6 +102,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             max_input_tokens=256,
             ready=self.ready,
             queued_tokens=self.queued_tokens,
+            capacity_tokens_per_second=self.capacity,
         )
 
     def start(self) -> FakeWorker:
@@ -125,6 +128,7 @@ class InMemoryFakeWorker:
     number: int
     ready: bool = True
     queued_tokens: int = 0
+    capacity: float = 0.0
     #: the next calls fail with these codes, one each, in order
     failures: list[grpc.StatusCode] = field(default_factory=list)
     #: while not None and not set, calls wait on it (a stalled worker)
@@ -188,6 +192,7 @@ class InMemoryFakeWorker:
             dimensions=DIMS,
             ready=self.ready,
             queued_tokens=self.queued_tokens,
+            capacity_tokens_per_second=self.capacity,
         )
 
     async def close(self) -> None:
@@ -199,8 +204,8 @@ class InMemoryFleet:
 
     def __init__(self, count: int) -> None:
         self.fakes = {f"w{i}": InMemoryFakeWorker(i) for i in range(count)}
-        # Long probe and ejection times: nothing changes behind a test's back. A 100-token limit.
-        self.balancer = Balancer(60, 100, rng=random.Random(0))
+        # Long probe and ejection times: nothing changes behind a test's back.
+        self.balancer = Balancer(60, rng=random.Random(0))
         self.pool = WorkerPool(self.balancer, probe_seconds=60, connect=self.fakes.__getitem__)
 
     async def connect(self, addresses: Iterable[str] | None = None) -> None:

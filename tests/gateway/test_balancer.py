@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from embedfleet.gateway.balancer import Balancer, choose, saturated
+from embedfleet.gateway.balancer import Balancer, choose
 
 
 class Clock:
@@ -15,8 +15,7 @@ class Clock:
 
 
 def _balancer(n: int, clock: Clock | None = None) -> Balancer:
-    b = Balancer(eject_seconds=5, max_outstanding_tokens=100, rng=random.Random(1),
-                 clock=clock or Clock())  # fmt: skip
+    b = Balancer(eject_seconds=5, rng=random.Random(1), clock=clock or Clock())
     b.set_addresses([f"w{i}" for i in range(n)])
     for e in b.endpoints.values():
         e.ready = True
@@ -66,19 +65,6 @@ def test_unready_workers_are_never_picked() -> None:
     assert {b.pick().address for _ in range(20)} == {"w1"}  # type: ignore[union-attr]
     b.endpoints["w1"].ready = False
     assert b.pick() is None
-
-
-def test_saturation_needs_every_usable_worker_past_the_limit() -> None:
-    assert saturated([100, 200], 100)
-    assert not saturated([100, 99], 100)
-    assert not saturated([], 100)
-    b = _balancer(2)
-    b.endpoints["w0"].outstanding_tokens = 150
-    assert not b.saturated()
-    b.endpoints["w1"].queued_tokens = 150  # load the worker reports counts too
-    assert b.saturated()
-    b.eject(b.endpoints["w1"])
-    assert b.saturated()  # only w0 usable, and it is full
 
 
 def test_set_addresses_adds_and_removes() -> None:

@@ -4,6 +4,7 @@ against FAKE in-process workers (fakes.py) whose failures and delays the tests c
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator
 
@@ -94,24 +95,68 @@ def test_worker_rejection_is_a_400_not_a_retry(
     assert metric(httpx.get(gateway.url + "/metrics").text, "embedfleet_gateway_retries_total") == 0
 
 
-def test_saturated_workers_give_429_with_retry_after(
+def test_work_queued_past_the_bound_gives_429_before_tokenization(
     minilm: ModelDir, fakes: list[FakeWorker]
 ) -> None:
-    gw = _gateway(minilm, fakes, max_outstanding_tokens=100, retry_after_seconds=3)
+    gw = _gateway(minilm, fakes, max_queue_seconds=10, retry_after_seconds=3)
     try:
         for w in fakes:
-            w.queued_tokens = 500
-        wait_until("load seen", gw.app.balancer.saturated)
-        reply = httpx.post(gw.url + "/v1/embeddings", json={"input": [[5, 6]]}, timeout=30)
+            w.capacity, w.queued_tokens = 1000.0, 15_000  # another gateway's: 15 s ahead
+        wait_until("load seen", lambda: gw.app.pool is not None and gw.app.pool.capacity() > 0)
+        wait_until("queue seen", lambda: not _admits(gw))
+        before = _tokenized(gw)
+        reply = httpx.post(gw.url + "/v1/embeddings", json={"input": "a b c"}, timeout=30)
         assert reply.status_code == 429
-        assert reply.headers["retry-after"] == "3"
+        assert reply.headers["retry-after"] == "5"  # 15 s ahead, back within 10 s in 5
         assert reply.json()["error"]["type"] == "rate_limit_error"
-        fakes[1].queued_tokens = 0  # one worker with room is enough
-        wait_until("room seen", lambda: not gw.app.balancer.saturated())
-        ok = httpx.post(gw.url + "/v1/embeddings", json={"input": [[5, 6]]}, timeout=30)
+        assert _tokenized(gw) == before  # shed on the estimate: never tokenized
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert metric(metrics, "embedfleet_gateway_shed_requests_total") >= 1
+        assert metric(metrics, "embedfleet_gateway_queued_work_seconds") == 15.0
+        fakes[1].queued_tokens = 0  # 7.5 s ahead now, within the bound
+        wait_until("room seen", lambda: _admits(gw))
+        ok = httpx.post(gw.url + "/v1/embeddings", json={"input": "a b c"}, timeout=30)
         assert ok.status_code == 200
     finally:
         gw.stop()
+
+
+def test_admitted_work_counts_until_answered_at_its_true_size(
+    minilm: ModelDir, fakes: list[FakeWorker]
+) -> None:
+    gw = _gateway(minilm, fakes)
+    try:
+        for w in fakes:
+            w.delay = 0.5
+        texts = ["the quick brown fox jumps"] * 4  # 5 tokens + [CLS]/[SEP] each
+        with httpx.Client(timeout=30) as client:
+            reply: list[httpx.Response] = []
+            t = threading.Thread(
+                target=lambda: reply.append(
+                    client.post(gw.url + "/v1/embeddings", json={"input": texts})
+                )
+            )
+            t.start()
+            assert gw.app.admission is not None
+            admission = gw.app.admission
+            wait_until("tokenized and sent", lambda: any(w.calls for w in fakes))
+            # 25 characters estimate as 9 tokens each; the checkpoint corrected that to 7.
+            assert admission.queued_tokens == 4 * 7
+            t.join(30)
+        assert reply[0].status_code == 200
+        assert admission.queued_tokens == 0
+    finally:
+        gw.stop()
+
+
+def _admits(gw: GatewayThread) -> bool:
+    assert gw.app.admission is not None
+    return gw.app.admission.queued_seconds() <= gw.app.settings.max_queue_seconds
+
+
+def _tokenized(gw: GatewayThread) -> float:
+    text = httpx.get(gw.url + "/metrics").text
+    return metric(text, "embedfleet_gateway_tokenize_seconds_count")
 
 
 def test_client_disconnect_cancels_chunks(gateway: GatewayThread, fakes: list[FakeWorker]) -> None:

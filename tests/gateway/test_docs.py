@@ -24,7 +24,7 @@ def test_settings_table_is_current() -> None:
 
 def test_every_metric_is_documented() -> None:
     text = DOC.read_text()
-    balancer = Balancer(1, 1)
+    balancer = Balancer(1)
     metrics = Metrics(lambda: balancer)
     names = {m.name for m in metrics.registry.collect()}
     assert len(names) >= 12

@@ -85,6 +85,7 @@ async def test_probe_answers_decide_readiness_load_and_model_facts() -> None:
     fleet = InMemoryFleet(2)
     fleet.fakes["w0"].ready = False
     fleet.fakes["w1"].queued_tokens = 500
+    fleet.fakes["w1"].capacity = 2000.0
     try:
         await fleet.connect(["w0"])  # w1 only later
         assert not fleet.pool.ready()
@@ -96,7 +97,13 @@ async def test_probe_answers_decide_readiness_load_and_model_facts() -> None:
         await fleet.connect(["w0", "w1"])
         assert fleet.pool.ready()
         assert fleet.pool.usable_workers() == 1
-        assert fleet.pool.saturated()  # the only usable worker reports a queue past the limit
+        # Admission's inputs: the only usable worker's queue (none of it this gateway's) and its
+        # measured capacity.
+        assert fleet.pool.queued_elsewhere() == 500
+        assert fleet.pool.capacity() == 2000.0
+        with fleet.pool.lease(300):
+            await fleet.pool._probe_once("w1")
+            assert fleet.pool.queued_elsewhere() == 200  # 300 of the 500 are this gateway's
     finally:
         await fleet.pool.close()
 

@@ -245,9 +245,11 @@ def embedfleet_spec(workers: int, device: str = "cpu", graphs: bool = True) -> S
             "EMBEDFLEET_WORKER_DEVICE": device,
             "EMBEDFLEET_GATEWAY_MAX_INPUT_TOKENS": str(MAX_TOKENS),
             "EMBEDFLEET_GATEWAY_SERVED_MODEL_NAME": SERVED_NAME,
-            # the peers queue without limit or deadline: no 429s (4 x 51K tokens in flight in
-            # the throughput suite) and no 504s on a slow machine
-            "EMBEDFLEET_GATEWAY_MAX_OUTSTANDING_TOKENS": "10000000",
+            # the peers queue without limit or deadline, so neither may we on a slow machine: no
+            # 429s (4 x 51K tokens in flight in the throughput suite, ~23 s of work ahead of the
+            # fourth at 6,700 tokens/s, within the default 30 s; far more on a slower CPU) and no
+            # 504s
+            "EMBEDFLEET_GATEWAY_MAX_QUEUE_SECONDS": "300",
             "EMBEDFLEET_GATEWAY_UPSTREAM_TIMEOUT_SECONDS": "600",
         }
         if not graphs:
@@ -268,7 +270,7 @@ def embedfleet_spec(workers: int, device: str = "cpu", graphs: bool = True) -> S
         name,
         _embedfleet_version(),
         f"`embedfleet serve`, {workers} worker(s), --device {device}, worker defaults, gateway "
-        f"--max-outstanding-tokens 10000000 --upstream-timeout-seconds 600{extra}",
+        f"--max-queue-seconds 300 --upstream-timeout-seconds 600{extra}",
         "rerank",
         "/v1/embeddings",
         "/v1/rerank",

@@ -25,6 +25,7 @@ from embedfleet.common.modeldir import (
     resolve_model_path,
 )
 from embedfleet.gateway import errors, openapi
+from embedfleet.gateway.admission import Admission, current_ticket
 from embedfleet.gateway.auth import KeyFile, bearer
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.discovery import Discovery
@@ -111,7 +112,8 @@ class Gateway:
         self.settings = settings
         self.model = model or load_model_dir(resolve_model_path(settings.model), settings.task)
         max_tokens = self.model.max_input_tokens(settings.max_input_tokens or None)
-        self.balancer = Balancer(settings.eject_seconds, settings.max_outstanding_tokens)
+        self.max_tokens = max_tokens
+        self.balancer = Balancer(settings.eject_seconds)
         self.metrics = Metrics(lambda: self.balancer)
         self.tokenization = Tokenization(
             self.model,
@@ -131,6 +133,7 @@ class Gateway:
             else None
         )
         self.pool: WorkerPool | None = None
+        self.admission: Admission | None = None
         self.service: Service | None = None
         self.discovery: Discovery | None = None
         self._openapi = orjson.dumps(openapi.document(VERSION, auth=self.keys is not None))
@@ -152,8 +155,24 @@ class Gateway:
             "/v1/classify": (ClassifyRequest, self.service.classify),
             "/v1/sparse_embeddings": (SparseEmbeddingRequest, self.service.sparse_embeddings),
         }
+        self.admission = self._admission(self.pool)
         self.discovery = Discovery(s, self.pool.update)
         await self.discovery.start()
+
+    def _admission(self, pool: WorkerPool) -> Admission:
+        s = self.settings
+        admission = Admission(
+            self.model,
+            self.max_tokens,
+            s.max_queue_seconds,
+            s.retry_after_seconds,
+            queued_elsewhere=pool.queued_elsewhere,
+            capacity=pool.capacity,
+            on_shed=self.metrics.shed.inc,
+        )
+        self.metrics.queued_seconds.set_function(admission.queued_seconds)
+        self.metrics.delivered_ratio.set_function(lambda: admission.delivered)
+        return admission
 
     async def stop(self) -> None:
         if self.keys is not None:
@@ -275,17 +294,26 @@ class Gateway:
         body = await self._read_body(scope, receive)
         model, handler = self._posts[route]
         request = parse(body, model)
-        work = asyncio.ensure_future(handler(request))
-        if not await finished_first(work, _disconnected(receive)):
-            self.metrics.cancelled.inc()
-            return CLIENT_GONE
+        assert self.admission is not None  # set with the routes
+        ticket = self.admission.admit(request)
         try:
-            doc = work.result()
-        except errors.ApiError:
-            raise
-        except Exception:
-            log.exception("request failed", extra={"route": route})
-            raise errors.internal() from None
+            # The task copies this context: the service corrects the ticket once it tokenized.
+            token = current_ticket.set(ticket)
+            work = asyncio.ensure_future(handler(request))
+            current_ticket.reset(token)
+            if not await finished_first(work, _disconnected(receive)):
+                self.metrics.cancelled.inc()
+                return CLIENT_GONE
+            try:
+                doc = work.result()
+                ticket.answered = True
+            except errors.ApiError:
+                raise
+            except Exception:
+                log.exception("request failed", extra={"route": route})
+                raise errors.internal() from None
+        finally:
+            ticket.release()
         await _respond(send, 200, orjson.dumps(doc, option=_OPTS))
         return 200
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -23,6 +23,10 @@ class Endpoint:
     ejected_until: float = 0.0
     #: queue depth the worker last reported (all gateways' load, as of the last probe)
     queued_tokens: int = 0
+    #: of that, what other gateways queued: the report less this gateway's tokens there then
+    queued_elsewhere: int = 0
+    #: tokens/s the worker measured at saturation during warm-up (0: not reported)
+    capacity: float = 0.0
 
 
 def choose(loads: Sequence[int], rng: random.Random) -> int:
@@ -33,26 +37,14 @@ def choose(loads: Sequence[int], rng: random.Random) -> int:
     return a if loads[a] <= loads[b] else b
 
 
-def saturated(loads: Iterable[int], limit: int) -> bool:
-    """True when every candidate is past the limit (and there is at least one)."""
-    seen = False
-    for load in loads:
-        if load < limit:
-            return False
-        seen = True
-    return seen
-
-
 class Balancer:
     def __init__(
         self,
         eject_seconds: float,
-        max_outstanding_tokens: int,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.eject_seconds = eject_seconds
-        self.max_outstanding_tokens = max_outstanding_tokens
         self._rng = rng or random.Random()
         self._clock = clock
         self.endpoints: dict[str, Endpoint] = {}
@@ -81,12 +73,6 @@ class Balancer:
         if not candidates:
             return None
         return candidates[choose([e.outstanding_tokens for e in candidates], self._rng)]
-
-    def saturated(self) -> bool:
-        return saturated(
-            (max(e.outstanding_tokens, e.queued_tokens) for e in self.usable()),
-            self.max_outstanding_tokens,
-        )
 
     def eject(self, endpoint: Endpoint) -> bool:
         """Returns True if this ejected a worker that was not already ejected."""

@@ -28,11 +28,11 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 2
 
 
-def _client_error(exc: UpstreamError) -> errors.ApiError:
+def _client_error(exc: UpstreamError, retry_after: int) -> errors.ApiError:
     if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
         return errors.invalid(f"The worker rejected the input: {exc.details}")
     if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.overloaded(1)
+        return errors.overloaded(retry_after, "A worker's queue is full; retry later.")
     if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.ApiError(
             504, "A worker did not answer in time.", type="server_error", code="upstream_timeout"
@@ -49,11 +49,10 @@ class Dispatcher:
         self.retry_after = retry_after
 
     def admit(self) -> None:
-        """Refuse new work early: no worker (503) or every worker past its queue limit (429)."""
+        """Refuse new work early when no worker is ready (503); how much work to take is
+        admission.py's decision, made before this."""
         if not self.pool.ready():
             raise errors.unavailable("No ready worker.")
-        if self.pool.saturated():
-            raise errors.overloaded(self.retry_after)
 
     async def _attempt(
         self, chunk: Chunk, call: Callable[[Worker], Awaitable[T]], tried: set[str]
@@ -86,7 +85,7 @@ class Dispatcher:
                 raise errors.unavailable("No ready worker left to take the request.") from None
             except UpstreamError as exc:
                 if not exc.retryable or attempt + 1 == ATTEMPTS:
-                    raise _client_error(exc) from None
+                    raise _client_error(exc, self.retry_after) from None
                 self.metrics.retries.inc()
         raise AssertionError("unreachable")
 

@@ -55,10 +55,12 @@ def not_allowed(message: str, allow: bytes) -> ApiError:
     return ApiError(405, message, code="method_not_allowed", headers=((b"allow", allow),))
 
 
-def overloaded(retry_after: int) -> ApiError:
+def overloaded(
+    retry_after: int, message: str = "All workers are saturated; retry later."
+) -> ApiError:
     return ApiError(
         429,
-        "All workers are saturated; retry later.",
+        message,
         type="rate_limit_error",
         code="overloaded",
         headers=((b"retry-after", str(retry_after).encode()),),

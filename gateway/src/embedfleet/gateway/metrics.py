@@ -84,6 +84,25 @@ class Metrics:
         self.retries = Counter(
             "embedfleet_gateway_retries", "Chunks retried on another worker.", registry=r
         )
+        self.shed = Counter(
+            "embedfleet_gateway_shed_requests",
+            "Requests answered 429 before tokenization: the work queued ahead was past "
+            "--max-queue-seconds.",
+            registry=r,
+        )
+        self.queued_seconds = Gauge(
+            "embedfleet_gateway_queued_work_seconds",
+            "Seconds of work queued ahead of a request arriving now, at the usable workers' "
+            "measured capacity (what admission compares with --max-queue-seconds).",
+            registry=r,
+        )
+        self.delivered_ratio = Gauge(
+            "embedfleet_gateway_delivered_capacity_ratio",
+            "Tokens/s the fleet answered while this gateway's queue was deep, over what its "
+            "workers measured at warm-up (1 until learned); admission's capacity is the "
+            "measurement times this.",
+            registry=r,
+        )
         self.inflight = Gauge(
             "embedfleet_gateway_inflight_requests", "Requests being served now.", registry=r
         )

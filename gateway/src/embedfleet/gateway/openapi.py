@@ -50,7 +50,7 @@ def _post(summary: str, request: type[BaseModel], response: type[BaseModel]) -> 
                 "413": {"description": "Request over a configured cap", **_ERROR},
                 "415": {"description": "The body is not application/json", **_ERROR},
                 "429": {
-                    "description": "All workers saturated",
+                    "description": "More work queued than the gateway takes (see Retry-After)",
                     "headers": retry_after,
                     **_ERROR,
                 },

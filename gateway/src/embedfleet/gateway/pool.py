@@ -14,6 +14,7 @@ import grpc
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import SparseVector
 from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.gateway.admission import fleet_capacity
 from embedfleet.gateway.balancer import Balancer, Endpoint
 from embedfleet.gateway.client import UpstreamError, WorkerClient
 from embedfleet.gateway.racing import finished_first
@@ -161,9 +162,13 @@ class WorkerPool:
         """How many workers take new chunks now: ready and not ejected."""
         return len(self._balancer.usable())
 
-    def saturated(self) -> bool:
-        """Every usable worker is past the outstanding-token limit."""
-        return self._balancer.saturated()
+    def capacity(self) -> float:
+        """Measured tokens/s of the usable workers together (admission.fleet_capacity)."""
+        return fleet_capacity([e.capacity for e in self._balancer.usable()])
+
+    def queued_elsewhere(self) -> int:
+        """Tokens other gateways queued at the usable workers, as of the last probes."""
+        return sum(e.queued_elsewhere for e in self._balancer.usable())
 
     def info(self) -> pb.InfoResponse | None:
         """Model facts from any worker that has answered."""
@@ -189,6 +194,8 @@ class WorkerPool:
         was = endpoint.ready
         endpoint.ready = info.ready and not info.draining
         endpoint.queued_tokens = int(info.queued_tokens)
+        endpoint.queued_elsewhere = max(0, endpoint.queued_tokens - endpoint.outstanding_tokens)
+        endpoint.capacity = info.capacity_tokens_per_second
         self._infos[address] = info
         if endpoint.ready != was:
             log.info("worker readiness", extra={"worker": address, "ready": endpoint.ready})

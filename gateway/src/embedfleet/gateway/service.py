@@ -12,7 +12,7 @@ import numpy as np
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import SparseVector, pack_tokens
 from embedfleet.common.modeldir import ModelDir
-from embedfleet.gateway import errors
+from embedfleet.gateway import admission, errors
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.long_inputs import merge, split
 from embedfleet.gateway.metrics import Metrics
@@ -129,6 +129,7 @@ class Service:
                 param=param,
             )
         self.metrics.input_tokens.inc(total)
+        admission.tokenized(batch.lengths)
 
     @property
     def dimensions(self) -> int:

@@ -100,12 +100,18 @@ class GatewaySettings:
         512, "Requests are split to spread over workers only into chunks of at least this size."
     )
     chunk_sequences: int = setting(256, "Most inputs in one chunk.")
-    max_outstanding_tokens: int = setting(
-        65536,
-        "Backpressure: when every ready worker has more tokens outstanding than this, new "
-        "requests get 429 with Retry-After.",
+    max_queue_seconds: float = setting(
+        30.0,
+        "Admission: a request is taken while the work queued ahead of it (admitted, not yet "
+        "answered, in seconds at the workers' measured capacity) is within this; beyond it, it "
+        "gets 429 with Retry-After. Keep it below --upstream-timeout-seconds by the longest "
+        "request's own work, so admitted requests finish within their deadline.",
     )
-    retry_after_seconds: int = setting(1, "Retry-After value sent with 429.")
+    retry_after_seconds: int = setting(
+        1,
+        "Least Retry-After sent with 429 (a shed request is told the seconds until the queue is "
+        "back within --max-queue-seconds, when that is more).",
+    )
     eject_seconds: float = setting(
         5.0,
         "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",

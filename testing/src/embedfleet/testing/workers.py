@@ -39,6 +39,21 @@ def worker_stub(channel: grpc.Channel) -> pb_grpc.WorkerStub:
     return pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
 
 
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """One sample's value in Prometheus text, 0.0 when absent."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def scrape(metrics_port: int) -> str:
+    """The Prometheus text a process serves on 127.0.0.1:metrics_port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as reply:
+        return str(reply.read().decode())
+
+
 class WorkerStartError(RuntimeError):
     """The worker exited or did not become SERVING in time; the message holds its log's tail."""
 
@@ -114,19 +129,11 @@ class WorkerProcess:
             )
 
     def metrics_text(self) -> str:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return str(reply.read().decode())
+        return scrape(self.metrics_port)
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample's value, 0.0 when absent: metric("x_total", rpc="Embed", code="OK")."""
-        for family in text_string_to_metric_families(self.metrics_text()):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return float(sample.value)
-        return 0.0
+        return metric_value(self.metrics_text(), name, **labels)
 
     def log_records(self) -> list[dict[str, Any]]:
         records = []

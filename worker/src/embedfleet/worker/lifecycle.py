@@ -53,7 +53,9 @@ class _Health(Protocol):
 
 def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
     if settings.engine == "null":
-        return NullEngine.from_model_dir(model, settings.max_input_tokens or None)
+        return NullEngine.from_model_dir(
+            model, settings.max_input_tokens or None, settings.null_tokens_per_second
+        )
     from embedfleet.worker.engine.torch_engine import TorchEngine  # imports torch: only when needed
 
     return TorchEngine.from_settings(settings)

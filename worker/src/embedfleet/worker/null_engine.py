@@ -1,11 +1,14 @@
 """An engine that computes nothing: for measuring the server harness alone (`--engine null`).
 
 It validates exactly like a real engine (same limits, same vocabulary) and answers with cheap
-vectors derived from the token ids, so a reply can still be matched to its request in tests.
+vectors derived from the token ids, so a reply can still be matched to its request in tests. With a
+pace (`--null-tokens-per-second`) each batch takes as long as a real engine of that speed would,
+asleep: stress tests get a worker whose capacity is known and unaffected by a busy machine.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,12 +45,15 @@ def check_tokens(item: WorkItem, max_input_tokens: int, vocab_size: int) -> None
 class NullEngine:
     """Row i of an embed result is [length, sum of ids, first id, 0, ...] (scores: the length)."""
 
-    def __init__(self, info: EngineInfo) -> None:
+    def __init__(self, info: EngineInfo, tokens_per_second: float = 0.0) -> None:
         self._info = info
         self._runs = 0
+        self._tokens_per_second = tokens_per_second
 
     @classmethod
-    def from_model_dir(cls, model: ModelDir, max_input_tokens: int | None = None) -> NullEngine:
+    def from_model_dir(
+        cls, model: ModelDir, max_input_tokens: int | None = None, tokens_per_second: float = 0.0
+    ) -> NullEngine:
         return cls(
             EngineInfo(
                 model_name=model.name,
@@ -60,7 +66,8 @@ class NullEngine:
                 default_pooling=model.pooling,
                 default_normalize=model.normalize,
                 activation=model.activation,
-            )
+            ),
+            tokens_per_second,
         )
 
     @property
@@ -77,6 +84,9 @@ class NullEngine:
 
     def step(self, items: Sequence[WorkItem]) -> Pending:
         self._runs += 1
+        if self._tokens_per_second > 0:
+            # The engine thread's time, as a real forward's would be; the GIL is free meanwhile.
+            time.sleep(sum(item.total_tokens for item in items) / self._tokens_per_second)
         return Done([self._result(item) for item in items])
 
     def _result(self, item: WorkItem) -> FloatArray:

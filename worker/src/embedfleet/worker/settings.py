@@ -32,6 +32,12 @@ class WorkerSettings:
         "measuring the server harness alone).",
         choices=("torch", "null"),
     )
+    null_tokens_per_second: float = setting(
+        0.0,
+        "With --engine null: each batch takes its tokens / this many seconds, sleeping (no CPU), "
+        "so a harness gets a worker of known capacity that queues like a real one; 0 answers at "
+        "once.",
+    )
     device: str = setting(
         "auto", "Torch device: auto (cuda when available, else cpu), cpu, cuda[:N]."
     )

@@ -1,0 +1,223 @@
+"""Overload and abuse figures for the gateway through a real local fleet (`Fleet`: the gateway and
+worker processes on 127.0.0.1), the benchmark side of tests/stress/.
+
+    python -m embedfleet.bench.overload [--suites overload,batch,slowloris] [--engine null|torch]
+
+- overload: N clients (64) for S seconds (30) of mixed sizes (1-100 texts of 5-500 words),
+  honouring Retry-After; goodput (tokens/s answered, first request to last answer) against the
+  capacity the workers measured at warm-up in the same run, the 429 count, the work in flight when
+  each 429 came, 5xx, timeouts, admitted latency, worker deadline drops.
+- batch: issue 18's indexing load, 4 clients x 100 texts of 512 tokens on ONE worker, with the
+  gateway's defaults: how many were queued and answered, how many refused.
+- slowloris: short-query p50/p99 under 5,000 stalled connections from a process of their own,
+  against an identical unattacked fleet loaded in the same seconds (the control).
+
+`--engine null` workers are paced (`--pace` tokens/s each, asleep), so their capacity does not move
+with the machine's other jobs; `--engine torch` runs the bundled MiniLM on CPU. Figures print as
+lines and, with `--out`, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from embedfleet.bench.gateway import tree_cpu_seconds
+from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.common.net import free_ports
+from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.overload import (
+    closed_loop,
+    mixed_bodies,
+    short_requests,
+    summarize,
+    words_of,
+)
+from embedfleet.testing.slowloris import raise_open_files, stalled
+from embedfleet.testing.workers import metric_value, scrape
+
+SUITES = ("overload", "batch", "slowloris")
+
+
+def worker_args(engine: str, pace: float, max_tokens: int = 0) -> list[str]:
+    args = ["--engine", engine]
+    if engine == "null":
+        args += ["--warmup-seconds", "1", "--null-tokens-per-second", str(pace)]
+    else:
+        args += ["--device", "cpu"]
+    if max_tokens:
+        args += ["--max-input-tokens", str(max_tokens)]
+    return args
+
+
+def _fleet(workers: int, args: Sequence[str], gateway: Sequence[str], log_dir: Path) -> Fleet:
+    (port,) = free_ports(1)
+    return Fleet(workers, port=port, worker_args=args, gateway_args=gateway, log_dir=log_dir)
+
+
+def worker_sum(fleet: Fleet, name: str, **labels: str) -> float:
+    """One metric summed over the fleet's workers (each serves its own /metrics)."""
+    ports = (int(c.argv[c.argv.index("--metrics-port") + 1]) for c in fleet.worker_children)
+    return sum(metric_value(scrape(port), name, **labels) for port in ports)
+
+
+def _capacity(fleet: Fleet) -> float:
+    return worker_sum(fleet, "embedfleet_worker_capacity_tokens_per_second")
+
+
+def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    words = words_of(list(load_model_dir(default_model_path()).tokenizer().get_vocab()))
+    bodies = mixed_bodies(words, seed=args.seed, count=300)
+    gateway = []
+    if args.max_queue_seconds:
+        gateway += ["--max-queue-seconds", str(args.max_queue_seconds)]
+    if args.upstream_timeout_seconds:
+        gateway += ["--upstream-timeout-seconds", str(args.upstream_timeout_seconds)]
+    with _fleet(args.workers, worker_args(args.engine, args.pace), gateway, log_dir) as fleet:
+        capacity = _capacity(fleet)
+        outcomes = asyncio.run(
+            closed_loop("127.0.0.1", fleet.port, args.clients, args.seconds, bodies, timeout=180)
+        )
+        drops = worker_sum(fleet, "embedfleet_worker_dropped_requests_total", reason="deadline")
+    s = summarize(outcomes, capacity)
+    print(
+        f"overload: {args.clients} clients x {args.seconds:.0f}s, {args.workers} {args.engine} "
+        f"worker(s): {s.requests} requests, {s.ok} answered, {s.shed} shed (429, "
+        f"{s.shed_without_retry_after} without Retry-After), 5xx {s.server_errors or 0}, "
+        f"no answer {s.no_answer}; goodput {s.goodput:.0f} tokens/s = {s.goodput_ratio:.3f} x "
+        f"measured capacity {capacity:.0f}; admitted p50 {s.ok_p50_seconds:.2f}s max "
+        f"{s.ok_max_seconds:.2f}s; least work in flight at a 429 "
+        f"{s.least_seconds_ahead_of_a_429:.2f}s; worker deadline drops {drops:.0f}",
+        flush=True,
+    )
+    doc = asdict(s)
+    doc.pop("shed_at")
+    return {**doc, "goodput_ratio": s.goodput_ratio, "deadline_drops": drops}
+
+
+def batch(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    text = " ".join(["word"] * 600)  # cut to 512 tokens
+    body = orjson.dumps({"input": [text] * 100, "truncate": True})
+    limit = ["--max-input-tokens", "512"]
+    wargs = worker_args(args.engine, args.batch_pace, 512)
+    with _fleet(1, wargs, limit, log_dir) as fleet:
+        capacity = _capacity(fleet)
+        start = time.monotonic()
+        outcomes = asyncio.run(
+            closed_loop("127.0.0.1", fleet.port, 4, args.batch_seconds, [body], timeout=600)
+        )
+        elapsed = time.monotonic() - start
+    s = summarize(outcomes, capacity)
+    print(
+        f"batch: 4 clients x 100 texts of 512 tokens, one {args.engine} worker (capacity "
+        f"{capacity:.0f} tokens/s), gateway defaults: {s.ok} answered, {s.shed} refused (429), "
+        f"5xx {s.server_errors or 0}, no answer {s.no_answer}; {s.goodput:.0f} tokens/s; "
+        f"latency p50 {s.ok_p50_seconds:.1f}s max {s.ok_max_seconds:.1f}s ({elapsed:.0f}s)",
+        flush=True,
+    )
+    return {"answered": s.ok, "refused": s.shed, "server_errors": s.server_errors,
+            "no_answer": s.no_answer, "tokens_per_second": s.goodput,
+            "capacity": capacity}  # fmt: skip
+
+
+def _ms(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) * 1e3
+
+
+def slowloris(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    """Short queries against two identical fleets in the same seconds, one of them under
+    `--stalled` stalled connections (opened over the gateway's 10 s header bound, reopened as it
+    closes them): the control is the unloaded figure a shared machine can give (the same test as
+    tests/stress/test_slowloris.py, with the gateway's CPU seconds per second added)."""
+    raise_open_files(args.stalled + 1024)
+    body = b'{"input": "how do I reset my password"}'
+    null = worker_args("null", 0)
+    with (
+        _fleet(1, null, (), log_dir / "attacked") as attacked,
+        _fleet(1, null, (), log_dir / "control") as control,
+    ):
+        pids = [f.children[-1].process.pid for f in (attacked, control) if f.children[-1].process]
+
+        def phase(seconds: float) -> tuple[list[list[float]], list[float], int]:
+            t0, c0 = time.monotonic(), [tree_cpu_seconds(p) for p in pids]
+            got = asyncio.run(_both(attacked.port, control.port, seconds, body))
+            wall = time.monotonic() - t0
+            cpu = [(tree_cpu_seconds(p) - c) / wall for p, c in zip(pids, c0, strict=True)]
+            return [g[0] for g in got], cpu, sum(len(g[1]) for g in got)
+
+        calm, calm_cpu, f1 = phase(12.0)
+        with stalled(attacked.port, args.stalled, 10.0) as totals:
+            during, during_cpu, f2 = phase(12.0)
+    p = {
+        "calm": [_ms(calm[0], 50), _ms(calm[0], 99)],
+        "calm_control": [_ms(calm[1], 50), _ms(calm[1], 99)],
+        "stalled": [_ms(during[0], 50), _ms(during[0], 99)],
+        "control": [_ms(during[1], 50), _ms(during[1], 99)],
+    }
+    ratio = p["stalled"][1] / p["control"][1]
+    print(
+        f"slowloris: short queries p50/p99 under {args.stalled} stalled connections "
+        f"{p['stalled'][0]:.1f}/{p['stalled'][1]:.1f} ms (n={len(during[0])}) vs the unattacked "
+        f"control at the same time {p['control'][0]:.1f}/{p['control'][1]:.1f} ms (n="
+        f"{len(during[1])}): p99 ratio {ratio:.2f}; before the attack {p['calm'][1]:.1f} vs "
+        f"{p['calm_control'][1]:.1f} ms p99; gateway CPU s/s attacked/control "
+        f"{during_cpu[0]:.2f}/{during_cpu[1]:.2f} (before {calm_cpu[0]:.2f}/{calm_cpu[1]:.2f}); "
+        f"failed {f1 + f2}; attacker {totals}",
+        flush=True,
+    )
+    doc: dict[str, Any] = {f"{k}_p50_p99_ms": v for k, v in p.items()}
+    doc.update(p99_ratio=ratio, gateway_cpu_calm=calm_cpu, gateway_cpu_stalled=during_cpu,
+               failed=f1 + f2, attacker=totals)  # fmt: skip
+    return doc
+
+
+async def _both(a: int, b: int, seconds: float, body: bytes) -> list[tuple[list[float], list[str]]]:
+    return list(
+        await asyncio.gather(
+            short_requests(a, 4, seconds, body), short_requests(b, 4, seconds, body)
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.overload")
+    parser.add_argument("--suites", default=",".join(SUITES))
+    parser.add_argument("--engine", default="null", choices=("null", "torch"))
+    parser.add_argument("--pace", type=float, default=5000.0, help="null engine tokens/s")
+    parser.add_argument(
+        "--batch-pace",
+        type=float,
+        default=6700.0,
+        help="null engine tokens/s of the batch suite's one worker: one CPU worker's MiniLM "
+        "speed measured in issue 18",
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--batch-seconds", type=float, default=30.0)
+    parser.add_argument("--stalled", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--max-queue-seconds", type=float, default=0.0, help="0: the default")
+    parser.add_argument("--upstream-timeout-seconds", type=float, default=0.0, help="0: default")
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/embedfleet-bench-overload"))
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
+    args = parser.parse_args(argv)
+    runs = {"overload": overload, "batch": batch, "slowloris": slowloris}
+    results: dict[str, Any] = {"engine": args.engine, "pace": args.pace}
+    for name in args.suites.split(","):
+        results[name] = runs[name](args, args.log_dir / name)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

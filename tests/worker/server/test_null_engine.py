@@ -1,0 +1,26 @@
+"""The null engine's pace: a harness worker of known capacity (stress tests rely on it)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from embedfleet.common.codec import Tokens
+from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.worker.contract import Done, WorkItem
+from embedfleet.worker.null_engine import NullEngine
+
+
+def _item(tokens: int) -> WorkItem:
+    ids = np.full(tokens, 1000, dtype=np.int32)
+    return WorkItem(Tokens(ids=ids, lengths=np.array([tokens], dtype=np.int32)))
+
+
+def test_a_paced_batch_takes_its_tokens_over_the_pace() -> None:
+    model = load_model_dir(default_model_path())
+    paced = NullEngine.from_model_dir(model, tokens_per_second=10_000)
+    start = time.monotonic()
+    result = paced.step([_item(1000), _item(1000)])
+    assert time.monotonic() - start >= 0.2  # 2,000 tokens at 10,000/s; sleep never ends early
+    assert isinstance(result, Done)
