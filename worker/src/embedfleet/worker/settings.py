@@ -57,16 +57,35 @@ class WorkerSettings:
     )
     graph_buckets: tuple[int, ...] = setting(
         (),
-        "With --cuda-graphs eager: total-token buckets to capture at start (comma-separated).",
+        "With --cuda-graphs eager: total-token buckets to capture at start (comma-separated); "
+        "empty captures every token bucket up to --max-batch-tokens.",
     )
     max_graphs: int = setting(64, "Most CUDA graphs kept; the least recently used is evicted.")
+    token_buckets: str = setting(
+        "geometric",
+        "Token bucket scheme: geometric (--token-buckets-per-octave buckets per doubling from "
+        "--token-bucket-step; ~30 buckets to 16k tokens), linear (multiples of "
+        "--token-bucket-step up to --token-bucket-switch, then of --token-bucket-large-step).",
+        choices=("geometric", "linear"),
+    )
+    token_buckets_per_octave: int = setting(
+        4, "Geometric token buckets per doubling; padding stays below 1/this of a batch."
+    )
+    sequence_buckets: str = setting(
+        "fixed",
+        "Sequence slots of a graph: fixed (one slot count per token bucket, so one graph per "
+        "token bucket), pow2 (the batch's count rounded up to a power of two).",
+        choices=("fixed", "pow2"),
+    )
     token_bucket_step: int = setting(
-        64, "Token counts are rounded up to multiples of this up to --token-bucket-switch."
+        64,
+        "Smallest token bucket; linear buckets are multiples of this up to "
+        "--token-bucket-switch.",
     )
     token_bucket_switch: int = setting(
-        1024, "Above this many tokens, buckets are multiples of --token-bucket-large-step."
+        1024, "Linear buckets: above this many tokens, multiples of --token-bucket-large-step."
     )
-    token_bucket_large_step: int = setting(256, "Bucket step above --token-bucket-switch.")
+    token_bucket_large_step: int = setting(256, "Linear buckets: the step above the switch.")
     # --- scheduling ------------------------------------------------------------------------
     max_batch_tokens: int = setting(
         16384, "Token budget of one batch; a longer single request runs alone."
