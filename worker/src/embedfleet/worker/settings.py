@@ -46,8 +46,14 @@ class WorkerSettings:
     )
     attention: str = setting(
         "auto",
-        "Attention backend: auto (fastest available for the device), torch, flash-attn.",
-        choices=("auto", "torch", "flash-attn"),
+        "Attention backend: auto (the fastest available on the device, by a start-up "
+        "micro-benchmark), torch, flash-attn, flashinfer.",
+        choices=("auto", "torch", "flash-attn", "flashinfer"),
+    )
+    cuda_memory_fraction: float = setting(
+        0.0,
+        "Share of the GPU's memory this process may allocate (0 = no limit). With several "
+        "engines on one GPU (the operator's enginesPerGPU) each gets 0.9 / N.",
     )
     cuda_graphs: str = setting(
         "lazy",
@@ -79,8 +85,7 @@ class WorkerSettings:
     )
     token_bucket_step: int = setting(
         64,
-        "Smallest token bucket; linear buckets are multiples of this up to "
-        "--token-bucket-switch.",
+        "Smallest token bucket; linear buckets are multiples of this up to --token-bucket-switch.",
     )
     token_bucket_switch: int = setting(
         1024, "Linear buckets: above this many tokens, multiples of --token-bucket-large-step."

@@ -30,6 +30,7 @@ class EngineConfig:
     buckets: BucketPolicy = field(default_factory=BucketPolicy)
     max_batch_tokens: int = 16384
     max_batch_sequences: int = 512
+    cuda_memory_fraction: float = 0.0
     #: Qwen3 only: None follows config.json; True = full attention within each sequence
     bidirectional: bool | None = None
 
@@ -56,4 +57,5 @@ class EngineConfig:
             ),
             max_batch_tokens=s.max_batch_tokens,
             max_batch_sequences=s.max_batch_sequences,
+            cuda_memory_fraction=s.cuda_memory_fraction,
         )

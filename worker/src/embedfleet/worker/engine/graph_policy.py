@@ -217,12 +217,7 @@ class GraphCache:
                 best = min(fits)
                 self._graphs.move_to_end(best)
                 return Decision(Action.REPLAY, best)
-        if (
-            self.mode != "lazy"
-            or self.max_graphs == 0
-            or not self.fits(key)
-            or key in self._failed
-        ):
+        if self.mode != "lazy" or self.max_graphs == 0 or not self.fits(key) or key in self._failed:
             return Decision(Action.EAGER)
         if key not in self._seen:
             self._seen.add(key)

@@ -95,7 +95,8 @@ class GraphRunner:
             self._outputs_for(hidden, head)
             del hidden, head
         torch.cuda.current_stream().wait_stream(side)
-        assert self._hidden is not None and self._head is not None
+        assert self._hidden is not None
+        assert self._head is not None
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             hidden, head = self._body(views, attention_len)
@@ -109,7 +110,8 @@ class GraphRunner:
 
     def replay(self, key: GraphKey) -> tuple[torch.Tensor, ...]:
         self._graphs[key].replay()
-        assert self._hidden is not None and self._head is not None
+        assert self._hidden is not None
+        assert self._head is not None
         return self._hidden[: key.tokens], self._head[: key.sequences]
 
     def evict(self, key: GraphKey) -> None:

@@ -30,6 +30,7 @@ from embedfleet.worker.contract import (
 )
 from embedfleet.worker.engine.attention import (
     AttentionBackend,
+    AttentionShape,
     BackendUnavailableError,
     select_backend,
 )
@@ -62,7 +63,13 @@ class TorchEngine:
             # Process-wide, and set before the first op: the engine is the process's only user.
             torch.set_num_threads(config.threads)
         self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model))
+        if not 0.0 <= config.cuda_memory_fraction <= 1.0:
+            raise ValueError("cuda_memory_fraction must be between 0 and 1")
         self.device = resolve_device(config.device)
+        if self.device.type == "cuda" and config.cuda_memory_fraction > 0:
+            # Several engines share one GPU (enginesPerGPU): each keeps to its own share, so one
+            # engine's allocator growth cannot starve the others.
+            torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, self.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         self.dtype, self.model = load_model_at_dtype(
             self.model_dir,
@@ -72,8 +79,14 @@ class TorchEngine:
             self.max_tokens,
             config.bidirectional,
         )
-        self.backend: AttentionBackend = select_backend(config.attention, self.device, self.dtype)
         self.shape = self.model.shape
+        self.backend: AttentionBackend = select_backend(
+            config.attention,
+            self.device,
+            self.dtype,
+            self._attention_shape(),
+            graphs=config.cuda_graphs != "off",
+        )
         self._info = EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -184,6 +197,17 @@ class TorchEngine:
         return self.step(items).wait()
 
     # ---- internals -----------------------------------------------------------------------
+
+    def _attention_shape(self) -> AttentionShape | None:
+        """The model's attention heads as config.json gives them (None: not a shape we read)."""
+        cfg = self.model_dir.config
+        try:
+            heads = int(cfg["num_attention_heads"])
+            kv = int(cfg.get("num_key_value_heads") or heads)
+            dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return None
+        return AttentionShape(heads, kv, dim, self.shape.causal)
 
     def _run(self, items: Sequence[WorkItem]) -> tuple[torch.Tensor, list[Slice]]:
         parts = [it.tokens for it in items]
@@ -310,8 +334,8 @@ class TorchEngine:
                 continue
             ids = np.full(real * length, self._filler_id(), np.int32)
             filler = Tokens(ids, np.full(real, length, np.int32))
-            host = pack([filler], self.shape.position_offset, key.tokens, key.sequences,
-                        self.max_tokens)  # fmt: skip
+            offset = self.shape.position_offset
+            host = pack([filler], offset, key.tokens, key.sequences, self.max_tokens)
             decision = self._cache.preload(key)
             if decision.action is not Action.CAPTURE:
                 continue
