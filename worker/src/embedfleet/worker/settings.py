@@ -50,6 +50,11 @@ class WorkerSettings:
         "micro-benchmark), torch, flash-attn, flashinfer.",
         choices=("auto", "torch", "flash-attn", "flashinfer"),
     )
+    engines: int = setting(
+        1,
+        "Engine processes in this worker, sharing its device: engine i serves --port + i and "
+        "--metrics-port + i, with --cuda-memory-fraction 0.9 / N and --threads / N unless set.",
+    )
     cuda_memory_fraction: float = setting(
         0.0,
         "Share of the GPU's memory this process may allocate (0 = no limit). With several "
