@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from embedfleet.common.arrays import FloatArray
+from embedfleet.worker import warmup
 from embedfleet.worker.contract import WorkItem
-from embedfleet.worker.warmup import measure_capacity, probe_window
+from embedfleet.worker.warmup import probe_window
 
 
 def test_fast_device_probes_a_whole_batch_budget() -> None:
@@ -22,7 +24,12 @@ def test_slow_device_window_is_bounded_by_time() -> None:
     assert probe_window(0.0, 2.0, 32768) == 1
 
 
-def test_capacity_probe_keeps_two_full_batches_outstanding() -> None:
+def test_capacity_probe_keeps_two_full_batches_outstanding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fake device at 1M tokens/s on a fake clock: the outcome cannot depend on the machine.
+    now = [0.0]
+    monkeypatch.setattr(warmup.time, "monotonic", lambda: now[0])
     outstanding: list[int] = []
     live = 0
 
@@ -30,13 +37,14 @@ def test_capacity_probe_keeps_two_full_batches_outstanding() -> None:
         nonlocal live
         live += item.total_tokens
         outstanding.append(live)
-        await asyncio.sleep(0)  # instant "device": the rough rate is huge
+        await asyncio.sleep(0)
+        now[0] += item.total_tokens * 1e-6
         live -= item.total_tokens
         return np.zeros((item.tokens.count, 4), np.float32)
 
     rate = asyncio.run(
-        measure_capacity(
-            submit, vocab_size=30522, max_input_tokens=512, max_batch_tokens=32768, seconds=0.05
+        warmup.measure_capacity(
+            submit, vocab_size=30522, max_input_tokens=512, max_batch_tokens=32768, seconds=0.2
         )
     )
     assert rate > 0

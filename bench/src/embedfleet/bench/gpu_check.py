@@ -214,12 +214,13 @@ def engines(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
     """Aggregate tokens/s of N engine processes on one device, as enginesPerGPU runs them."""
     ctx = mp.get_context("spawn")
     out: dict[str, Any] = {}
-    cores = os.cpu_count() or 1
     for name in sizes.engine_models:
         row: dict[str, Any] = {}
         for n in sizes.engines:
             fraction = 0.9 / n if sizes.device == "cuda" else 0.0
-            threads = max(1, cores // n) if sizes.device == "cpu" else 0
+            # On a CPU one thread per engine: torch counts the host's cores, not the cgroup's,
+            # and oversubscribed OpenMP barriers would make the comparison meaningless.
+            threads = 1 if sizes.device == "cpu" else 0
             vocab = _vocab(sizes.models[name])
             batch, seconds = sizes.engine_batch, sizes.engine_seconds
             args = (str(dirs[name]), sizes.device, fraction, threads, batch, vocab, seconds)

@@ -417,6 +417,7 @@ def benchmark_backends(
     tokens: int = 4096,
     seq: int = 256,
     repeat: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds of one attention call per backend over one ragged batch of `tokens` tokens
     (sequences of `seq` down to `seq`/4 tokens); inf for a backend that fails to run."""
@@ -442,10 +443,10 @@ def benchmark_backends(
             times = []
             for _ in range(repeat):
                 _sync(device)
-                start = time.perf_counter()
+                start = clock()
                 plan.attend(q, k, v)
                 _sync(device)
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             out[backend.name] = statistics.median(times)
         except Exception:  # a backend that cannot run this shape loses, it does not crash
             log.warning("attention backend %s failed its benchmark", backend.name, exc_info=True)
