@@ -56,11 +56,11 @@ class _GraphCollector(Collector):
         info = GaugeMetricFamily(
             _PREFIX + "engine_info",
             "1, labelled with the attention backend in use and whether CUDA graphs are on "
-            "(off: the engine's log says why).",
+            "(off on CUDA: the engine's log says why).",
             labels=("attention", "cuda_graphs"),
         )
         info.add_metric(
-            (counters.attention or "none", "off" if counters.graphs_off_reason else "on"), 1.0
+            (counters.attention or "none", "on" if counters.graphs_enabled else "off"), 1.0
         )
         yield info
 

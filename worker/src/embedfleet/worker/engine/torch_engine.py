@@ -186,6 +186,7 @@ class TorchEngine:
             capture_seconds=self._runner.capture_seconds if self._runner else 0.0,
             rejects=self._counts["rejects"],
             live_graphs=len(self._cache.live),
+            graphs_enabled=self._graphs_enabled,
             attention=self.backend.name,
             graphs_off_reason=self.graphs_off_reason,
         )
