@@ -37,34 +37,38 @@ def test_each_engine_gets_its_own_ports_and_share() -> None:
     assert value(engine_flags(own, 0, 2), "--port-file") == "/tmp/p"
 
 
-def _wait_for(paths: list[Path], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not all(p.exists() for p in paths):
-        time.sleep(0.1)
-
-
-def test_supervisor_runs_n_workers_and_stops_them_on_sigterm(tmp_path: Path) -> None:
+def _start_two(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[dict[str, int]]]:
+    """`embedfleet-worker --engines 2` (null engine); the two engines' port files once written."""
     port_file = tmp_path / "port.json"
     env = {**os.environ, "EMBEDFLEET_WORKER_ENGINE": "null"}
     args = ["--engines", "2", "--port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
     args += ["--warmup-seconds", "0.1"]
     proc = subprocess.Popen([sys.executable, "-m", "embedfleet.worker.cli", *args], env=env)
+    files = [port_file, Path(f"{port_file}.1")]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(p.exists() for p in files):
+        time.sleep(0.1)
+    return proc, [json.loads(p.read_text()) for p in files if p.exists()]
+
+
+def _alive(pid: int) -> bool:
     try:
-        files = [port_file, Path(f"{port_file}.1")]
-        _wait_for(files, 60)
-        info = [json.loads(p.read_text()) for p in files]
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_supervisor_runs_n_workers_and_stops_them_on_sigterm(tmp_path: Path) -> None:
+    proc, info = _start_two(tmp_path)
+    try:
+        assert len(info) == 2
         assert len({i["port"] for i in info}) == 2
         assert len({i["pid"] for i in info}) == 2
         assert proc.pid not in {i["pid"] for i in info}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        for i in info:  # both engines are gone
-            try:
-                os.kill(i["pid"], 0)
-                alive = True
-            except ProcessLookupError:
-                alive = False
-            assert not alive
+        assert not any(_alive(i["pid"]) for i in info)  # both engines are gone
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -72,23 +76,12 @@ def test_supervisor_runs_n_workers_and_stops_them_on_sigterm(tmp_path: Path) -> 
 
 
 def test_supervisor_exits_when_one_engine_dies(tmp_path: Path) -> None:
-    port_file = tmp_path / "port.json"
-    env = {**os.environ, "EMBEDFLEET_WORKER_ENGINE": "null"}
-    args = ["--engines", "2", "--port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
-    proc = subprocess.Popen([sys.executable, "-m", "embedfleet.worker.cli", *args], env=env)
+    proc, info = _start_two(tmp_path)
     try:
-        second = Path(f"{port_file}.1")
-        _wait_for([port_file, second], 60)
-        os.kill(json.loads(second.read_text())["pid"], signal.SIGKILL)
+        assert len(info) == 2
+        os.kill(info[1]["pid"], signal.SIGKILL)
         assert proc.wait(timeout=60) != 0
-        first = json.loads(port_file.read_text())["pid"]
-        time.sleep(0.2)
-        try:
-            os.kill(first, 0)
-            alive = True
-        except ProcessLookupError:
-            alive = False
-        assert not alive
+        assert not _alive(info[0]["pid"])  # the supervisor stopped and reaped the other
     finally:
         if proc.poll() is None:
             proc.kill()
