@@ -15,7 +15,6 @@ from embedfleet.worker.engine.graph_policy import (
     GraphKey,
     graph_mode,
     graphs_plan,
-    precapture_order,
 )
 
 LINEAR = BucketPolicy(token_scheme="linear", sequence_scheme="pow2")
@@ -208,9 +207,3 @@ def test_graphs_plan_refuses_or_reports_an_uncapturable_backend() -> None:
     assert (eager.enabled, eager.refuse) == (False, True)
     assert graphs_plan("cpu", "lazy", "torch-grouped", False).reason == ""
     assert graphs_plan("cuda", "off", "torch-grouped", False).reason == ""
-
-
-def test_precapture_order_is_most_common_first_and_bounded() -> None:
-    p = BucketPolicy()
-    order = precapture_order(p, [128] * 5 + [512] * 3 + [100] * 2 + [9000], limit=3)
-    assert order == [p.key(128, 1), p.key(512, 4), p.key(100, 1)]

@@ -10,8 +10,7 @@ decisions, and tests drive this module without a GPU.
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -287,14 +286,3 @@ def graphs_plan(device_type: str, mode: GraphMode, backend: str, graph_safe: boo
         "flash-attn or torch's varlen_attn, and float16/bfloat16)"
     )
     return GraphsPlan(False, reason, refuse=mode == "eager", warn=mode == "lazy")
-
-
-def precapture_order(
-    policy: BucketPolicy, token_counts: Sequence[int], limit: int
-) -> list[GraphKey]:
-    """The buckets of a sample of batch sizes (total tokens, one sequence per 128 tokens), most
-    common first, at most `limit`: what warm-up captures within its time budget."""
-    counts: Counter[GraphKey] = Counter()
-    for total in token_counts:
-        counts[policy.key(total, max(1, min(policy.max_sequences, total // 128)))] += 1
-    return [key for key, _ in counts.most_common(limit)]

@@ -42,7 +42,6 @@ from embedfleet.worker.engine.graph_policy import (
     GraphCache,
     GraphKey,
     graphs_plan,
-    precapture_order,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
 from embedfleet.worker.engine.outputs import apply_options
@@ -344,11 +343,6 @@ class TorchEngine:
                 if self._graph_outputs(key, host, decision.action, decision.evict) is not None:
                     done.append(key)
         return done
-
-    def precapture_common(self, token_counts: Sequence[int], budget_seconds: float) -> int:
-        """Lazy mode's warm-up: capture the buckets of the most common batch sizes first."""
-        keys = precapture_order(self.buckets, token_counts, self.config.max_graphs)
-        return len(self.precapture(keys, budget_seconds))
 
     def _filler_id(self) -> int:
         return min(1000, self.shape.vocab_size - 1)
