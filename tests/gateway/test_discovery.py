@@ -63,3 +63,20 @@ def test_slice_set_follows_events() -> None:
 def test_parse_service() -> None:
     assert parse_service("ns/svc", "default") == ("ns", "svc")
     assert parse_service("svc", "mine") == ("mine", "svc")
+
+
+def test_a_pod_with_several_engines_gives_one_address_per_engine_port() -> None:
+    # enginesPerGPU: ports grpc, grpc-1, ... of one pod are separate workers for the balancer.
+    s = endpoint_slice("a", [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"]}])
+    s["ports"] += [
+        {"name": "grpc-1", "port": 50052},
+        {"name": "metrics-1", "port": 9091},
+        {"name": "grpc-x", "port": 7},  # not an engine port
+        {"name": "grpcx", "port": 8},
+    ]
+    assert slice_addresses(s, "grpc") == {
+        "10.0.0.1:50051",
+        "10.0.0.1:50052",
+        "10.0.0.2:50051",
+        "10.0.0.2:50052",
+    }

@@ -375,3 +375,98 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
     assert settings.split_long_inputs is True
     assert settings.api_key_metrics is False
     assert settings.quantization_file == ""
+
+
+def test_graph_settings_reach_the_worker() -> None:
+    # Finding 2: the CRD's cudaGraphs modes had no bucket settings behind them.
+    raw = {
+        "model": {"source": "file:///m"},
+        "worker": {
+            "gpus": 1,
+            "engine": {
+                "cudaGraphs": "eager",
+                "graphBuckets": [128, 512, 4096],
+                "maxGraphs": 48,
+                "tokenBuckets": "linear",
+                "tokenBucketsPerOctave": 8,
+                "tokenBucketSwitch": 2048,
+                "tokenBucketLargeStep": 512,
+                "sequenceBuckets": "pow2",
+            },
+        },
+    }
+    data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_CUDA_GRAPHS"] == "eager"
+    assert data["EMBEDFLEET_WORKER_GRAPH_BUCKETS"] == "128,512,4096"
+    assert data["EMBEDFLEET_WORKER_MAX_GRAPHS"] == "48"
+    assert data["EMBEDFLEET_WORKER_TOKEN_BUCKETS"] == "linear"
+    assert data["EMBEDFLEET_WORKER_TOKEN_BUCKETS_PER_OCTAVE"] == "8"
+    assert data["EMBEDFLEET_WORKER_TOKEN_BUCKET_SWITCH"] == "2048"
+    assert data["EMBEDFLEET_WORKER_TOKEN_BUCKET_LARGE_STEP"] == "512"
+    assert data["EMBEDFLEET_WORKER_SEQUENCE_BUCKETS"] == "pow2"
+    # And the worker reads them back as the engine's bucket policy.
+    from embedfleet.common.settings import load
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.settings import ENV_PREFIX
+
+    env = {k: v for k, v in data.items() if k.startswith(ENV_PREFIX)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        config = EngineConfig.from_settings(load(WorkerSettings, ENV_PREFIX, []))
+    assert config.graph_buckets == (128, 512, 4096)
+    assert config.max_graphs == 48
+    assert config.buckets.token_scheme == "linear"
+    assert config.buckets.per_octave == 8
+    assert config.buckets.token_switch == 2048
+    assert config.buckets.sequence_scheme == "pow2"
+    defaults = child_objects({"model": {"source": "file:///m"}})["ConfigMap/minilm-config"]["data"]
+    assert defaults["EMBEDFLEET_WORKER_TOKEN_BUCKETS"] == "geometric"
+    assert "EMBEDFLEET_WORKER_GRAPH_BUCKETS" not in defaults
+    assert "EMBEDFLEET_WORKER_ENGINES" not in defaults
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_engines_per_gpu_gives_one_port_per_engine_everywhere(gpus: int) -> None:
+    raw = {
+        "model": {"source": "file:///m"},
+        "worker": {"gpus": gpus, "enginesPerGPU": 3},
+        "monitoring": {"serviceMonitor": {"enabled": True}},
+    }
+    objs = child_objects(raw, monitors=True)
+    assert objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_WORKER_ENGINES"] == "3"
+    pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    # One container: the device plugin gives a GPU to one container, so the engines share it
+    # as processes of that container.
+    (container,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {
+        "grpc": 50051,
+        "metrics": 9090,
+        "grpc-1": 50052,
+        "metrics-1": 9091,
+        "grpc-2": 50053,
+        "metrics-2": 9092,
+    }
+    if gpus:
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    service = objs["Service/minilm-worker"]["spec"]["ports"]
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service} == {
+        name: (port, name) for name, port in ports.items()
+    }
+    monitor = objs["ServiceMonitor/minilm"]["spec"]["endpoints"]
+    assert [e["port"] for e in monitor] == ["metrics", "metrics-1", "metrics-2", "http"]
+    # The gateway's discovery takes every engine port of the Service's slices.
+    from embedfleet.gateway.discovery import slice_addresses
+
+    endpoint_slice = {
+        "metadata": {"name": "s"},
+        "ports": [{"name": p["name"], "port": p["port"]} for p in service],
+        "endpoints": [{"addresses": ["10.1.0.7"]}],
+    }
+    port_name = objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_K8S_PORT_NAME"]
+    assert slice_addresses(endpoint_slice, port_name) == {
+        "10.1.0.7:50051",
+        "10.1.0.7:50052",
+        "10.1.0.7:50053",
+    }

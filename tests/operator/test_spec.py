@@ -100,7 +100,7 @@ def _code_defaults() -> dict[str, Any]:
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
             if isinstance(value, bool | int | float | str) and value != "":
-                key = _camel(f.name).replace("Slo", "SLO")
+                key = _camel(f.name).replace("Slo", "SLO").replace("Gpu", "GPU")
                 out[f"{prefix}.{key}"] = value
     return out
 

@@ -123,6 +123,26 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "must be a ConfigMap name",
     ),
     ("overlap", "bad", _with("gateway.splitOverlapTokens", -1), "spec.gateway.splitOverlapTokens"),
+    (
+        "engines-two-gpus",
+        "bad",
+        _with("worker", {"gpus": 2, "enginesPerGPU": 4}),
+        "enginesPerGPU above 1 shares one device",
+    ),
+    ("engines-zero", "bad", _with("worker.enginesPerGPU", 0), "spec.worker.enginesPerGPU"),
+    (
+        "graph-buckets-lazy",
+        "bad",
+        _with("worker", {"gpus": 1, "engine": {"graphBuckets": [128]}}),
+        "graphBuckets needs worker.engine.cudaGraphs eager",
+    ),
+    ("buckets-enum", "bad", _with("worker.engine.tokenBuckets", "log"), 'Unsupported value: "log"'),
+    (
+        "flashinfer-cpu",
+        "bad",
+        _with("worker.engine.attention", "flashinfer"),
+        "flashinfer needs a GPU",
+    ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]
@@ -200,3 +220,26 @@ def test_gateway_auth_is_accepted_with_its_defaults(
     assert got["quantization"]["configMapRef"]["key"] == "embedfleet_quantization.json"
     assert got["splitLongInputs"] is False
     assert got["splitOverlapTokens"] == 32
+
+
+def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:
+    cluster, ns = crd_installed, k8s_namespace
+    worker = {
+        "gpus": 1,
+        "enginesPerGPU": 4,
+        "engine": {
+            "cudaGraphs": "eager",
+            "graphBuckets": [128, 512],
+            "maxGraphs": 32,
+            "tokenBuckets": "geometric",
+            "tokenBucketsPerOctave": 4,
+            "sequenceBuckets": "fixed",
+            "attention": "flashinfer",
+        },
+    }
+    spec = _with("worker", worker)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("graphs", spec))
+    got = json.loads(cluster.kubectl("get", "emb", "graphs", "-n", ns, "-o", "json").stdout)
+    assert got["spec"]["worker"]["enginesPerGPU"] == 4
+    assert got["spec"]["worker"]["engine"]["tokenBucketSwitch"] == 1024  # defaulted
+    cluster.kubectl("delete", "emb", "graphs", "-n", ns)

@@ -90,3 +90,55 @@ def test_cpu_auto_backend_is_grouped() -> None:
     assert backend.name == "torch-grouped"
     assert not backend.graph_safe
     assert select_backend("torch", torch.device("cpu"), torch.bfloat16).name == "torch-grouped"
+
+
+def test_auto_picks_the_fastest_by_benchmark_on_any_device() -> None:
+    # The benchmark runs wherever the backends do; here two CPU backends, timed by a clock that
+    # only the slow kernel advances (so the outcome does not depend on the machine's load).
+    from embedfleet.worker.engine.attention import (
+        AttentionShape,
+        GroupedBackend,
+        VarlenBackend,
+        benchmark_backends,
+        fastest,
+    )
+
+    now = [0.0]
+
+    def slow_kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, c: bool
+    ) -> torch.Tensor:
+        now[0] += 0.01
+        return q.clone()
+
+    slow = VarlenBackend("slow", slow_kernel)
+    grouped = GroupedBackend()
+    shape = AttentionShape(heads=4, kv_heads=2, head_dim=16)
+    cpu = torch.device("cpu")
+    timings = benchmark_backends(
+        [slow, grouped], cpu, torch.float32, shape, 256, 64, 3, clock=lambda: now[0]
+    )
+    assert timings == {"slow": pytest.approx(0.01), "torch-grouped": 0.0}
+    assert fastest(timings, ["slow", "torch-grouped"]) == "torch-grouped"
+
+
+def test_fastest_skips_failures_and_breaks_ties_in_order() -> None:
+    from embedfleet.worker.engine.attention import fastest
+
+    inf = float("inf")
+    assert fastest({"a": inf, "b": 2.0}, ["a", "b"]) == "b"
+    assert fastest({"a": 1.0, "b": 1.0}, ["a", "b"]) == "a"
+    assert fastest({"a": inf, "b": inf}, ["a", "b"]) == "a"
+
+
+def test_a_failing_backend_loses_instead_of_crashing() -> None:
+    from embedfleet.worker.engine.attention import AttentionShape, VarlenBackend, benchmark_backends
+
+    def broken(*args: object) -> torch.Tensor:
+        raise RuntimeError("no kernel for this shape")
+
+    backends = [VarlenBackend("broken", broken)]
+    shape = AttentionShape(2, 2, 8)
+    cpu = torch.device("cpu")
+    timings = benchmark_backends(backends, cpu, torch.float32, shape, tokens=64, seq=32)
+    assert timings == {"broken": float("inf")}

@@ -118,3 +118,90 @@ def test_qwen3_on_gpu_matches_cpu(qwen3_causal_dir: Path) -> None:
         assert min_cosine(got, ref) >= 0.999
     assert gpu.counters().replays == 1
     assert torch.cuda.is_available()
+
+
+# ---- issue 19: the mechanisms behind the CPU-tested decisions --------------------------------
+
+
+def test_every_captured_bucket_replays_like_eager(minilm_sequences: list[list[int]]) -> None:
+    # Each new capture is compared with its eager run inside the engine (rejects counts the
+    # failures); here also against a graphs-off engine for a spread of bucket sizes.
+    engine = gpu_engine(cuda_graphs="lazy")
+    off = gpu_engine(cuda_graphs="off")
+    batches = [minilm_sequences[i : i + n] for i, n in ((0, 1), (7, 2), (8, 6), (0, 19), (12, 7))]
+    batches.append([minilm_sequences[-1]] * 32)  # 16k tokens: the largest bucket
+    for seqs in batches:
+        [ref] = off.run([item(seqs)])
+        for _ in range(3):
+            [got] = engine.run([item(seqs)])
+            assert min_cosine(got, ref) >= 0.999
+    c = engine.counters()
+    assert c.rejects == 0
+    assert c.captures == len(engine._cache.live) == len(batches)
+
+
+def test_a_disagreeing_capture_is_never_served(minilm_sequences: list[list[int]]) -> None:
+    engine = gpu_engine(cuda_graphs="lazy")
+    seqs = minilm_sequences[4:10]
+    engine.run([item(seqs)])
+    runner = engine._runner_for()
+    real_capture = runner.capture
+
+    def bad_capture(*args: object) -> tuple[torch.Tensor, ...]:
+        hidden, head = real_capture(*args)  # type: ignore[arg-type]
+        return hidden, head.flip(0)
+
+    runner.capture = bad_capture  # type: ignore[method-assign]
+    [ref] = gpu_engine(cuda_graphs="off").run([item(seqs)])
+    for _ in range(3):
+        [got] = engine.run([item(seqs)])
+        assert min_cosine(got, ref) >= 0.999
+    c = engine.counters()
+    assert (c.captures, c.rejects, c.replays) == (1, 1, 0)
+    assert len(runner) == 0
+
+
+def test_graphs_share_static_outputs_and_launch_at_the_longest_sequence(
+    minilm_sequences: list[list[int]],
+) -> None:
+    engine = gpu_engine(cuda_graphs="lazy")
+    small, large = minilm_sequences[2:6], minilm_sequences[10:19]
+    outs = []
+    for seqs in (small, small, large, large):
+        engine.run([item(seqs)])
+    runner = engine._runner_for()
+    for key in runner.live:
+        hidden, head = runner.replay(key)
+        outs.append((hidden.data_ptr(), head.data_ptr()))
+        assert engine.buckets.attention_len(key) <= engine.max_tokens
+    assert len(outs) == 2
+    assert outs[0] == outs[1]  # one hidden and one head buffer for every graph
+    # Staging buffers are pinned and reused, result buffers too.
+    assert runner._staging.buffers(0)[0].is_pinned()
+    assert engine._host_outputs is not None
+    before = engine._host_outputs.allocated
+    for _ in range(10):
+        engine.run([item(small)])
+    assert engine._host_outputs.allocated == before
+
+
+def test_float32_on_cuda_reports_graphs_off_and_eager_mode_refuses() -> None:
+    from embedfleet.worker.engine.attention import BackendUnavailableError
+
+    lazy32 = gpu_engine(cuda_graphs="lazy", dtype="float32")
+    c = lazy32.counters()
+    assert c.graphs_off_reason
+    assert c.attention == "torch-grouped"
+    with pytest.raises(BackendUnavailableError, match="cannot be captured"):
+        gpu_engine(cuda_graphs="eager", dtype="float32")
+
+
+def test_auto_attention_is_benchmarked_and_exported(lazy: TorchEngine) -> None:
+    assert lazy.counters().attention == lazy.backend.name
+    assert lazy.backend.graph_safe
+
+
+def test_memory_fraction_is_applied() -> None:
+    engine = gpu_engine(cuda_graphs="off", cuda_memory_fraction=0.5)
+    [got] = engine.run([item([[101, 2000, 102]])])
+    assert got.shape == (1, 384)

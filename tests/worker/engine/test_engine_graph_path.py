@@ -28,6 +28,9 @@ def varlen_reference(
 ) -> torch.Tensor:
     out = torch.zeros_like(q)
     bounds = cu.tolist()
+    # What a real varlen kernel needs: no sequence longer than the length it is launched for.
+    assert max(b - a for a, b in itertools.pairwise(bounds)) <= max_len
+    LAUNCHES.append(max_len)
     for start, stop in itertools.pairwise(bounds):
         if stop > start:
             s = slice(start, stop)
@@ -37,17 +40,28 @@ def varlen_reference(
     return out
 
 
-class EagerRunner:
-    """Mock of GraphRunner: same interface, runs the body at 'capture' and 'replay'."""
+LAUNCHES: list[int] = []
 
-    def __init__(self, body: Body) -> None:
+
+class EagerRunner:
+    """Mock of GraphRunner: same interface, runs the body at 'capture' and 'replay'.
+
+    `corrupt`: replays return a wrong head, as a bad capture would.
+    """
+
+    def __init__(self, body: Body, corrupt: bool = False) -> None:
         self.body = body
         self.views: DeviceBatch | None = None
-        self.live: set[GraphKey] = set()
+        self.graphs: dict[GraphKey, int] = {}
         self.capture_seconds = 0.0
+        self.corrupt = corrupt
 
     def fits(self, key: GraphKey) -> bool:
         return key.tokens <= 4096
+
+    @property
+    def live(self) -> list[GraphKey]:
+        return sorted(self.graphs)
 
     def load(self, host: HostBatch) -> DeviceBatch:
         self.views = from_tensors(
@@ -57,29 +71,35 @@ class EagerRunner:
         )
         return self.views
 
-    def capture(self, key: GraphKey, views: DeviceBatch) -> tuple[torch.Tensor, ...]:
-        self.live.add(key)
+    def capture(
+        self, key: GraphKey, views: DeviceBatch, attention_len: int
+    ) -> tuple[torch.Tensor, ...]:
+        assert self.fits(key)
+        self.graphs[key] = attention_len
         return self.replay(key)
 
     def replay(self, key: GraphKey) -> tuple[torch.Tensor, ...]:
-        assert key in self.live
+        assert key in self.graphs
         assert self.views is not None
         assert self.views.input_ids.shape[0] == key.tokens  # padded to the bucket
-        return self.body(self.views, key.tokens)
+        hidden, head = self.body(self.views, self.graphs[key])
+        return (hidden, head.flip(0) if self.corrupt else head)
 
     def evict(self, key: GraphKey) -> None:
-        self.live.discard(key)
+        self.graphs.pop(key, None)
 
     def __len__(self) -> int:
-        return len(self.live)
+        return len(self.graphs)
 
 
-def graph_engine(**kw: object) -> tuple[TorchEngine, EagerRunner]:
+def graph_engine(corrupt: bool = False, **kw: object) -> tuple[TorchEngine, EagerRunner]:
     engine = TorchEngine(EngineConfig(device="cpu", dtype="float32", max_input_tokens=512, **kw))  # type: ignore[arg-type]
     engine.backend = VarlenBackend("cpu-varlen-reference", varlen_reference)
     engine._graphs_enabled = True
-    runner = EagerRunner(engine._graph_body)
+    runner = EagerRunner(engine._graph_body, corrupt)
     engine._runner = runner  # type: ignore[assignment]
+    # The mock holds what the real static buffers would (4096 tokens).
+    engine._cache.max_tokens = 4096
     return engine, runner
 
 
@@ -132,3 +152,58 @@ def test_eager_mode_captures_listed_buckets_and_pads_up(
     assert engine.counters().replays == 1
     assert engine.counters().eager_runs == 0
     assert min_cosine(got, expected) >= 0.99999
+
+
+def test_every_new_graph_is_checked_and_a_disagreeing_one_never_served(
+    minilm_fp32: TorchEngine, minilm_sequences: list[list[int]]
+) -> None:
+    # Finding 3: a wrong capture used to serve wrong vectors; now the capture's replay is
+    # compared with the eager run of the same batch, once, and a mismatch is never served.
+    engine, runner = graph_engine(corrupt=True)
+    seqs = minilm_sequences[3:9]
+    [expected] = minilm_fp32.run([item(seqs)])
+    runs = [engine.run([item(seqs)])[0] for _ in range(4)]
+    for got in runs:
+        assert min_cosine(got, expected) >= 0.99999
+    c = engine.counters()
+    assert (c.captures, c.rejects, c.replays, c.eager_runs) == (1, 1, 0, 3)
+    assert len(runner) == 0
+    assert engine._cache.live == []
+    assert len(engine._cache.failed) == 1
+    good, _ = graph_engine()
+    for _ in range(3):
+        good.run([item(seqs)])
+    assert (good.counters().captures, good.counters().rejects) == (1, 0)
+
+
+def test_cache_and_runner_stay_in_step_over_a_mixed_trace(
+    minilm_sequences: list[list[int]],
+) -> None:
+    # Finding 5: a capture the static buffers could not hold left the cache's evictions undone
+    # in the runner. Batches here include more sequences than the buffers' slots.
+    engine, runner = graph_engine(max_graphs=2, max_batch_sequences=8)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        count = int(rng.integers(1, 14))
+        picks = rng.choice(len(minilm_sequences), count).tolist()
+        engine.run([item([minilm_sequences[i][:40] for i in picks])])
+        assert runner.live == sorted(engine._cache.live)
+        assert len(runner) <= 2
+    assert engine.counters().captures > 2  # evictions happened
+
+
+def test_graph_attention_launch_length_is_the_longest_sequence(
+    minilm_fp32: TorchEngine, minilm_sequences: list[list[int]]
+) -> None:
+    # Finding 1: a 3k-token bucket launched its attention for 3k-long sequences.
+    engine, runner = graph_engine()
+    seqs = [s for s in minilm_sequences if len(s) >= 200][:8]
+    [expected] = minilm_fp32.run([item(seqs)])
+    LAUNCHES.clear()
+    for _ in range(3):
+        [got] = engine.run([item(seqs)])
+        assert min_cosine(got, expected) >= 0.99999
+    [key] = runner.live
+    assert key.tokens > 2048
+    assert runner.graphs[key] == 512
+    assert max(LAUNCHES) <= 512

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from embedfleet.common.codec import Tokens
+from embedfleet.worker.engine.batch import pack, padding_lengths
 from embedfleet.worker.engine.graph_policy import (
     Action,
     BucketPolicy,
@@ -11,25 +14,33 @@ from embedfleet.worker.engine.graph_policy import (
     GraphCache,
     GraphKey,
     graph_mode,
+    graphs_plan,
 )
+
+LINEAR = BucketPolicy(token_scheme="linear", sequence_scheme="pow2")
 
 
 def test_token_buckets_round_up_in_two_steps() -> None:
-    p = BucketPolicy()
+    p = LINEAR
     assert [p.tokens(n) for n in (1, 64, 65, 1000, 1024)] == [64, 64, 128, 1024, 1024]
     assert [p.tokens(n) for n in (1025, 1280, 1281, 16384)] == [1280, 1280, 1536, 16384]
-    custom = BucketPolicy(token_step=32, token_switch=256, token_large_step=128)
+    custom = BucketPolicy(
+        token_scheme="linear", token_step=32, token_switch=256, token_large_step=128
+    )
     assert [custom.tokens(n) for n in (33, 256, 257)] == [64, 256, 384]
     with pytest.raises(ValueError, match="positive"):
         BucketPolicy(token_step=0)
 
 
 def test_sequence_buckets_leave_a_slot_for_padding() -> None:
-    p = BucketPolicy()
-    assert [p.sequences(n) for n in (1, 2, 3, 4, 7, 8, 100)] == [2, 4, 4, 8, 8, 16, 128]
+    p = LINEAR
+    assert [p.sequences(n, 64, 63) for n in (1, 2, 3, 4, 7, 8, 100)] == [2, 4, 4, 8, 8, 16, 128]
     assert p.key(100, 3) == GraphKey(128, 4)
+    assert p.key(128, 4) == GraphKey(128, 4)  # no padding: no padding slot needed
+    assert p.key(100, 4) == GraphKey(128, 8)
     assert p.sequence_buckets(64, 512) == [2, 4, 8, 16, 32, 64, 128]
-    assert p.sequence_buckets(4096, 6) == [2, 4, 8]
+    # up to 4095 padding tokens in sequences of at most 512: 6 + 8 slots
+    assert p.sequence_buckets(4096, 6) == [2, 4, 8, 16]
 
 
 def test_lazy_first_use_eager_second_capture_then_replay() -> None:
@@ -75,9 +86,12 @@ def test_off_and_eager_modes_never_capture_lazily() -> None:
 
 
 def test_oversized_and_failed_buckets_stay_eager() -> None:
-    cache = GraphCache(mode="lazy", max_graphs=8, max_tokens=1024)
+    cache = GraphCache(mode="lazy", max_graphs=8, max_tokens=1024, max_sequences=64)
     big = GraphKey(2048, 2)
     assert [cache.decide(big).action for _ in range(3)] == [Action.EAGER] * 3
+    wide = GraphKey(128, 128)  # more sequence slots than the static buffers hold
+    assert [cache.decide(wide).action for _ in range(3)] == [Action.EAGER] * 3
+    assert cache.preload(wide).action is Action.EAGER
     key = GraphKey(64, 2)
     cache.decide(key)
     assert cache.decide(key).action is Action.CAPTURE
@@ -96,3 +110,100 @@ def test_graph_mode_types_the_setting() -> None:
     assert [graph_mode(name) for name in ("lazy", "eager", "off")] == ["lazy", "eager", "off"]
     with pytest.raises(ValueError, match="unknown CUDA graph mode"):
         graph_mode("on")
+
+
+def test_geometric_buckets_bound_padding_and_count() -> None:
+    p = BucketPolicy()
+    assert [p.tokens(n) for n in (1, 64, 65, 81, 128, 129, 161)] == [64, 64, 80, 96, 128, 160, 192]
+    assert [p.tokens(n) for n in (1025, 1281, 16383, 16384)] == [1280, 1536, 16384, 16384]
+    buckets = p.token_buckets(16384)
+    assert (buckets[0], buckets[-1]) == (64, 16384)
+    assert len(buckets) == 33
+    for n in range(1, 16385, 7):
+        b = p.tokens(n)
+        assert b >= n
+        assert b - n < max(64, n / 4 + 16)  # padding under a quarter of the batch (+ rounding)
+    assert buckets == sorted(set(buckets))
+    linear = LINEAR.token_buckets(16384)
+    assert len(linear) == 76  # the old scheme: 16 + 60 buckets
+
+
+def test_fixed_sequence_slots_make_one_graph_per_token_bucket() -> None:
+    p = BucketPolicy(max_sequences=512, max_seqlen=512)
+    keys = {p.key(1000, n) for n in (1, 2, 7, 100, 500)}
+    assert keys == {GraphKey(1024, 512 + 2)}
+    # Slots hold every real sequence plus padding cut at max_seqlen.
+    for total, count in ((16000, 512), (16000, 1), (65, 65), (5, 5), (9000, 3)):
+        key = p.key(total, count)
+        assert key.sequences >= count + p.pad_slots(key.tokens - total)
+    assert p.capacity(16384) == GraphKey(16384, 512 + 32)
+    assert p.sequence_buckets(16384, 512) == [544]
+
+
+def test_graph_attention_launches_at_the_longest_sequence_not_the_bucket() -> None:
+    # Finding 1: a 16k-token bucket of 512-token sequences launched for 16k would be mostly
+    # empty blocks; the launch length is the longest sequence a batch may hold.
+    p = BucketPolicy(max_seqlen=512)
+    key = p.key(16000, 40)
+    assert p.attention_len(key) == 512
+    assert p.attention_len(GraphKey(64, 2)) == 64
+    # And no padding sequence is ever longer than that.
+    assert padding_lengths(1300, 512) == [512, 512, 276]
+    assert padding_lengths(0, 512) == []
+    ids = np.ones(16000, np.int32)
+    host = pack([Tokens(ids, np.full(40, 400, np.int32))], 0, key.tokens, key.sequences, 512)
+    assert host.total_tokens == key.tokens
+    assert int(host.lengths.max()) <= 512
+    assert int(host.lengths.sum()) == key.tokens
+    assert host.real_sequences == 40
+    with pytest.raises(ValueError, match="spare sequence slots"):
+        pack([Tokens(ids, np.full(40, 400, np.int32))], 0, 16384, 41, 128)
+
+
+def test_eager_mode_pads_into_a_larger_bucket_only_with_slots_for_the_padding() -> None:
+    cache = GraphCache(mode="eager", max_graphs=4, max_seqlen=512)
+    big = GraphKey(4096, 4)
+    cache.preload(big)
+    # 100 tokens in one sequence -> ~4000 padding tokens need 8 slots of 512: 4 do not hold it.
+    assert cache.decide(GraphKey(128, 2)).action is Action.EAGER
+    roomy = GraphKey(4096, 16)
+    cache.preload(roomy)
+    assert cache.decide(GraphKey(128, 2)) == Decision(Action.REPLAY, roomy)
+    # With the batch's real counts known, the check is exact: 100 tokens in one sequence.
+    assert cache.holds(GraphKey(4096, 9), GraphKey(128, 2), (100, 1))
+    assert not cache.holds(GraphKey(4096, 8), GraphKey(128, 2), (100, 1))
+
+
+def test_capture_decisions_never_exceed_the_static_buffers() -> None:
+    # Finding 5: a CAPTURE that the runner cannot hold used to pop evictees the runner kept.
+    rng = np.random.default_rng(0)
+    p = BucketPolicy(max_sequences=64, max_seqlen=256)
+    cap = p.capacity(2048)
+    cache = GraphCache(
+        mode="lazy", max_graphs=3, max_tokens=cap.tokens, max_sequences=cap.sequences
+    )
+    runner: set[GraphKey] = set()
+    for _ in range(2000):
+        total = int(rng.integers(1, 4096))
+        count = int(rng.integers(1, min(total, 200) + 1))
+        d = cache.decide(p.key(total, count))
+        for old in d.evict:
+            runner.discard(old)
+        if d.action is Action.CAPTURE:
+            assert d.key is not None
+            assert cache.fits(d.key)
+            runner.add(d.key)
+        assert set(cache.live) == runner
+        assert len(runner) <= 3
+
+
+def test_graphs_plan_refuses_or_reports_an_uncapturable_backend() -> None:
+    # Finding 7: grouped SDPA on CUDA used to switch graphs off with only a warning.
+    assert graphs_plan("cuda", "lazy", "flash-attn", True).enabled
+    lazy = graphs_plan("cuda", "lazy", "torch-grouped", False)
+    assert (lazy.enabled, lazy.refuse, lazy.warn) == (False, False, True)
+    assert "torch-grouped" in lazy.reason
+    eager = graphs_plan("cuda", "eager", "torch-grouped", False)
+    assert (eager.enabled, eager.refuse) == (False, True)
+    assert graphs_plan("cpu", "lazy", "torch-grouped", False).reason == ""
+    assert graphs_plan("cuda", "off", "torch-grouped", False).reason == ""

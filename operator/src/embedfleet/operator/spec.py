@@ -82,6 +82,13 @@ class Engine:
     max_batch_sequences: int = 512
     max_queue_requests: int = 1024
     token_bucket_step: int = 64
+    token_buckets: str = "geometric"
+    token_buckets_per_octave: int = 4
+    token_bucket_switch: int = 1024
+    token_bucket_large_step: int = 256
+    sequence_buckets: str = "fixed"
+    max_graphs: int = 64
+    graph_buckets: tuple[int, ...] = ()
     cuda_graphs: str = "lazy"
     attention: str = "auto"
 
@@ -106,6 +113,7 @@ class Worker:
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
     gpus: int = 0
+    engines_per_gpu: int = 1
     resources: Resources = field(default_factory=Resources)
     drain_seconds: int = 30
     engine: Engine = field(default_factory=Engine)
@@ -247,6 +255,7 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
         image=str(raw.get("image", "")),
         image_pull_policy=str(raw.get("imagePullPolicy", d.image_pull_policy)),
         gpus=int(raw.get("gpus", d.gpus)),
+        engines_per_gpu=int(raw.get("enginesPerGPU", d.engines_per_gpu)),
         resources=_resources(_obj(raw, "resources")),
         drain_seconds=int(raw.get("drainSeconds", d.drain_seconds)),
         engine=Engine(
@@ -254,6 +263,17 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
             max_batch_sequences=int(engine.get("maxBatchSequences", e.max_batch_sequences)),
             max_queue_requests=int(engine.get("maxQueueRequests", e.max_queue_requests)),
             token_bucket_step=int(engine.get("tokenBucketStep", e.token_bucket_step)),
+            token_buckets=str(engine.get("tokenBuckets", e.token_buckets)),
+            token_buckets_per_octave=int(
+                engine.get("tokenBucketsPerOctave", e.token_buckets_per_octave)
+            ),
+            token_bucket_switch=int(engine.get("tokenBucketSwitch", e.token_bucket_switch)),
+            token_bucket_large_step=int(
+                engine.get("tokenBucketLargeStep", e.token_bucket_large_step)
+            ),
+            sequence_buckets=str(engine.get("sequenceBuckets", e.sequence_buckets)),
+            max_graphs=int(engine.get("maxGraphs", e.max_graphs)),
+            graph_buckets=tuple(int(b) for b in engine.get("graphBuckets") or ()),
             cuda_graphs=str(engine.get("cudaGraphs", e.cuda_graphs)),
             attention=str(engine.get("attention", e.attention)),
         ),

@@ -21,6 +21,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
     )
     logs.configure(settings.log_level)
+    if settings.engines > 1:
+        from embedfleet.worker.engines import run_engines
+
+        sys.exit(run_engines(settings, list(sys.argv[1:] if argv is None else argv)))
     sys.exit(asyncio.run(serve(settings)))
 
 

@@ -81,6 +81,15 @@ class GraphCounters:
     replays: int = 0
     eager_runs: int = 0
     capture_seconds: float = 0.0
+    #: new graphs whose check replay disagreed with eager: never served, the bucket runs eager
+    rejects: int = 0
+    live_graphs: int = 0
+    #: whether this engine captures CUDA graphs at all
+    graphs_enabled: bool = False
+    #: the attention backend in use ("" for engines without one)
+    attention: str = ""
+    #: why CUDA graphs are off on a device that could run them ("" when on, or not applicable)
+    graphs_off_reason: str = ""
 
 
 class Pending(Protocol):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from embedfleet.worker.contract import GraphCounters
@@ -44,6 +44,25 @@ class _GraphCollector(Collector):
             "Time spent capturing CUDA graphs.",
             value=counters.capture_seconds,
         )
+        yield CounterMetricFamily(
+            _PREFIX + "graph_rejects",
+            "New CUDA graphs whose check replay disagreed with eager (never served; the bucket "
+            "runs eager from then on).",
+            value=counters.rejects,
+        )
+        yield GaugeMetricFamily(
+            _PREFIX + "live_graphs", "CUDA graphs held now.", value=counters.live_graphs
+        )
+        info = GaugeMetricFamily(
+            _PREFIX + "engine_info",
+            "1, labelled with the attention backend in use and whether CUDA graphs are on "
+            "(off on CUDA: the engine's log says why).",
+            labels=("attention", "cuda_graphs"),
+        )
+        info.add_metric(
+            (counters.attention or "none", "on" if counters.graphs_enabled else "off"), 1.0
+        )
+        yield info
 
     def describe(self) -> Iterator[Metric]:
         # Same families with zero values: lets the docs list them before an engine exists.

@@ -9,6 +9,10 @@ Where the reference comes from, best first:
    catches divergence of the served path (bf16, CUDA graphs, ragged batching) from plain fp32.
 3. Otherwise only batch invariance (each text alone equals the texts batched together).
 
+The served batch goes through the serving path ROUNDS times: with lazy CUDA graphs its bucket runs
+eager, is captured (and that capture checked against eager by the engine), then replays, so the
+vectors a graph serves are compared with the reference too, not only the first, eager, run.
+
 Regenerate the committed file with `python -m embedfleet.worker.selfcheck --write`.
 """
 
@@ -36,6 +40,8 @@ log = logging.getLogger(__name__)
 
 REFERENCE_FILE = Path(__file__).with_name("selfcheck_reference.json")
 MIN_COSINE = 0.999  # the issue's "within 0.1% cosine"
+#: eager run, capture, replay: a lazy graph's whole life for the self-check's bucket
+ROUNDS = 3
 
 #: Mixed lengths (a few tokens to ~150) so packing, position ids and pooling all get exercised.
 TEXTS = (
@@ -123,8 +129,10 @@ async def run_selfcheck(
     model: ModelDir,
     reference_fn: ReferenceFn | None = None,
     reference_file: Path = REFERENCE_FILE,
+    rounds: int = ROUNDS,
 ) -> SelfCheckResult:
-    """Raise SelfCheckError unless the served vectors are within MIN_COSINE of the reference."""
+    """Raise SelfCheckError unless every round's served vectors are within MIN_COSINE of the
+    reference."""
     if model.task != "embed":
         # Rerankers, classifiers and SPLADE have no dense reference vectors; their parity with
         # transformers lives in the engine's tests (test_engine_heads.py).
@@ -146,15 +154,20 @@ async def run_selfcheck(
             alone = [await submit(item_of(ids)) for ids in token_ids]
             expected = np.concatenate([np.asarray(r, np.float64) for r in alone])
             source = "batch invariance only (no reference for this model)"
-    served = await _served(submit, token_ids)
-    if not np.all(np.isfinite(served)):
-        raise SelfCheckError("served embeddings hold non-finite values")
-    if served.shape != expected.shape:
-        raise SelfCheckError(f"served shape {served.shape} != reference {expected.shape}")
-    cos = min_cosine(served, expected)
-    if cos < MIN_COSINE:
-        raise SelfCheckError(f"min cosine {cos:.6f} < {MIN_COSINE} against {source}")
-    return SelfCheckResult(source, cos)
+    worst = 1.0
+    for turn in range(rounds):
+        served = await _served(submit, token_ids)
+        if not np.all(np.isfinite(served)):
+            raise SelfCheckError(f"round {turn + 1}: served embeddings hold non-finite values")
+        if served.shape != expected.shape:
+            raise SelfCheckError(f"served shape {served.shape} != reference {expected.shape}")
+        cos = min_cosine(served, expected)
+        if cos < MIN_COSINE:
+            raise SelfCheckError(
+                f"round {turn + 1}: min cosine {cos:.6f} < {MIN_COSINE} against {source}"
+            )
+        worst = min(worst, cos)
+    return SelfCheckResult(source, worst)
 
 
 def write_reference(model_path: Path, file: Path = REFERENCE_FILE) -> str:

@@ -54,8 +54,19 @@ class WorkerSettings:
     )
     attention: str = setting(
         "auto",
-        "Attention backend: auto (fastest available for the device), torch, flash-attn.",
-        choices=("auto", "torch", "flash-attn"),
+        "Attention backend: auto (the fastest available on the device, by a start-up "
+        "micro-benchmark), torch, flash-attn, flashinfer.",
+        choices=("auto", "torch", "flash-attn", "flashinfer"),
+    )
+    engines: int = setting(
+        1,
+        "Engine processes in this worker, sharing its device: engine i serves --port + i and "
+        "--metrics-port + i, with --cuda-memory-fraction 0.9 / N and --threads / N unless set.",
+    )
+    cuda_memory_fraction: float = setting(
+        0.0,
+        "Share of the GPU's memory this process may allocate (0 = no limit). With several "
+        "engines on one GPU (the operator's enginesPerGPU) each gets 0.9 / N.",
     )
     cuda_graphs: str = setting(
         "lazy",
@@ -65,16 +76,34 @@ class WorkerSettings:
     )
     graph_buckets: tuple[int, ...] = setting(
         (),
-        "With --cuda-graphs eager: total-token buckets to capture at start (comma-separated).",
+        "With --cuda-graphs eager: total-token buckets to capture at start (comma-separated); "
+        "empty captures every token bucket up to --max-batch-tokens.",
     )
     max_graphs: int = setting(64, "Most CUDA graphs kept; the least recently used is evicted.")
+    token_buckets: str = setting(
+        "geometric",
+        "Token bucket scheme: geometric (--token-buckets-per-octave buckets per doubling from "
+        "--token-bucket-step; ~30 buckets to 16k tokens), linear (multiples of "
+        "--token-bucket-step up to --token-bucket-switch, then of --token-bucket-large-step).",
+        choices=("geometric", "linear"),
+    )
+    token_buckets_per_octave: int = setting(
+        4, "Geometric token buckets per doubling; padding stays below 1/this of a batch."
+    )
+    sequence_buckets: str = setting(
+        "fixed",
+        "Sequence slots of a graph: fixed (one slot count per token bucket, so one graph per "
+        "token bucket), pow2 (the batch's count rounded up to a power of two).",
+        choices=("fixed", "pow2"),
+    )
     token_bucket_step: int = setting(
-        64, "Token counts are rounded up to multiples of this up to --token-bucket-switch."
+        64,
+        "Smallest token bucket; linear buckets are multiples of this up to --token-bucket-switch.",
     )
     token_bucket_switch: int = setting(
-        1024, "Above this many tokens, buckets are multiples of --token-bucket-large-step."
+        1024, "Linear buckets: above this many tokens, multiples of --token-bucket-large-step."
     )
-    token_bucket_large_step: int = setting(256, "Bucket step above --token-bucket-switch.")
+    token_bucket_large_step: int = setting(256, "Linear buckets: the step above the switch.")
     # --- scheduling ------------------------------------------------------------------------
     max_batch_tokens: int = setting(
         16384, "Token budget of one batch; a longer single request runs alone."

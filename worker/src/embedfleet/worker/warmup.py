@@ -19,10 +19,19 @@ from embedfleet.worker.contract import WorkItem
 
 Submit = Callable[[WorkItem], Awaitable[FloatArray]]
 
-#: the probe keeps at most this many tokens outstanding, so a CPU worker with a huge batch budget
-#: still starts in seconds; throughput is flat well below it on both CPU and GPU for small models
-_PROBE_TOKENS = 8192
 _SEQ_TOKENS = 128
+
+
+def probe_window(rough_tokens_per_second: float, seconds: float, max_batch_tokens: int) -> int:
+    """Tokens per round of the saturation probe: a full batch (--max-batch-tokens), unless the
+    rough rate says a round would take more than a quarter of `seconds`.
+
+    The time bound alone keeps a slow CPU's start-up short; a fixed token cap (it was 8,192)
+    would also cap a GPU at a quarter of a 32k batch budget, measure a quarter-full batch's
+    throughput and make the autoscaler over-provision.
+    """
+    by_time = max(1, int(rough_tokens_per_second * seconds / 4))
+    return max(1, min(max_batch_tokens, by_time))
 
 
 def probe_items(
@@ -56,10 +65,11 @@ async def measure_capacity(
     """
     request_tokens = max(1, min(512, max_batch_tokens // 2))
     (first_item,) = probe_items(1, vocab_size, max_input_tokens, request_tokens, seed=1)
+    await submit(first_item)  # one-off costs: kernel loading, allocator growth
     t0 = time.monotonic()
     await submit(first_item)
     rough = first_item.total_tokens / max(time.monotonic() - t0, 1e-6)
-    window = min(max_batch_tokens, _PROBE_TOKENS, max(1, int(rough * seconds / 4)))
+    window = probe_window(rough, seconds, max_batch_tokens)
     outstanding = max(2, 2 * window // request_tokens)
     items = probe_items(outstanding, vocab_size, max_input_tokens, request_tokens)
 

@@ -11,8 +11,16 @@ A backend turns the batch layout into a plan once per forward; every layer then 
   (no mask when the group's lengths are equal, or for causal attention, where right padding is never
   seen by a real query). Bounded padding, one fused kernel per group instead of per sequence.
 
+- `flashinfer`: FlashInfer's ragged prefill (`BatchPrefillWithRaggedKVCacheWrapper`), when the
+  package imports (it does not ship with the images: its wheel is ~100 MB with a JIT toolchain).
+  Its plan is made on the host per batch, so it is not captured (`graph_safe` is False).
+
 The varlen plans depend only on `cu_seqlens` and a max length, so they can be captured in a CUDA
 graph; the grouped plan's shapes follow the lengths, so it cannot (`graph_safe` is False).
+
+`auto` picks among what is available by a start-up micro-benchmark on the device (one ragged batch
+shaped like the model's attention; the graph-safe backends only, when graphs are wanted and one
+exists); the choice and the timings are logged and the engine exports the choice as a metric label.
 """
 
 from __future__ import annotations
@@ -20,14 +28,20 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
+
+log = logging.getLogger(__name__)
 
 
 class AttentionPlan(Protocol):
@@ -141,6 +155,60 @@ class VarlenBackend:
         causal: bool,
     ) -> AttentionPlan:
         return _VarlenPlan(self.kernel, cu_seqlens, max_seqlen, causal)
+
+
+# --------------------------------------------------------------------------------------------
+# FlashInfer ragged prefill
+
+
+def _flashinfer() -> Any | None:
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    try:
+        module = importlib.import_module("flashinfer")
+        module.BatchPrefillWithRaggedKVCacheWrapper  # noqa: B018 - the API we need
+    except (ImportError, AttributeError, RuntimeError, OSError):
+        return None
+    return module
+
+
+@dataclass
+class _FlashInferPlan:
+    wrapper: Any
+    cu_seqlens: torch.Tensor
+    causal: bool
+    planned: tuple[int, int, int] | None = None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        heads = (q.shape[1], k.shape[1], q.shape[2])
+        if self.planned != heads:  # once per forward: every layer has the same heads
+            cu = self.cu_seqlens
+            self.wrapper.plan(cu, cu, heads[0], heads[1], heads[2], causal=self.causal,
+                              q_data_type=q.dtype)  # fmt: skip
+            self.planned = heads
+        out: torch.Tensor = self.wrapper.run(q, k, v)
+        return out
+
+
+@dataclass
+class FlashInferBackend:
+    module: Any
+    device: torch.device
+    name: str = "flashinfer"
+    graph_safe: bool = False
+    _workspace: torch.Tensor | None = field(default=None, repr=False)
+
+    def plan(
+        self,
+        cu_seqlens: torch.Tensor,
+        lengths: npt.NDArray[np.int64],
+        max_seqlen: int,
+        causal: bool,
+    ) -> AttentionPlan:
+        if self._workspace is None:
+            self._workspace = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
+        wrapper = self.module.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD")
+        return _FlashInferPlan(wrapper, cu_seqlens, causal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,7 +375,7 @@ class GroupedBackend:
 # --------------------------------------------------------------------------------------------
 # selection
 
-BACKEND_NAMES = ("auto", "torch", "flash-attn")
+BACKEND_NAMES = ("auto", "torch", "flash-attn", "flashinfer")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -315,7 +383,7 @@ class BackendUnavailableError(RuntimeError):
 
 
 def available_backends(device: torch.device, dtype: torch.dtype) -> list[AttentionBackend]:
-    """What this torch / device / dtype offers, fastest first."""
+    """What this torch / device / dtype offers, graph-safe varlen kernels first."""
     out: list[AttentionBackend] = []
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         flash = _flash_attn_kernel()
@@ -324,23 +392,113 @@ def available_backends(device: torch.device, dtype: torch.dtype) -> list[Attenti
         varlen = _torch_varlen_kernel()
         if varlen is not None:
             out.append(VarlenBackend("torch-varlen", varlen))
+        flashinfer = _flashinfer()
+        if flashinfer is not None:
+            out.append(FlashInferBackend(flashinfer, device))
     out.append(GroupedBackend())
     return out
 
 
-def select_backend(choice: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """`auto`: the first available; `torch`: torch's own kernels; `flash-attn`: that package."""
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What the start-up benchmark shapes its batch like: the model's attention heads."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool = False
+
+
+def benchmark_backends(
+    backends: Sequence[AttentionBackend],
+    device: torch.device,
+    dtype: torch.dtype,
+    shape: AttentionShape,
+    tokens: int = 4096,
+    seq: int = 256,
+    repeat: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
+    """Median seconds of one attention call per backend over one ragged batch of `tokens` tokens
+    (sequences of `seq` down to `seq`/4 tokens); inf for a backend that fails to run."""
+    gen = torch.Generator().manual_seed(0)
+    lengths = np.array(
+        [max(1, seq - (i % 4) * seq // 4) for i in range(max(1, tokens // seq))], np.int64
+    )
+    total = int(lengths.sum())
+    cu_host = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=cu_host[1:])
+    cu = torch.from_numpy(cu_host.astype(np.int32)).to(device)
+
+    def rand(heads: int) -> torch.Tensor:
+        return torch.randn((total, heads, shape.head_dim), generator=gen).to(device, dtype)
+
+    q, k, v = rand(shape.heads), rand(shape.kv_heads), rand(shape.kv_heads)
+    out: dict[str, float] = {}
+    for backend in backends:
+        try:
+            plan = backend.plan(cu, lengths, int(lengths.max()), shape.causal)
+            for _ in range(2):
+                plan.attend(q, k, v)
+            times = []
+            for _ in range(repeat):
+                _sync(device)
+                start = clock()
+                plan.attend(q, k, v)
+                _sync(device)
+                times.append(clock() - start)
+            out[backend.name] = statistics.median(times)
+        except Exception:  # a backend that cannot run this shape loses, it does not crash
+            log.warning("attention backend %s failed its benchmark", backend.name, exc_info=True)
+            out[backend.name] = math.inf
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fastest(timings: Mapping[str, float], order: Sequence[str]) -> str:
+    """The quickest backend; ties and all-failed go to the earlier one in `order`."""
+    finite = {name: t for name, t in timings.items() if math.isfinite(t)}
+    if not finite:
+        return order[0]
+    return min(order, key=lambda name: (finite.get(name, math.inf), order.index(name)))
+
+
+def select_backend(
+    choice: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    shape: AttentionShape | None = None,
+    graphs: bool = False,
+) -> AttentionBackend:
+    """`auto`: the fastest available by a micro-benchmark when `shape` is given and there is a
+    choice (graph-safe ones only when `graphs` and one exists), else the first; `torch`: torch's
+    own kernels; `flash-attn` / `flashinfer`: that package."""
     options = available_backends(device, dtype)
     if choice == "auto":
-        return options[0]
+        candidates = [b for b in options if b.graph_safe] if graphs else []
+        candidates = candidates or options
+        if shape is None or len(candidates) == 1:
+            return candidates[0]
+        timings = benchmark_backends(candidates, device, dtype, shape)
+        names = [b.name for b in candidates]
+        best = fastest(timings, names)
+        log.info(
+            "attention backend chosen by benchmark",
+            extra={"attention": best, "seconds": {n: round(t, 7) for n, t in timings.items()}},
+        )
+        return next(b for b in candidates if b.name == best)
     if choice == "torch":
         return next(b for b in options if b.name.startswith("torch"))
-    if choice == "flash-attn":
+    if choice in ("flash-attn", "flashinfer"):
         for b in options:
-            if b.name == "flash-attn":
+            if b.name == choice:
                 return b
         raise BackendUnavailableError(
-            f"flash-attn is not importable or cannot run on {device} with {dtype}"
+            f"{choice} is not importable or cannot run on {device} with {dtype}"
         )
     raise BackendUnavailableError(
         f"unknown attention backend {choice!r}; use one of {BACKEND_NAMES}"

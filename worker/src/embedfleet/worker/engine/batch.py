@@ -2,8 +2,9 @@
 
 No padding between sequences and no [batch, max_len] layout: a sequence is the half-open token range
 cu_seqlens[i]:cu_seqlens[i+1]. When the batch is padded up to a graph bucket the extra tokens form
-one extra sequence (and the extra slots are empty sequences), so they attend only to themselves and
-never touch a real result.
+extra sequences of at most `pad_len` tokens each (and the remaining slots are empty sequences), so
+they attend only to themselves, never touch a real result, and never make a sequence longer than
+the attention's launch length.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def pack(
     position_offset: int = 0,
     bucket_tokens: int = 0,
     bucket_sequences: int = 0,
+    pad_len: int = 0,
 ) -> HostBatch:
-    """Concatenate the items' sequences; optionally pad to (bucket_tokens, bucket_sequences)."""
+    """Concatenate the items' sequences; optionally pad to (bucket_tokens, bucket_sequences),
+    the padding cut into sequences of at most `pad_len` tokens (0: one padding sequence)."""
     ids = np.concatenate([p.ids for p in parts]).astype(np.int64)
     lengths = np.concatenate([p.lengths for p in parts]).astype(np.int64)
     types = np.concatenate(
@@ -59,12 +62,14 @@ def pack(
     total = max(bucket_tokens, real_tokens)
     slots = max(bucket_sequences, real_seqs)
     if total > real_tokens:
-        if slots <= real_seqs:
-            raise ValueError("padding tokens need a spare sequence slot")
         pad = total - real_tokens
+        chunks = padding_lengths(pad, pad_len or pad)
+        if slots < real_seqs + len(chunks):
+            raise ValueError(f"{pad} padding tokens need {len(chunks)} spare sequence slots")
         ids = np.concatenate([ids, np.zeros(pad, np.int64)])
         types = np.concatenate([types, np.zeros(pad, np.int64)])
-        lengths = np.concatenate([lengths, [pad], np.zeros(slots - real_seqs - 1, np.int64)])
+        spare = np.zeros(slots - real_seqs - len(chunks), np.int64)
+        lengths = np.concatenate([lengths, np.asarray(chunks, np.int64), spare])
     elif slots > real_seqs:
         lengths = np.concatenate([lengths, np.zeros(slots - real_seqs, np.int64)])
     cu = np.zeros(slots + 1, np.int64)
@@ -89,6 +94,12 @@ def pack(
     )
 
 
+def padding_lengths(pad: int, pad_len: int) -> list[int]:
+    """`pad` tokens as sequences of at most `pad_len` tokens, longest first."""
+    full, rest = divmod(pad, pad_len)
+    return [pad_len] * full + ([rest] if rest else [])
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceBatch:
     """The packed batch on the device; what a model's forward reads."""
@@ -103,14 +114,22 @@ class DeviceBatch:
     cu_seqlens: torch.Tensor  # [N + 1] int32
 
 
-def to_device(host: HostBatch, device: torch.device) -> DeviceBatch:
-    """One host-to-device copy per array group; pinned and non-blocking on CUDA."""
+def to_device(
+    host: HostBatch,
+    device: torch.device,
+    staged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> DeviceBatch:
+    """One host-to-device copy per array group; pinned and non-blocking on CUDA. `staged`: the
+    arrays already in reused pinned buffers (`staging.Staging`), else they are pinned here."""
     cuda = device.type == "cuda"
-    tokens = torch.from_numpy(host.tokens)
-    seqs = torch.from_numpy(host.seqs)
-    cu = torch.from_numpy(host.cu_seqlens)
-    if cuda:
-        tokens, seqs, cu = tokens.pin_memory(), seqs.pin_memory(), cu.pin_memory()
+    if staged is not None:
+        tokens, seqs, cu = staged
+    else:
+        tokens = torch.from_numpy(host.tokens)
+        seqs = torch.from_numpy(host.seqs)
+        cu = torch.from_numpy(host.cu_seqlens)
+        if cuda:
+            tokens, seqs, cu = tokens.pin_memory(), seqs.pin_memory(), cu.pin_memory()
     tokens = tokens.to(device, non_blocking=cuda)
     seqs = seqs.to(device, non_blocking=cuda)
     cu = cu.to(device, non_blocking=cuda)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embedfleet.worker.engine.graph_policy import BucketPolicy, GraphMode, graph_mode
+from embedfleet.worker.engine.graph_policy import (
+    SEQUENCE_SCHEMES,
+    TOKEN_SCHEMES,
+    BucketPolicy,
+    GraphMode,
+    graph_mode,
+)
 from embedfleet.worker.settings import WorkerSettings
 
 
@@ -25,6 +31,7 @@ class EngineConfig:
     buckets: BucketPolicy = field(default_factory=BucketPolicy)
     max_batch_tokens: int = 16384
     max_batch_sequences: int = 512
+    cuda_memory_fraction: float = 0.0
     #: Qwen3 only: None follows config.json; True = full attention within each sequence
     bidirectional: bool | None = None
 
@@ -42,8 +49,15 @@ class EngineConfig:
             graph_buckets=tuple(s.graph_buckets),
             max_graphs=s.max_graphs,
             buckets=BucketPolicy(
-                s.token_bucket_step, s.token_bucket_switch, s.token_bucket_large_step
+                token_scheme=next(t for t in TOKEN_SCHEMES if t == s.token_buckets),
+                token_step=s.token_bucket_step,
+                token_switch=s.token_bucket_switch,
+                token_large_step=s.token_bucket_large_step,
+                per_octave=s.token_buckets_per_octave,
+                sequence_scheme=next(q for q in SEQUENCE_SCHEMES if q == s.sequence_buckets),
+                max_sequences=s.max_batch_sequences,
             ),
             max_batch_tokens=s.max_batch_tokens,
             max_batch_sequences=s.max_batch_sequences,
+            cuda_memory_fraction=s.cuda_memory_fraction,
         )

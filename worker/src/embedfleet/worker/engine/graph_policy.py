@@ -26,43 +26,119 @@ def graph_mode(name: str) -> GraphMode:
     raise ValueError(f"unknown CUDA graph mode {name!r}; use one of {list(GRAPH_MODES)}")
 
 
+TokenScheme = Literal["geometric", "linear"]
+TOKEN_SCHEMES: tuple[TokenScheme, ...] = get_args(TokenScheme)
+SequenceScheme = Literal["fixed", "pow2"]
+SEQUENCE_SCHEMES: tuple[SequenceScheme, ...] = get_args(SequenceScheme)
+
+
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
+    """How a batch's (total tokens, sequences) maps to a graph's shape.
+
+    Token buckets, `geometric` (the default; docs/cuda-graphs.md has the simulation that chose
+    it): `per_octave` buckets per doubling from `token_step` up, so padding stays under
+    1/per_octave of a batch and 16k tokens need ~30 buckets. `linear`: multiples of `token_step`
+    up to `token_switch`, then of `token_large_step` (~75 buckets to 16k).
+
+    Sequence slots, `fixed` (the default): one slot count per token bucket, enough for any batch
+    it can hold, so a token bucket is one graph; empty slots cost a few idle attention blocks.
+    `pow2`: the count rounded up to a power of two (up to ten graphs per token bucket).
+
+    Padding tokens go into extra sequences of at most `max_seqlen` tokens, the longest real
+    sequence; a graph's attention is launched for that length, never for the bucket's total.
+    """
+
+    token_scheme: TokenScheme = "geometric"
     token_step: int = 64
     token_switch: int = 1024
     token_large_step: int = 256
+    per_octave: int = 4
+    sequence_scheme: SequenceScheme = "fixed"
+    #: the batch's sequence limit (--max-batch-sequences)
+    max_sequences: int = 512
+    #: the longest sequence a batch may hold (the model's input limit)
+    max_seqlen: int = 512
 
     def __post_init__(self) -> None:
-        if min(self.token_step, self.token_large_step) <= 0 or self.token_switch < 0:
+        if min(self.token_step, self.token_large_step, self.per_octave) <= 0:
             raise ValueError("bucket steps must be positive")
+        if self.token_switch < 0 or min(self.max_sequences, self.max_seqlen) <= 0:
+            raise ValueError("bucket limits must be positive")
+        if self.token_scheme not in TOKEN_SCHEMES:
+            raise ValueError(f"token bucket scheme must be one of {list(TOKEN_SCHEMES)}")
+        if self.sequence_scheme not in SEQUENCE_SCHEMES:
+            raise ValueError(f"sequence bucket scheme must be one of {list(SEQUENCE_SCHEMES)}")
 
     def tokens(self, total: int) -> int:
         """Smallest bucket holding `total` tokens."""
+        if self.token_scheme == "geometric":
+            return _geometric(total, self.token_step, self.per_octave)
         if total <= self.token_switch:
             return max(self.token_step, _round_up(total, self.token_step))
         return _round_up(total, self.token_large_step)
 
-    @staticmethod
-    def sequences(count: int) -> int:
-        """Slots for `count` sequences plus one for padding tokens, rounded to a power of two."""
-        need = count + 1
-        return 1 << (need - 1).bit_length()
+    def token_buckets(self, up_to: int) -> list[int]:
+        """Every token bucket up to the one that holds `up_to` tokens, smallest first."""
+        out = [self.tokens(1)]
+        while out[-1] < up_to:
+            out.append(self.tokens(out[-1] + 1))
+        return out
+
+    def pad_slots(self, pad: int) -> int:
+        """Sequences `pad` padding tokens take (each at most max_seqlen long)."""
+        return -(-pad // self.max_seqlen)
+
+    def sequences(self, count: int, tokens: int = 0, total: int = 0) -> int:
+        """Slots for `count` real sequences in a `tokens` bucket holding `total` real tokens."""
+        need = count + self.pad_slots(max(0, tokens - total))
+        if self.sequence_scheme == "fixed" and tokens > 0:
+            return max(need, self.fixed_slots(tokens))
+        return max(2, 1 << (need - 1).bit_length())
+
+    def fixed_slots(self, tokens: int) -> int:
+        """`fixed`: enough for the most sequences a bucket can hold plus its padding."""
+        return min(tokens, self.max_sequences) + self.pad_slots(tokens)
 
     def key(self, total_tokens: int, sequences: int) -> GraphKey:
-        return GraphKey(self.tokens(total_tokens), self.sequences(sequences))
+        tokens = self.tokens(total_tokens)
+        return GraphKey(tokens, self.sequences(sequences, tokens, total_tokens))
 
     def sequence_buckets(self, tokens: int, max_sequences: int) -> list[int]:
         """Every sequence bucket a token bucket can meet (for capturing at start)."""
-        top = self.sequences(min(tokens, max_sequences))
+        if self.sequence_scheme == "fixed":
+            return [self.fixed_slots(tokens)]
+        top = self.sequences(min(tokens, max_sequences), tokens, 1)
         out, slots = [], 2
         while slots <= top:
             out.append(slots)
             slots *= 2
         return out
 
+    def capacity(self, max_tokens: int) -> GraphKey:
+        """The largest bucket a batch of up to `max_tokens` tokens can need: the static buffers."""
+        tokens = self.tokens(max_tokens)
+        return GraphKey(tokens, self.sequences(self.max_sequences, tokens, 0))
+
+    def attention_len(self, key: GraphKey) -> int:
+        """The max sequence length a graph's attention is launched with."""
+        return min(key.tokens, self.max_seqlen)
+
 
 def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
+
+
+def _geometric(total: int, smallest: int, per_octave: int) -> int:
+    if total <= smallest:
+        return smallest
+    octave = smallest
+    while octave * 2 < total:
+        octave *= 2
+    # Buckets in (octave, 2 * octave]: octave * (1 + i / per_octave), rounded up to 16 tokens.
+    step = octave / per_octave
+    i = -(-(total - octave) // step)
+    return min(2 * octave, _round_up(int(octave + i * step), 16))
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -94,12 +170,17 @@ class GraphCache:
     uses replay. eager: a batch replays the smallest bucket captured at start that holds it, else
     runs eager.
     off: always eager. At most `max_graphs` graphs live; capturing past that evicts the least
-    recently used one.
+    recently used one. A bucket beyond the runner's static buffers (`max_tokens`,
+    `max_sequences`) is never captured, so no capture decision can fail for size after its
+    evictions were decided.
     """
 
     mode: GraphMode = "lazy"
     max_graphs: int = 64
     max_tokens: int = 16384
+    max_sequences: int = 1 << 30
+    #: padding sequences are at most this long (eager mode pads into larger buckets)
+    max_seqlen: int = 1 << 30
     _graphs: OrderedDict[GraphKey, None] = field(default_factory=OrderedDict)
     _seen: set[GraphKey] = field(default_factory=set)
     _failed: set[GraphKey] = field(default_factory=set)
@@ -108,25 +189,34 @@ class GraphCache:
         if self.max_graphs < 0:
             raise ValueError("max_graphs must not be negative")
 
-    def decide(self, key: GraphKey) -> Decision:
-        """What to do for a batch in bucket `key`; records the use."""
+    def fits(self, key: GraphKey) -> bool:
+        """Whether the runner's static buffers hold `key`."""
+        return key.tokens <= self.max_tokens and key.sequences <= self.max_sequences
+
+    def holds(self, bucket: GraphKey, key: GraphKey, real: tuple[int, int] | None = None) -> bool:
+        """Whether a batch bucketed as `key`, of `real` (tokens, sequences) when known, can be
+        padded into the larger `bucket`: its sequences and padding of at most max_seqlen."""
+        if bucket.tokens < key.tokens:
+            return False
+        if real is None:
+            tokens, count = key.tokens, key.sequences
+        else:
+            tokens, count = real
+        return bucket.sequences >= count + -(-(bucket.tokens - tokens) // self.max_seqlen)
+
+    def decide(self, key: GraphKey, real: tuple[int, int] | None = None) -> Decision:
+        """What to do for a batch in bucket `key` holding `real` (tokens, sequences); records
+        the use."""
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return Decision(Action.REPLAY, key)
         if self.mode == "eager":
-            fits = [
-                k for k in self._graphs if k.tokens >= key.tokens and k.sequences >= key.sequences
-            ]
+            fits = [k for k in self._graphs if self.holds(k, key, real)]
             if fits:
                 best = min(fits)
                 self._graphs.move_to_end(best)
                 return Decision(Action.REPLAY, best)
-        if (
-            self.mode != "lazy"
-            or self.max_graphs == 0
-            or key.tokens > self.max_tokens
-            or key in self._failed
-        ):
+        if self.mode != "lazy" or self.max_graphs == 0 or not self.fits(key) or key in self._failed:
             return Decision(Action.EAGER)
         if key not in self._seen:
             self._seen.add(key)
@@ -134,9 +224,12 @@ class GraphCache:
         return self._admit(key)
 
     def preload(self, key: GraphKey) -> Decision:
-        """Capture `key` at start (eager mode), evicting as the bound requires."""
+        """Capture `key` at start (eager mode, or lazy pre-capture), evicting as the bound
+        requires; EAGER when it does not fit or failed before."""
         if key in self._graphs:
             return Decision(Action.REPLAY, key)
+        if self.max_graphs == 0 or not self.fits(key) or key in self._failed:
+            return Decision(Action.EAGER)
         return self._admit(key)
 
     def _admit(self, key: GraphKey) -> Decision:
@@ -149,7 +242,8 @@ class GraphCache:
         return Decision(Action.CAPTURE, key, tuple(evict))
 
     def forget(self, key: GraphKey) -> None:
-        """A capture failed: run this bucket eager from now on."""
+        """A capture failed or its replay disagreed with eager: run this bucket eager from now
+        on."""
         self._graphs.pop(key, None)
         self._failed.add(key)
 
@@ -157,3 +251,38 @@ class GraphCache:
     def live(self) -> list[GraphKey]:
         """Captured buckets, least recently used first."""
         return list(self._graphs)
+
+    @property
+    def failed(self) -> list[GraphKey]:
+        """Buckets that will never be captured again."""
+        return sorted(self._failed)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphsPlan:
+    enabled: bool
+    #: why graphs are off ("" when on, or when they do not apply: CPU, mode off)
+    reason: str = ""
+    #: the operator asked for graphs the device cannot run: refuse to start
+    refuse: bool = False
+    #: worth an error log line (lazy mode on CUDA silently losing its graphs)
+    warn: bool = False
+
+
+def graphs_plan(device_type: str, mode: GraphMode, backend: str, graph_safe: bool) -> GraphsPlan:
+    """Whether this engine captures graphs, and what to say when it cannot.
+
+    `eager` mode was asked for explicitly, so an attention backend that cannot be captured
+    (grouped SDPA: no flash-attn and a torch without varlen attention, or float32) refuses to
+    start instead of quietly running every batch eager; `lazy` runs eager but says so at error
+    level and in the engine info metric.
+    """
+    if device_type != "cuda" or mode == "off":
+        return GraphsPlan(False)
+    if graph_safe:
+        return GraphsPlan(True)
+    reason = (
+        f"attention backend {backend} cannot be captured in a CUDA graph (varlen attention needs "
+        "flash-attn or torch's varlen_attn, and float16/bfloat16)"
+    )
+    return GraphsPlan(False, reason, refuse=mode == "eager", warn=mode == "lazy")

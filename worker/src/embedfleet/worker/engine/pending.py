@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from embedfleet.common.arrays import FloatArray
+from embedfleet.worker.engine.staging import HostOutputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +33,15 @@ def split(host: FloatArray, slices: list[Slice]) -> list[FloatArray]:
 class InFlight:
     """A device->pinned-host copy queued behind the batch's kernels, and the event that ends it."""
 
-    def __init__(self, device_out: torch.Tensor, slices: list[Slice]) -> None:
-        self._host = torch.empty(device_out.shape, dtype=torch.float32, pin_memory=True)
+    def __init__(
+        self, device_out: torch.Tensor, slices: list[Slice], outputs: HostOutputs | None = None
+    ) -> None:
+        if outputs is None:
+            self._host = torch.empty(device_out.shape, dtype=torch.float32, pin_memory=True)
+            self._buffer = None
+        else:
+            self._host, self._buffer = outputs.take(device_out.shape)
+        self._outputs = outputs
         self._host.copy_(device_out, non_blocking=True)
         self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._event.record()
@@ -46,5 +54,11 @@ class InFlight:
     def wait(self) -> list[FloatArray]:
         if self._results is None:
             self._event.synchronize()
-            self._results = split(self._host.numpy(), self._slices)
+            results = split(self._host.numpy(), self._slices)
+            if self._outputs is not None and self._buffer is not None:
+                # The buffer goes back for the next batch: the caller gets its own copies.
+                results = [np.array(r) for r in results]
+                self._outputs.give_back(self._buffer)
+                self._buffer = None
+            self._results = results
         return self._results

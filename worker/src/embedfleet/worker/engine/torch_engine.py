@@ -9,7 +9,9 @@ decided elsewhere: the device and dtype before the engine exists (`precision`), 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,15 +29,26 @@ from embedfleet.worker.contract import (
     WorkItem,
     output_dimensions,
 )
-from embedfleet.worker.engine.attention import AttentionBackend, select_backend
+from embedfleet.worker.engine.attention import (
+    AttentionBackend,
+    AttentionShape,
+    BackendUnavailableError,
+    select_backend,
+)
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.forward import forward
-from embedfleet.worker.engine.graph_policy import Action, GraphCache, GraphKey
-from embedfleet.worker.engine.graph_runner import GraphRunner
+from embedfleet.worker.engine.graph_policy import (
+    Action,
+    GraphCache,
+    GraphKey,
+    graphs_plan,
+)
+from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
 from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
+from embedfleet.worker.engine.staging import HostOutputs, Staging
 from embedfleet.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -50,7 +63,13 @@ class TorchEngine:
             # Process-wide, and set before the first op: the engine is the process's only user.
             torch.set_num_threads(config.threads)
         self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model), config.task)
+        if not 0.0 <= config.cuda_memory_fraction <= 1.0:
+            raise ValueError("cuda_memory_fraction must be between 0 and 1")
         self.device = resolve_device(config.device)
+        if self.device.type == "cuda" and config.cuda_memory_fraction > 0:
+            # Several engines share one GPU (enginesPerGPU): each keeps to its own share, so one
+            # engine's allocator growth cannot starve the others.
+            torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, self.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         self.dtype, self.model = load_model_at_dtype(
             self.model_dir,
@@ -60,8 +79,14 @@ class TorchEngine:
             self.max_tokens,
             config.bidirectional,
         )
-        self.backend: AttentionBackend = select_backend(config.attention, self.device, self.dtype)
         self.shape = self.model.shape
+        self.backend: AttentionBackend = select_backend(
+            config.attention,
+            self.device,
+            self.dtype,
+            self._attention_shape(),
+            graphs=config.cuda_graphs != "off",
+        )
         self._info = EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -74,20 +99,35 @@ class TorchEngine:
             default_normalize=self.model_dir.normalize,
             activation=self.model_dir.activation,
         )
+        # Padding sequences and the graphs' attention launch stop at the longest real sequence.
+        self.buckets = dataclasses.replace(
+            config.buckets, max_sequences=config.max_batch_sequences, max_seqlen=self.max_tokens
+        )
+        self._capacity = self.buckets.capacity(max(config.max_batch_tokens, self.max_tokens))
         self._cache = GraphCache(
             mode=config.cuda_graphs,
             max_graphs=config.max_graphs,
-            max_tokens=config.buckets.tokens(max(config.max_batch_tokens, self.max_tokens)),
+            max_tokens=self._capacity.tokens,
+            max_sequences=self._capacity.sequences,
+            max_seqlen=self.max_tokens,
         )
         self._runner: GraphRunner | None = None
-        self._graphs_enabled = (
-            self.device.type == "cuda" and config.cuda_graphs != "off" and self.backend.graph_safe
+        plan = graphs_plan(
+            self.device.type, config.cuda_graphs, self.backend.name, self.backend.graph_safe
         )
-        if self.device.type == "cuda" and config.cuda_graphs != "off" and not self._graphs_enabled:
-            log.warning(
-                "attention backend %s cannot be captured: CUDA graphs off", self.backend.name
-            )
-        self._counts = {"captures": 0, "replays": 0, "eager_runs": 0}
+        self._graphs_enabled = plan.enabled
+        #: why graphs are off ("" when on), exported with the engine's metrics
+        self.graphs_off_reason = plan.reason
+        if plan.refuse:
+            raise BackendUnavailableError(plan.reason)
+        if plan.warn:
+            log.error("CUDA graphs off: %s", plan.reason)
+        cuda = self.device.type == "cuda"
+        self._staging = (
+            Staging(self._capacity.tokens, self._capacity.sequences, pin=True) if cuda else None
+        )
+        self._host_outputs = HostOutputs(pin=True) if cuda else None
+        self._counts = {"captures": 0, "replays": 0, "eager_runs": 0, "rejects": 0}
         if self._graphs_enabled and config.cuda_graphs == "eager":
             self._capture_listed()
 
@@ -136,7 +176,7 @@ class TorchEngine:
         with torch.inference_mode():
             out, slices = self._run(items)
             if self.device.type == "cuda":
-                return InFlight(out, slices)
+                return InFlight(out, slices, self._host_outputs)
             return Done(split(out.numpy(), slices))
 
     def counters(self) -> GraphCounters:
@@ -145,6 +185,11 @@ class TorchEngine:
             replays=self._counts["replays"],
             eager_runs=self._counts["eager_runs"],
             capture_seconds=self._runner.capture_seconds if self._runner else 0.0,
+            rejects=self._counts["rejects"],
+            live_graphs=len(self._cache.live),
+            graphs_enabled=self._graphs_enabled,
+            attention=self.backend.name,
+            graphs_off_reason=self.graphs_off_reason,
         )
 
     # ---- conveniences --------------------------------------------------------------------
@@ -155,27 +200,44 @@ class TorchEngine:
 
     # ---- internals -----------------------------------------------------------------------
 
+    def _attention_shape(self) -> AttentionShape | None:
+        """The model's attention heads as config.json gives them (None: not a shape we read)."""
+        cfg = self.model_dir.config
+        try:
+            heads = int(cfg["num_attention_heads"])
+            kv = int(cfg.get("num_key_value_heads") or heads)
+            dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return None
+        return AttentionShape(heads, kv, dim, self.shape.causal)
+
     def _run(self, items: Sequence[WorkItem]) -> tuple[torch.Tensor, list[Slice]]:
         parts = [it.tokens for it in items]
         offset = self.shape.position_offset
         total = sum(p.total for p in parts)
         count = sum(p.count for p in parts)
         if self._graphs_enabled:
-            decision = self._cache.decide(self.config.buckets.key(total, count))
+            decision = self._cache.decide(self.buckets.key(total, count), (total, count))
             key = decision.key
-            if key is not None and not self._runner_for().fits(key):
-                self._cache.forget(key)  # more sequences than the static buffers hold
-            elif key is not None:
-                host = pack(parts, offset, key.tokens, key.sequences)
+            if key is not None:
+                host = pack(parts, offset, key.tokens, key.sequences, self.max_tokens)
                 graphed = self._graph_outputs(key, host, decision.action, decision.evict)
                 if graphed is not None:
                     outputs, views = graphed
                     return self._finish(items, outputs, views, host)
         host = pack(parts, offset)
-        batch = to_device(host, self.device)
+        batch = self._to_device(host)
         outputs = self._body(batch, int(host.lengths.max()), host)
         self._counts["eager_runs"] += 1
         return self._finish(items, outputs, batch, host)
+
+    def _to_device(self, host: HostBatch) -> DeviceBatch:
+        if self._staging is None or not self._staging.fits(host):
+            return to_device(host, self.device)
+        tokens, seqs, cu = self._staging.stage(host)
+        batch = to_device(host, self.device, (tokens, seqs, cu))
+        self._staging.copied()
+        return batch
 
     def _graph_outputs(
         self,
@@ -192,21 +254,36 @@ class TorchEngine:
             self._counts["replays"] += 1
             return runner.replay(key), views
         try:
-            outputs = runner.capture(key, views)
+            outputs = runner.capture(key, views, self.buckets.attention_len(key))
         except RuntimeError:
             log.exception("CUDA graph capture failed for %s; running it eager from now on", key)
             self._cache.forget(key)
             runner.evict(key)
             return None
         self._counts["captures"] += 1
+        # Every new graph is checked once against the eager run of the same batch (launched at
+        # the batch's own longest sequence): a graph that disagrees is never served.
+        eager = self._body(views, int(host.lengths.max()), host)
+        real = host.real_sequences
+        score = agreement(outputs[1][:real], eager[1][:real])
+        if score < MIN_AGREEMENT:
+            log.error(
+                "CUDA graph for %s disagrees with eager (agreement %.6f < %s); running it eager "
+                "from now on",
+                key,
+                score,
+                MIN_AGREEMENT,
+            )
+            self._counts["rejects"] += 1
+            self._cache.forget(key)
+            runner.evict(key)
+            return eager, views
         return outputs, views
 
     def _runner_for(self) -> GraphRunner:
         if self._runner is None:
-            buckets = self.config.buckets
-            tokens = buckets.tokens(max(self.config.max_batch_tokens, self.max_tokens))
-            seqs = buckets.sequences(self.config.max_batch_sequences)
-            self._runner = GraphRunner(self._graph_body, self.device, tokens, seqs)
+            cap = self._capacity
+            self._runner = GraphRunner(self._graph_body, self.device, cap.tokens, cap.sequences)
         return self._runner
 
     def _graph_body(self, batch: DeviceBatch, max_seqlen: int) -> tuple[torch.Tensor, ...]:
@@ -230,17 +307,44 @@ class TorchEngine:
         return apply_options(items, hidden, head, batch, host.real_sequences, self._info)
 
     def _capture_listed(self) -> None:
-        """eager mode: capture every listed token bucket with each sequence bucket it can meet."""
-        runner = self._runner_for()
-        buckets = self.config.buckets
-        for listed in self.config.graph_buckets:
-            tokens = buckets.tokens(listed)
-            for slots in buckets.sequence_buckets(tokens, self.config.max_batch_sequences):
-                real = max(1, slots // 2)
-                key = GraphKey(tokens, slots)
-                if real > tokens or not runner.fits(key):
-                    continue
-                filler = Tokens(np.zeros(real, np.int32), np.ones(real, np.int32))
-                host = pack([filler], self.shape.position_offset, tokens, slots)
-                decision = self._cache.preload(key)
-                self._graph_outputs(key, host, decision.action, decision.evict)
+        """eager mode: capture the listed token buckets (default: every bucket up to the batch
+        budget) with each sequence bucket they can meet."""
+        listed = self.config.graph_buckets or tuple(
+            self.buckets.token_buckets(self.config.max_batch_tokens)
+        )
+        keys = [
+            GraphKey(tokens, slots)
+            for tokens in sorted({self.buckets.tokens(n) for n in listed})
+            for slots in self.buckets.sequence_buckets(tokens, self.config.max_batch_sequences)
+        ]
+        self.precapture(keys, budget_seconds=float("inf"))
+
+    def precapture(self, keys: Sequence[GraphKey], budget_seconds: float) -> list[GraphKey]:
+        """Capture (and check) `keys` in order until `budget_seconds` is spent; the captured."""
+        if not self._graphs_enabled:
+            return []
+        start = time.monotonic()
+        done: list[GraphKey] = []
+        for key in keys:
+            if time.monotonic() - start >= budget_seconds:
+                break
+            real = max(1, min(key.sequences // 2, key.tokens, self.config.max_batch_sequences))
+            length = max(1, min(key.tokens // real, self.max_tokens))
+            if not self._cache.fits(key) or key.sequences < self.buckets.sequences(
+                real, key.tokens, real * length
+            ):
+                continue
+            ids = np.full(real * length, self._filler_id(), np.int32)
+            filler = Tokens(ids, np.full(real, length, np.int32))
+            offset = self.shape.position_offset
+            host = pack([filler], offset, key.tokens, key.sequences, self.max_tokens)
+            decision = self._cache.preload(key)
+            if decision.action is not Action.CAPTURE:
+                continue
+            with torch.inference_mode():
+                if self._graph_outputs(key, host, decision.action, decision.evict) is not None:
+                    done.append(key)
+        return done
+
+    def _filler_id(self) -> int:
+        return min(1000, self.shape.vocab_size - 1)
