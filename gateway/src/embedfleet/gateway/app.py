@@ -8,6 +8,7 @@ disconnect and cancels the request's task, which cancels its chunks on the worke
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -18,8 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
-from embedfleet.gateway import errors, openapi
+from embedfleet.common.tracing import Tracer
+from embedfleet.gateway import errors, openapi, tracing
 from embedfleet.gateway.balancer import Balancer
+from embedfleet.gateway.client import WorkerClient
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
@@ -112,6 +115,7 @@ class Gateway:
             settings.tokenize_inline_chars,
             settings.tokenize_large_chars,
         )
+        self.tracer = tracing.from_settings(settings)
         self.pool: WorkerPool | None = None
         self.service: Service | None = None
         self.discovery: Discovery | None = None
@@ -120,10 +124,11 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        self.pool = WorkerPool(self.balancer, s.probe_seconds)
-        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
+        connect = functools.partial(self._connect, self.tracer)
+        self.pool = WorkerPool(self.balancer, s.probe_seconds, connect)
+        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds, self.tracer)
         self.service = Service(
-            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics
+            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics, self.tracer
         )
         self._posts = {
             "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
@@ -141,6 +146,11 @@ class Gateway:
         if self.pool:
             await self.pool.close()
         self.tokenization.close()
+        self.tracer.shutdown()
+
+    @staticmethod
+    def _connect(tracer: Tracer, address: str) -> WorkerClient:
+        return WorkerClient(address, tracing.client_interceptors(tracer, address))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -174,7 +184,9 @@ class Gateway:
         self.metrics.inflight.inc()
         status = 500
         try:
-            status = await self._route(route, method, scope, receive, send)
+            with self.tracer.server_span(f"{method} {route}", scope["headers"]) as span:
+                status = await self._route(route, method, scope, receive, send)
+                span.set_attribute("http.response.status_code", status)
         finally:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(route, str(status)).inc()
