@@ -92,6 +92,18 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "panicWindowSeconds must not exceed",
     ),
     ("typo-field", "bad", _with("worker.gpu", 1), 'unknown field "spec.worker.gpu"'),
+    (
+        "tracing-endpoint",
+        "bad",
+        _with("monitoring.tracing.endpoint", "otel:4317"),
+        "monitoring.tracing.endpoint must be an http:// or https:// URL",
+    ),
+    (
+        "tracing-ratio",
+        "bad",
+        _with("monitoring.tracing.sampleRatio", 1.5),
+        "spec.monitoring.tracing.sampleRatio: Invalid value: 1.5",
+    ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]
@@ -151,3 +163,19 @@ def test_examples_are_valid(crd_installed: Cluster, k8s_namespace: str, example:
     crd_installed.kubectl(
         "apply", "--dry-run=server", "-n", k8s_namespace, "-f", str(EXAMPLES / example)
     )
+
+
+def test_tracing_settings_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:
+    cluster, ns = crd_installed, k8s_namespace
+    tracing = {"endpoint": "http://otel-collector.observability:4317", "sampleRatio": 0.1}
+    spec = _with("monitoring.tracing", tracing)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("traced", spec))
+    got = json.loads(cluster.kubectl("get", "emb", "traced", "-n", ns, "-o", "json").stdout)
+    assert got["spec"]["monitoring"]["tracing"] == tracing
+    untraced = json.loads(
+        cluster.kubectl(
+            "apply", "-n", ns, "-o", "json", "-f", "-", input=_manifest("untraced", VALID)
+        ).stdout
+    )
+    # Defaults: off (no endpoint), everything sampled once an endpoint is set.
+    assert untraced["spec"]["monitoring"]["tracing"] == {"endpoint": "", "sampleRatio": 1.0}
