@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
-from typing import Any
 
-import grpc
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1 import (
-    trace_service_pb2,
-    trace_service_pb2_grpc,
-)
 
 from embedfleet.common.net import free_ports
 from embedfleet.common.settings import SettingsError
 from embedfleet.common.tracing import NULL_SPAN, OFF, trace_config
 from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.otlp import Collector, Span, running_collector
 
 from .helpers import wait_until
 
@@ -35,73 +27,10 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-@dataclass(frozen=True)
-class Span:
-    service: str
-    name: str
-    kind: int
-    trace_id: str
-    span_id: str
-    parent_id: str
-    attributes: dict[str, Any]
-    start_ns: int
-    end_ns: int
-
-
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
-    """The smallest OTLP/gRPC trace collector: keeps every span it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        self._lock = threading.Lock()
-
-    def Export(
-        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
-    ) -> trace_service_pb2.ExportTraceServiceResponse:
-        got = []
-        for resource_spans in request.resource_spans:
-            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for s in scope_spans.spans:
-                    attrs = {a.key: _value(a.value) for a in s.attributes}
-                    got.append(
-                        Span(
-                            resource.get("service.name", ""),
-                            s.name,
-                            s.kind,
-                            s.trace_id.hex(),
-                            s.span_id.hex(),
-                            s.parent_span_id.hex(),
-                            attrs,
-                            s.start_time_unix_nano,
-                            s.end_time_unix_nano,
-                        )
-                    )
-        with self._lock:
-            self.spans += got
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def snapshot(self) -> list[Span]:
-        with self._lock:
-            return list(self.spans)
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    return getattr(v, kind) if kind else None
-
-
 @pytest.fixture(scope="module")
 def collector() -> Iterator[tuple[Collector, str]]:
-    sink = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield sink, f"http://127.0.0.1:{port}"
-    finally:
-        server.stop(None)
+    with running_collector() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 Suites latency, scoring, throughput and concurrency run side by side against the peers
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
-line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`; plus the helpers
+line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `tracing`; plus the helpers
 `corpus` (rebuild the corpus) and `install-peers`. No suite named runs the four comparison suites,
 then those modules with their defaults.
 """
@@ -26,6 +26,7 @@ MODULES = {
     "worker": "embedfleet.bench.worker",
     "gateway": "embedfleet.bench.gateway",
     "autoscale": "embedfleet.bench.autoscale_sim",
+    "tracing": "embedfleet.bench.tracing",
 }
 
 
