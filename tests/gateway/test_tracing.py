@@ -16,7 +16,7 @@ import pytest
 
 from embedfleet.common.net import free_ports
 from embedfleet.common.settings import SettingsError
-from embedfleet.common.tracing import NULL_SPAN, OFF, trace_config
+from embedfleet.common.tracing import NULL_SPAN, OFF, start, trace_config
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.otlp import Collector, Span, running_collector
 
@@ -122,6 +122,8 @@ def test_probes_and_warm_up_make_no_spans(
     time.sleep(0.5)  # a few probe rounds at --probe-seconds 0.2, each exported within 50 ms
     names = {s.name for s in sink.snapshot()}
     assert "embedfleet.v1.Worker/Info" not in names
+    # The fleet polled /ready and /metrics to start: no span for those either.
+    assert not [n for n in names if n.startswith("GET ")]
     worker_roots = [
         s for s in sink.snapshot() if s.service == "embedfleet-worker" and s.parent_id == ""
     ]
@@ -202,3 +204,13 @@ def test_which_settings_turn_tracing_on() -> None:
     assert trace_config("http://c:4317", "", 1.0, default, {"OTEL_SDK_DISABLED": "true"}) is None
     with pytest.raises(SettingsError):
         trace_config("http://c:4317", "", 1.5, default, {})
+
+
+def test_an_endpoint_without_the_sdk_is_refused_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As if the `tracing` extra were not installed: importing the SDK fails.
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    config = trace_config("http://127.0.0.1:4317", "", 1.0, "embedfleet-gateway", {})
+    with pytest.raises(SettingsError, match=r"`tracing` extra"):
+        start(config, "embedfleet.gateway")

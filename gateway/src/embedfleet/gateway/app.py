@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
-from embedfleet.common.tracing import Tracer
+from embedfleet.common.tracing import NULL_SPAN, Tracer
 from embedfleet.gateway import errors, openapi, tracing
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.client import WorkerClient
@@ -184,7 +184,13 @@ class Gateway:
         self.metrics.inflight.inc()
         status = 500
         try:
-            with self.tracer.server_span(f"{method} {route}", scope["headers"]) as span:
+            # Only the API routes are traced: probes and scrapes of /ready and /metrics are not.
+            traced = self.tracer.enabled and route in self._posts
+            with (
+                self.tracer.server_span(f"{method} {route}", scope["headers"])
+                if traced
+                else NULL_SPAN
+            ) as span:
                 status = await self._route(route, method, scope, receive, send)
                 span.set_attribute("http.response.status_code", status)
         finally:
