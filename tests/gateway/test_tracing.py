@@ -16,7 +16,14 @@ import pytest
 
 from embedfleet.common.net import free_ports
 from embedfleet.common.settings import SettingsError
-from embedfleet.common.tracing import NULL_SPAN, OFF, start, trace_config
+from embedfleet.common.tracing import (
+    NULL_SPAN,
+    OFF,
+    RecordingTracer,
+    TraceConfig,
+    start,
+    trace_config,
+)
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.otlp import Collector, Span, running_collector
 
@@ -214,3 +221,30 @@ def test_an_endpoint_without_the_sdk_is_refused_naming_the_extra(
     config = trace_config("http://127.0.0.1:4317", "", 1.0, "embedfleet-gateway", {})
     with pytest.raises(SettingsError, match=r"`tracing` extra"):
         start(config, "embedfleet.gateway")
+
+
+def test_a_worker_follows_the_gateways_sampling_decision() -> None:
+    """Sampling is decided once, where the trace starts: a gateway at ratio 0 sends an unsampled
+    traceparent, and a worker at ratio 1 records nothing for it (and everything for a sampled
+    one)."""
+
+    def tracer(ratio: float) -> RecordingTracer:
+        traced = start(TraceConfig("http://127.0.0.1:9", "t", ratio), "test")
+        assert isinstance(traced, RecordingTracer)
+        return traced
+
+    gateway, worker = tracer(0.0), tracer(1.0)
+    try:
+        with gateway.server_span("POST /v1/embeddings", []) as request:
+            assert not request.is_recording()
+            carrier = gateway.inject()
+        assert carrier[0][0] == "traceparent"
+        assert int(carrier[0][1].rsplit("-", 1)[1], 16) & 1 == 0  # the sampled flag is clear
+        with worker.server_span("embedfleet.v1.Worker/Embed", carrier) as served:
+            assert not served.is_recording()
+        sampled = [("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")]
+        with worker.server_span("embedfleet.v1.Worker/Embed", sampled) as served:
+            assert served.is_recording()
+    finally:
+        gateway.provider.shutdown()
+        worker.provider.shutdown()
