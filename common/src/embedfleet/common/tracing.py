@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from embedfleet.common.settings import SettingsError
 
@@ -207,7 +207,3 @@ def wall_ns(monotonic_seconds: float) -> int:
     the fact from timestamps another thread took)."""
     return time.time_ns() - time.monotonic_ns() + int(monotonic_seconds * 1e9)
 
-
-def attributes(**values: Any) -> dict[str, AttributeValue]:
-    """Span attributes under the embedfleet. namespace: counts and sizes, never request text."""
-    return {f"embedfleet.{k}": v for k, v in values.items()}
