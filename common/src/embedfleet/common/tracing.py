@@ -206,4 +206,3 @@ def wall_ns(monotonic_seconds: float) -> int:
     """A time.monotonic() reading as the epoch nanoseconds spans carry (for spans recorded after
     the fact from timestamps another thread took)."""
     return time.time_ns() - time.monotonic_ns() + int(monotonic_seconds * 1e9)
-
