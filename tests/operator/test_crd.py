@@ -42,3 +42,13 @@ def test_autoscaling_contract_fields() -> None:
     assert set(spec["autoscaling"]["properties"]) == AUTOSCALING_FIELDS
     status = crd_schema()["properties"]["status"]["properties"]
     assert status["autoscaling"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_tracing_is_off_unless_an_endpoint_is_given() -> None:
+    monitoring = crd_schema()["properties"]["spec"]["properties"]["monitoring"]
+    tracing = monitoring["properties"]["tracing"]
+    assert tracing["default"] == {}
+    fields = tracing["properties"]
+    assert set(fields) == {"endpoint", "sampleRatio"}
+    assert fields["endpoint"]["default"] == ""
+    assert (fields["sampleRatio"]["minimum"], fields["sampleRatio"]["maximum"]) == (0, 1)

@@ -470,3 +470,37 @@ def test_engines_per_gpu_gives_one_port_per_engine_everywhere(gpus: int) -> None
         "10.1.0.7:50052",
         "10.1.0.7:50053",
     }
+
+
+TRACED = {
+    "model": {"source": "file:///opt/m"},
+    "monitoring": {"tracing": {"endpoint": "http://otel.obs:4317", "sampleRatio": 0.25}},
+}
+
+
+def test_tracing_reaches_both_components_as_their_settings() -> None:
+    spec = parse_spec(TRACED)
+    worker, gateway = worker_env(spec), gateway_env(OWNER, spec)
+    assert worker["EMBEDFLEET_WORKER_TRACING_ENDPOINT"] == "http://otel.obs:4317"
+    assert worker["EMBEDFLEET_WORKER_TRACING_SAMPLE_RATIO"] == "0.25"
+    assert worker["EMBEDFLEET_WORKER_TRACING_SERVICE_NAME"] == "embedfleet-worker"
+    assert gateway["EMBEDFLEET_GATEWAY_TRACING_ENDPOINT"] == "http://otel.obs:4317"
+    assert gateway["EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO"] == "0.25"
+    assert gateway["EMBEDFLEET_GATEWAY_TRACING_SERVICE_NAME"] == "embedfleet-gateway"
+    # The pods read them from the config map, and a change rolls both.
+    data = child_objects(TRACED)["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_TRACING_ENDPOINT"] == "http://otel.obs:4317"
+    assert data["EMBEDFLEET_GATEWAY_TRACING_ENDPOINT"] == "http://otel.obs:4317"
+    base = {"model": TRACED["model"]}
+    assert _hash(TRACED, "worker") != _hash(base, "worker")
+    assert _hash(TRACED, "gateway") != _hash(base, "gateway")
+    # The rendered values parse as the settings the processes load.
+    fields = _fields(WorkerSettings) & _fields(GatewaySettings)
+    assert {"tracing_endpoint", "tracing_sample_ratio", "tracing_service_name"} <= fields
+
+
+def test_no_tracing_endpoint_renders_no_tracing_settings() -> None:
+    for raw in ({"model": TRACED["model"]}, {**TRACED, "monitoring": {"tracing": {}}}):
+        spec = parse_spec(raw)
+        env = {**worker_env(spec), **gateway_env(OWNER, spec)}
+        assert not [k for k in env if "TRACING" in k]

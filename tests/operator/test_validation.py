@@ -143,6 +143,18 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         _with("worker.engine.attention", "flashinfer"),
         "flashinfer needs a GPU",
     ),
+    (
+        "tracing-endpoint",
+        "bad",
+        _with("monitoring.tracing.endpoint", "otel:4317"),
+        "monitoring.tracing.endpoint must be an http:// or https:// URL",
+    ),
+    (
+        "tracing-ratio",
+        "bad",
+        _with("monitoring.tracing.sampleRatio", 1.5),
+        "spec.monitoring.tracing.sampleRatio: Invalid value: 1.5",
+    ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]
@@ -243,3 +255,19 @@ def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namesp
     assert got["spec"]["worker"]["enginesPerGPU"] == 4
     assert got["spec"]["worker"]["engine"]["tokenBucketSwitch"] == 1024  # defaulted
     cluster.kubectl("delete", "emb", "graphs", "-n", ns)
+
+
+def test_tracing_settings_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:
+    cluster, ns = crd_installed, k8s_namespace
+    tracing = {"endpoint": "http://otel-collector.observability:4317", "sampleRatio": 0.1}
+    spec = _with("monitoring.tracing", tracing)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("traced", spec))
+    got = json.loads(cluster.kubectl("get", "emb", "traced", "-n", ns, "-o", "json").stdout)
+    assert got["spec"]["monitoring"]["tracing"] == tracing
+    untraced = json.loads(
+        cluster.kubectl(
+            "apply", "-n", ns, "-o", "json", "-f", "-", input=_manifest("untraced", VALID)
+        ).stdout
+    )
+    # Defaults: off (no endpoint), everything sampled once an endpoint is set.
+    assert untraced["spec"]["monitoring"]["tracing"] == {"endpoint": "", "sampleRatio": 1.0}

@@ -2,9 +2,9 @@
 
 Suites latency, scoring, throughput and concurrency run side by side against the peers
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
-line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `formats`; plus the helpers
-`corpus` (rebuild the corpus) and `install-peers`. No suite named runs the four comparison suites,
-then those modules with their defaults.
+line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `formats`, `tracing`;
+plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite named runs the four
+comparison suites, then those modules with their defaults.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ MODULES = {
     "gateway": "embedfleet.bench.gateway",
     "autoscale": "embedfleet.bench.autoscale_sim",
     "formats": "embedfleet.bench.formats",
+    "tracing": "embedfleet.bench.tracing",
 }
 
 

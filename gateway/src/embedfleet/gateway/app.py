@@ -8,6 +8,7 @@ disconnect and cancels the request's task, which cancels its chunks on the worke
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -24,10 +25,12 @@ from embedfleet.common.modeldir import (
     load_model_dir,
     resolve_model_path,
 )
-from embedfleet.gateway import errors, openapi
+from embedfleet.common.tracing import NULL_SPAN, Tracer
+from embedfleet.gateway import errors, openapi, tracing
 from embedfleet.gateway.admission import Admission, current_ticket
 from embedfleet.gateway.auth import KeyFile, bearer
 from embedfleet.gateway.balancer import Balancer
+from embedfleet.gateway.client import WorkerClient
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.metrics import Metrics
@@ -132,6 +135,7 @@ class Gateway:
             if settings.api_keys_file
             else None
         )
+        self.tracer = tracing.from_settings(settings)
         self.pool: WorkerPool | None = None
         self.admission: Admission | None = None
         self.service: Service | None = None
@@ -141,10 +145,18 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        self.pool = WorkerPool(self.balancer, s.probe_seconds)
-        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
+        connect = functools.partial(self._connect, self.tracer)
+        self.pool = WorkerPool(self.balancer, s.probe_seconds, connect)
+        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds, self.tracer)
         self.service = Service(
-            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics, self.calibration
+            s,
+            self.model,
+            self.tokenization,
+            self.pool,
+            dispatcher,
+            self.metrics,
+            self.calibration,
+            tracer=self.tracer,
         )
         if self.keys is not None:
             self.keys.start()
@@ -182,6 +194,11 @@ class Gateway:
         if self.pool:
             await self.pool.close()
         self.tokenization.close()
+        self.tracer.shutdown()
+
+    @staticmethod
+    def _connect(tracer: Tracer, address: str) -> WorkerClient:
+        return WorkerClient(address, tracing.client_interceptors(tracer, address))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -215,7 +232,15 @@ class Gateway:
         self.metrics.inflight.inc()
         status = 500
         try:
-            status = await self._route(route, method, scope, receive, send)
+            # Only the API routes are traced: probes and scrapes of /ready and /metrics are not.
+            traced = self.tracer.enabled and route in self._posts
+            with (
+                self.tracer.server_span(f"{method} {route}", scope["headers"])
+                if traced
+                else NULL_SPAN
+            ) as span:
+                status = await self._route(route, method, scope, receive, send)
+                span.set_attribute("http.response.status_code", status)
         finally:
             self.metrics.inflight.dec()
             self.metrics.requests.labels(route, str(status)).inc()

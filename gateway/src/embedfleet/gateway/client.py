@@ -4,7 +4,7 @@ classification of its failures."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -83,9 +83,14 @@ async def _call(call: Awaitable[T]) -> T:
 
 
 class WorkerClient:
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self, address: str, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()
+    ) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        # Interceptors only when tracing is on (tracing.py): an empty list adds no per-call cost.
+        self._channel = grpc.aio.insecure_channel(
+            address, options=_OPTIONS, interceptors=list(interceptors) or None
+        )
         self._stub = pb_grpc.WorkerStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import grpc
 
+from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.gateway import errors
 from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.metrics import Metrics
@@ -43,10 +44,13 @@ def _client_error(exc: UpstreamError, retry_after: int) -> errors.ApiError:
 
 
 class Dispatcher:
-    def __init__(self, pool: WorkerPool, metrics: Metrics, retry_after: int) -> None:
+    def __init__(
+        self, pool: WorkerPool, metrics: Metrics, retry_after: int, tracer: Tracer = OFF
+    ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.retry_after = retry_after
+        self.tracer = tracer
 
     def admit(self) -> None:
         """Refuse new work early when no worker is ready (503); how much work to take is
@@ -93,6 +97,13 @@ class Dispatcher:
         self, chunks: Sequence[Chunk], call: Callable[[Chunk, Worker], Awaitable[T]]
     ) -> list[T]:
         """Results in chunk order. Cancelling the caller (client gone) cancels every chunk."""
+        with self.tracer.span("compute") as span:
+            span.set_attribute("embedfleet.chunks", len(chunks))
+            return await self._run(chunks, call)
+
+    async def _run(
+        self, chunks: Sequence[Chunk], call: Callable[[Chunk, Worker], Awaitable[T]]
+    ) -> list[T]:
         self.metrics.chunks_per_request.observe(len(chunks))
         if len(chunks) == 1:
             chunk = chunks[0]

@@ -12,6 +12,7 @@ import numpy as np
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import SparseVector, pack_tokens
 from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.tracing import OFF, SpanLike, Tracer
 from embedfleet.gateway import admission, errors
 from embedfleet.gateway.dispatcher import Dispatcher
 from embedfleet.gateway.long_inputs import merge, split
@@ -46,6 +47,12 @@ _KINDS = {
 
 def _usage(tokens: int) -> dict[str, int]:
     return {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def _tokenized(span: SpanLike, batch: Batch) -> None:
+    """What a trace keeps of tokenization: counts, never the text."""
+    span.set_attribute("embedfleet.inputs", len(batch.ids))
+    span.set_attribute("embedfleet.tokens", batch.total)
 
 
 def _check_texts(texts: Sequence[str], param: str) -> None:
@@ -89,9 +96,11 @@ class Service:
         dispatcher: Dispatcher,
         metrics: Metrics,
         calibration: Calibration | None = None,
+        tracer: Tracer = OFF,
     ) -> None:
         self.settings = settings
         self.calibration = calibration
+        self.tracer = tracer
         self.model = model
         self.tokenization = tokenization
         self.pool = pool
@@ -170,7 +179,10 @@ class Service:
         self, texts: Sequence[str], input_type: str | None, truncate: bool, side: TruncationSide
     ) -> Batch:
         start = time.perf_counter()
-        batch = await self.tokenization.texts(texts, input_type, truncate, side)
+        with self.tracer.span("tokenize") as span:
+            batch = await self.tokenization.texts(texts, input_type, truncate, side)
+            if self.tracer.enabled:
+                _tokenized(span, batch)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
         return batch
 
@@ -245,10 +257,13 @@ class Service:
         self.dispatcher.admit()
         if self.model.task == "score":
             start = time.perf_counter()
-            if self.model.head == "yes_no":
-                batch = await self.tokenization.judged_pairs(pairs, instruction, truncate, side)
-            else:
-                batch = await self.tokenization.pairs(pairs, truncate, side)
+            with self.tracer.span("tokenize") as span:
+                if self.model.head == "yes_no":
+                    batch = await self.tokenization.judged_pairs(pairs, instruction, truncate, side)
+                else:
+                    batch = await self.tokenization.pairs(pairs, truncate, side)
+                if self.tracer.enabled:
+                    _tokenized(span, batch)
             self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
             self._check_tokens(batch, param)
             return await self._score(batch), batch.total

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from embedfleet.common.modeldir import TASK_HELP, TASKS
 from embedfleet.common.settings import setting
+from embedfleet.common.tracing import ENDPOINT_HELP, SAMPLE_HELP, SERVICE_HELP
 
 ENV_PREFIX = "EMBEDFLEET_GATEWAY_"
 
@@ -157,3 +158,7 @@ class GatewaySettings:
     host: str = setting("127.0.0.1", "Address the HTTP server binds.")
     port: int = setting(8080, "HTTP port.")
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    # --- tracing (OpenTelemetry; see docs/gateway.md "Tracing") ----------------------------
+    tracing_endpoint: str = setting("", ENDPOINT_HELP)
+    tracing_sample_ratio: float = setting(1.0, SAMPLE_HELP)
+    tracing_service_name: str = setting("", SERVICE_HELP.format(default="embedfleet-gateway"))

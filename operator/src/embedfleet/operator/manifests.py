@@ -205,6 +205,22 @@ def engine_ports(engines: int) -> list[tuple[str, int, str, int]]:
     ]
 
 
+def tracing_env(prefix: str, spec: Spec, service_name: str) -> dict[str, str]:
+    """The tracing settings of one component; none when spec.monitoring.tracing has no endpoint,
+    so an untraced deployment's config (and its pods' config hash) is what it was before."""
+    tracing = spec.tracing
+    if not tracing.endpoint:
+        return {}
+    return _env(
+        prefix,
+        {
+            "tracing_endpoint": tracing.endpoint,
+            "tracing_sample_ratio": tracing.sample_ratio,
+            "tracing_service_name": service_name,
+        },
+    )
+
+
 def worker_env(spec: Spec) -> dict[str, str]:
     """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
     engine = spec.worker.engine
@@ -244,7 +260,7 @@ def worker_env(spec: Spec) -> dict[str, str]:
             "metrics_port": WORKER_METRICS_PORT,
             "drain_seconds": spec.worker.drain_seconds,
         },
-    )
+    ) | tracing_env(WORKER_PREFIX, spec, "embedfleet-worker")
 
 
 def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
@@ -271,7 +287,7 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
             "host": "0.0.0.0",
             "port": GATEWAY_PORT,
         },
-    )
+    ) | tracing_env(GATEWAY_PREFIX, spec, "embedfleet-gateway")
 
 
 def config_hash(values: Mapping[str, str]) -> str:

@@ -191,12 +191,20 @@ class ServiceMonitor:
 
 
 @dataclass(frozen=True)
+class Tracing:
+    #: OTLP/gRPC collector URL; empty: tracing off (and no tracing env vars rendered)
+    endpoint: str = ""
+    sample_ratio: float = 1.0
+
+
+@dataclass(frozen=True)
 class Spec:
     model: Model
     worker: Worker = field(default_factory=Worker)
     gateway: Gateway = field(default_factory=Gateway)
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     service_monitor: ServiceMonitor = field(default_factory=ServiceMonitor)
+    tracing: Tracing = field(default_factory=Tracing)
     image_pull_secrets: tuple[str, ...] = ()
 
 
@@ -353,6 +361,7 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
     """The typed spec of an EmbeddingDeployment's `spec`; raises SpecError when unusable."""
     try:
         monitor = _obj(_obj(raw, "monitoring"), "serviceMonitor")
+        tracing = _obj(_obj(raw, "monitoring"), "tracing")
         d = ServiceMonitor()
         return Spec(
             model=_model(_obj(raw, "model")),
@@ -363,6 +372,10 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
                 enabled=bool(monitor.get("enabled", d.enabled)),
                 interval=str(monitor.get("interval", d.interval)),
                 labels=_strings(monitor, "labels"),
+            ),
+            tracing=Tracing(
+                endpoint=str(tracing.get("endpoint", "")),
+                sample_ratio=float(tracing.get("sampleRatio", Tracing.sample_ratio)),
             ),
             image_pull_secrets=tuple(
                 str(item["name"]) for item in raw.get("imagePullSecrets") or () if "name" in item

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.worker import tracing
 from embedfleet.worker.contract import Engine, GraphCounters
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.null_engine import NullEngine
@@ -145,13 +146,15 @@ async def serve(settings: WorkerSettings) -> int:
     model = load_model_dir(resolve_model_path(settings.model), settings.task)
     # The metrics thread reads the engine's counters at scrape time, once there is an engine.
     metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
-    state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics)
+    tracer = tracing.from_settings(settings)
+    state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics, tracer=tracer)
     server = grpc.aio.server(
+        interceptors=tracing.server_interceptors(tracer) or None,
         options=[
             ("grpc.so_reuseport", 0),  # a second worker on a taken port must fail, not share it
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
-        ]
+        ],
     )
     add_to_server(WorkerService(state), server)
     servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -188,5 +191,6 @@ async def serve(settings: WorkerSettings) -> int:
     stopping.cancel()
     await _drain(settings, state, servicer)
     await server.stop(grace=1.0)
+    tracer.shutdown()
     log.info("stopped", extra={"exit_code": code})
     return code

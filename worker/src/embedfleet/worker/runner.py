@@ -54,6 +54,12 @@ class Entry:
     cancelled: bool = False
     #: the number of the batch it ran in, set by the engine thread at launch
     batch_no: int = 0
+    #: monotonic times its batch was launched and its results were back, and that batch's size
+    #: (engine thread; the worker's trace spans are drawn from them after the fact)
+    launched: float = 0.0
+    computed: float = 0.0
+    batch_tokens: int = 0
+    batch_sequences: int = 0
     tokens: int = field(init=False)
     sequences: int = field(init=False)
 
@@ -169,6 +175,8 @@ class BatchRunner:
         started = time.monotonic()
         for entry in batch.items:
             entry.batch_no = self._batches
+            entry.launched = started
+            entry.batch_tokens, entry.batch_sequences = batch.tokens, batch.sequences
             self.metrics.queue_wait.observe(started - entry.arrival)
         self.metrics.batch_tokens.observe(batch.tokens)
         self.metrics.batch_sequences.observe(batch.sequences)
@@ -188,7 +196,10 @@ class BatchRunner:
             except Exception as exc:
                 log.exception("engine results failed")
                 launched.error = exc
-        self.metrics.compute.observe(time.monotonic() - launched.started)
+        done = time.monotonic()
+        self.metrics.compute.observe(done - launched.started)
+        for entry in launched.entries:
+            entry.computed = done
         if results is None or len(results) != len(launched.entries):
             error = launched.error or RuntimeError("engine returned a wrong number of results")
             self._loop.call_soon_threadsafe(_fail, launched.entries, error, None)

@@ -23,11 +23,13 @@ from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpac
 from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
 from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
 from embedfleet.worker.sparse import sparsify
+from embedfleet.worker.tracing import record_batch
 
 Code = grpc.StatusCode
 
@@ -66,6 +68,7 @@ class WorkerState:
     draining: bool = False
     capacity: float = 0.0
     inflight: int = field(default=0)
+    tracer: Tracer = OFF
 
     async def compute(
         self, item: WorkItem, deadline: float = math.inf, internal: bool = False
@@ -85,6 +88,8 @@ class WorkerState:
         finally:
             self.inflight -= 1
             self.metrics.inflight.dec()
+        if self.tracer.enabled and not internal:
+            record_batch(self.tracer, entry)
         return entry
 
     async def submit(self, item: WorkItem) -> FloatArray:

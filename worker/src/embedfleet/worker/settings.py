@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from embedfleet.common.modeldir import TASK_HELP, TASKS
 from embedfleet.common.settings import setting
+from embedfleet.common.tracing import ENDPOINT_HELP, SAMPLE_HELP, SERVICE_HELP
 
 ENV_PREFIX = "EMBEDFLEET_WORKER_"
 
@@ -135,3 +136,7 @@ class WorkerSettings:
         30.0, "On SIGTERM, how long in-flight requests may take before the process exits."
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    # --- tracing (OpenTelemetry; see docs/gateway.md "Tracing") ----------------------------
+    tracing_endpoint: str = setting("", ENDPOINT_HELP)
+    tracing_sample_ratio: float = setting(1.0, SAMPLE_HELP)
+    tracing_service_name: str = setting("", SERVICE_HELP.format(default="embedfleet-worker"))
