@@ -1,6 +1,6 @@
 """The cap on request bytes a worker holds: the budget's arithmetic, then the real gRPC server code
 (an asyncio server in this process) in front of a gated engine, so a request is held in flight
-for exactly as long as the test says.
+for exactly as long as the test says; last, a real gateway process in front of that server.
 
 MOCK: `GatedEngine` (from test_runner) stands in for the engine: holding a request in flight
 deterministically needs a compute that ends when told; the real engine's length is the machine's.
@@ -9,17 +9,25 @@ deterministically needs a compute that ends when told; the real engine's length 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
+import httpx
 import pytest
 
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.testing.polling import wait_for_async
+from embedfleet.worker.contract import EngineInfo
 from embedfleet.worker.inflight import ByteBudget, max_message_bytes
 from embedfleet.worker.lifecycle import message_limit
 from embedfleet.worker.metrics import WorkerMetrics
@@ -80,7 +88,7 @@ def test_the_largest_acceptable_request_fits_the_message_limit() -> None:
     assert message.ByteSize() <= max_message_bytes(tokens)
 
 
-# --- the server -------------------------------------------------------------------------------
+# --- the server ---------------------------------------------------------------------------------
 
 CAP = 10_000
 
@@ -89,12 +97,26 @@ def _request(tokens: int) -> pb.EmbedRequest:
     return pb.EmbedRequest(batch=pack_tokens([[7] * tokens]))
 
 
-async def test_a_message_past_the_cap_is_refused_until_bytes_free_up() -> None:
+@dataclass
+class Gated:
+    service: WorkerService
+    engine: GatedEngine
+    metrics: WorkerMetrics
+    address: str
+
+
+@contextlib.asynccontextmanager
+async def _gated_worker() -> AsyncIterator[Gated]:
+    """The real WorkerService on a real gRPC server, a gated engine behind it."""
     loop = asyncio.get_running_loop()
+    model = load_model_dir(default_model_path())
     engine = GatedEngine()
+    engine.info = EngineInfo(
+        model.name, "embed", 384, 256, model.vocab_size, "none", "gated", "mean", True
+    )
     metrics = WorkerMetrics()
     budget = Budget(4096, 64, 4096)
-    state = WorkerState(model=load_model_dir(default_model_path()), budget=budget, metrics=metrics)
+    state = WorkerState(model=model, budget=budget, metrics=metrics)
     runner = BatchRunner(engine, FcfsQueue[Entry](budget, 100), metrics, loop)
     runner.start()
     state.engine, state.runner, state.ready = engine, runner, True  # type: ignore[assignment]
@@ -103,21 +125,38 @@ async def test_a_message_past_the_cap_is_refused_until_bytes_free_up() -> None:
     add_to_server(service, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    stub = pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
     try:
+        yield Gated(service, engine, metrics, f"127.0.0.1:{port}")
+    finally:
+        for gate in engine.gates:
+            gate.event.set()
+        await server.stop(None)
+        runner.stop()
+        await asyncio.to_thread(runner.join, 5)
+
+
+def _gauge(metrics: WorkerMetrics) -> float:
+    value = metrics.registry.get_sample_value("embedfleet_worker_inflight_request_bytes")
+    assert value is not None
+    return value
+
+
+async def test_a_message_past_the_cap_is_refused_until_bytes_free_up() -> None:
+    async with _gated_worker() as worker:
+        engine, service, metrics = worker.engine, worker.service, worker.metrics
+        channel = grpc.aio.insecure_channel(worker.address)
+        stub = pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
         held = stub.Embed(_request(2000), timeout=30)  # ~8 KB, held by the gated engine
         size = _request(2000).ByteSize()
         await wait_for_async("the first request held", lambda: len(engine.gates) == 1, timeout=10)
         assert service.bytes.held == size
-        assert metrics.request_bytes._value.get() == size
+        assert _gauge(metrics) == size
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Embed(_request(1000), timeout=30)  # 8 KB + 4 KB > 10 KB
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--max-inflight-bytes" in (refused.value.details() or "")
-        assert not any(g.event.is_set() for g in engine.gates)  # never reached the engine
-        assert len(engine.gates) == 1
+        assert len(engine.gates) == 1  # never reached the engine
         counted = metrics.registry.get_sample_value(
             "embedfleet_worker_requests_total", {"rpc": "Embed", "code": "RESOURCE_EXHAUSTED"}
         )
@@ -133,11 +172,69 @@ async def test_a_message_past_the_cap_is_refused_until_bytes_free_up() -> None:
         engine.release(2)
         assert (await again).count == 1
         assert service.bytes.held == 0
-        assert metrics.request_bytes._value.get() == 0
-    finally:
-        for gate in engine.gates:
-            gate.event.set()
+        assert _gauge(metrics) == 0
         await channel.close()
-        await server.stop(None)
-        runner.stop()
-        await asyncio.to_thread(runner.join, 5)
+
+
+def _metric(text: str, series: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+async def test_the_gateway_answers_a_refusal_with_429_and_keeps_the_worker() -> None:
+    """A real gateway process in front of the byte-capped server: busy is a 429 with
+    Retry-After, the worker stays in rotation, and it serves once bytes are free."""
+    async with _gated_worker() as worker:
+        (port,) = free_ports(1)
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port),
+             "--workers", worker.address, "--probe-seconds", "0.2"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+                async def ready() -> bool:
+                    try:
+                        return (await http.get("/ready")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                for _ in range(600):
+                    if await ready():
+                        break
+                    assert gateway.poll() is None, "the gateway exited"
+                    await asyncio.sleep(0.1)
+                text = "hello " * 240  # ~242 tokens, ~1 KB on the wire
+                held = asyncio.ensure_future(
+                    http.post("/v1/embeddings", json={"input": [text] * 8})
+                )
+                await wait_for_async(
+                    "the first request held", lambda: len(worker.engine.gates) == 1, timeout=30
+                )
+                busy = await http.post("/v1/embeddings", json={"input": [text] * 4})
+                assert busy.status_code == 429, busy.text
+                assert busy.headers["retry-after"]
+                assert busy.json()["error"]["code"] == "overloaded"
+                metrics = (await http.get("/metrics")).text
+                assert _metric(metrics, "embedfleet_gateway_worker_ejections_total") == 0
+                assert _metric(metrics, 'embedfleet_gateway_workers{state="ready"}') == 1
+
+                worker.engine.release(1)
+                assert (await held).status_code == 200
+                again = asyncio.ensure_future(
+                    http.post("/v1/embeddings", json={"input": [text] * 4})
+                )
+                await wait_for_async(
+                    "the retry launched", lambda: len(worker.engine.gates) == 2, timeout=30
+                )
+                worker.engine.release(2)
+                reply = await again
+                assert reply.status_code == 200, reply.text
+                assert len(reply.json()["data"]) == 4
+        finally:
+            gateway.terminate()
+            gateway.wait(15)
