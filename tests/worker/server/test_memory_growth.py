@@ -78,6 +78,7 @@ def test_rss_stays_flat_under_batches_of_new_shapes(worker: WorkerProcess) -> No
     for seqs in batches:
         assert stub.Embed(embed_request(seqs), timeout=120).count == len(seqs)
     grown = _rss_mb(worker.proc.pid) - after_warmup
+    print(f"RSS {after_warmup:.0f} MB after the warm-up, {after_warmup + grown:.0f} MB after")
     assert grown < ALLOWED_MB, (
         f"RSS grew {grown:.0f} MB over {MEASURED_BATCHES} batches of new shapes "
         f"(from {after_warmup:.0f} MB after the warm-up)"
