@@ -5,7 +5,7 @@ Every batch has a total token count the worker has not run before. Without the b
 worker/memory.py each one added entries to oneDNN's and ideep's per-shape caches (1024 entries
 each, ~0.3 MB per entry) and freed buffers stayed in glibc's heap: measured on this test's own
 traffic, RSS rose ~2 MB per batch for hundreds of batches. With them the caches are full after the
-warm-up (64 entries) and freed pages go back at least every 2 s (--malloc-trim-seconds).
+warm-up (64 entries) and freed pages go back every 2 s (--malloc-trim-seconds, default).
 
 The bound: 80 measured batches would add ~160 MB without the fix; the allowance is 60 MB, which
 covers what one trim interval can leave held (batches of at most 768 tokens allocate a few tens of
@@ -60,7 +60,6 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         "--threads", "1",
         "--max-batch-tokens", "1024",
         "--warmup-seconds", "0.5",
-        "--malloc-trim-seconds", "2",
     )  # fmt: skip
     try:
         proc.wait_serving(240)

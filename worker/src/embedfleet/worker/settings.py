@@ -95,7 +95,7 @@ class WorkerSettings:
         "libraries' defaults.",
     )
     malloc_trim_seconds: float = setting(
-        10.0,
+        2.0,
         "At most this often, after a batch, the engine thread hands the allocator's free pages "
         "back to the system (glibc malloc_trim): tensor buffers of ever-changing sizes otherwise "
         "leave hundreds of MB free but held in the heap. 0 never trims.",
