@@ -132,6 +132,20 @@ async def test_retry_with_no_other_worker_is_a_503() -> None:
         assert _count(d, "embedfleet_gateway_retries_total") == 1
 
 
+async def test_a_busy_only_worker_is_a_429_and_stays_in_rotation() -> None:
+    """RESOURCE_EXHAUSTED (its queue or its bytes in flight full) says busy, not gone."""
+    async with InMemoryFleet(1) as fleet:
+        d = _dispatcher(fleet)
+        fleet.fakes["w0"].failures = [grpc.StatusCode.RESOURCE_EXHAUSTED]
+        with pytest.raises(ApiError) as caught:
+            await _embed(d, [[5, 6]])
+        assert (caught.value.status, caught.value.code) == (429, "overloaded")
+        assert (b"retry-after", b"3") in caught.value.headers
+        assert _count(d, "embedfleet_gateway_worker_ejections_total") == 0
+        assert fleet.pool.usable_workers() == 1
+        assert (await _embed(d, [[5, 6]])).shape[0] == 1
+
+
 async def test_dispatcher_refuses_without_ready_workers() -> None:
     """The 503 stays here; the 429 is admission's (test_admission.py), decided before this."""
     fleet = InMemoryFleet(2)

@@ -4,13 +4,12 @@ path is the server's, not the engine's): INVALID_ARGUMENT each, one log line, no
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from embedfleet.testing.workers import WorkerProcess, start_worker, worker_stub
+from embedfleet.testing.workers import WorkerProcess, worker_stub
 
 from .helpers import embed_request
 
@@ -18,16 +17,9 @@ from .helpers import embed_request
 TRUNCATED = [b"\x0a\xff\xff\xff\x0f", b"\x0a\x05ab", b"\x12\x7f" + b"x" * 10]
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    proc = start_worker(
-        tmp_path_factory.mktemp("malformed"), "--engine", "null", "--warmup-seconds", "0.2"
-    )
-    try:
-        proc.wait_serving(120)
-        yield proc
-    finally:
-        proc.stop()
+@pytest.fixture
+def worker(null_worker: WorkerProcess) -> WorkerProcess:
+    return null_worker
 
 
 def _raw(channel: grpc.Channel, rpc: str) -> grpc.UnaryUnaryMultiCallable:

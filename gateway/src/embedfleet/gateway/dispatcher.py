@@ -82,14 +82,21 @@ class Dispatcher:
 
     async def _one(self, chunk: Chunk, call: Callable[[Worker], Awaitable[T]]) -> T:
         tried: set[str] = set()
+        busy: UpstreamError | None = None
         for attempt in range(ATTEMPTS):
             try:
                 return await self._attempt(chunk, call, tried)
             except NoWorkerError:
+                if busy is not None:
+                    # The only worker is busy (queue full, bytes in flight): a 429 to retry
+                    # later, not a 503 saying there is no worker.
+                    raise _client_error(busy, self.retry_after) from None
                 raise errors.unavailable("No ready worker left to take the request.") from None
             except UpstreamError as exc:
                 if not exc.retryable or attempt + 1 == ATTEMPTS:
                     raise _client_error(exc, self.retry_after) from None
+                if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    busy = exc
                 self.metrics.retries.inc()
         raise AssertionError("unreachable")
 

@@ -22,8 +22,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
-from embedfleet.worker import tracing
+from embedfleet.worker import memory, tracing
 from embedfleet.worker.contract import Engine, GraphCounters
+from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
@@ -36,12 +37,26 @@ from embedfleet.worker.warmup import measure_capacity
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "embedfleet.v1.Worker"
-_MAX_MESSAGE = 256 << 20
+#: replies: the largest is a full request's vectors, far from this
+_MAX_REPLY = 256 << 20
 
 
 def budget_of(settings: WorkerSettings) -> Budget:
     hard = settings.max_request_tokens or 4 * settings.max_batch_tokens
     return Budget(settings.max_batch_tokens, settings.max_batch_sequences, hard)
+
+
+def message_limit(settings: WorkerSettings) -> int:
+    """The longest request message gRPC receives: one that can hold the largest request this
+    worker accepts, and no more than the byte budget; raises ValueError when that budget cannot
+    hold even one full batch."""
+    batch = max_message_bytes(settings.max_batch_tokens)
+    if settings.max_inflight_bytes < batch:
+        raise ValueError(
+            f"--max-inflight-bytes {settings.max_inflight_bytes} cannot hold one full batch's "
+            f"message ({mib(batch)} for --max-batch-tokens {settings.max_batch_tokens})"
+        )
+    return min(max_message_bytes(budget_of(settings).hard_max_tokens), settings.max_inflight_bytes)
 
 
 class _Health(Protocol):
@@ -92,7 +107,8 @@ async def _start_serving(
         },
     )
     queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
-    runner = BatchRunner(engine, queue, state.metrics, loop)
+    trimmer = memory.Trimmer.for_process(settings.malloc_trim_seconds)
+    runner = BatchRunner(engine, queue, state.metrics, loop, trimmer)
     runner.start()
     state.engine, state.runner = engine, runner
     t1 = time.monotonic()
@@ -143,6 +159,12 @@ async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health
 
 async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
+    memory.bound_caches(settings.library_cache_capacity)  # before anything imports torch
+    try:
+        receive = message_limit(settings)
+    except ValueError as exc:
+        log.error("bad settings: %s", exc)
+        return 2
     model = load_model_dir(resolve_model_path(settings.model), settings.task)
     # The metrics thread reads the engine's counters at scrape time, once there is an engine.
     metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
@@ -152,11 +174,12 @@ async def serve(settings: WorkerSettings) -> int:
         interceptors=tracing.server_interceptors(tracer) or None,
         options=[
             ("grpc.so_reuseport", 0),  # a second worker on a taken port must fail, not share it
-            ("grpc.max_receive_message_length", _MAX_MESSAGE),
-            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            # Longer messages are refused by gRPC before they are buffered.
+            ("grpc.max_receive_message_length", receive),
+            ("grpc.max_send_message_length", _MAX_REPLY),
         ],
     )
-    add_to_server(WorkerService(state), server)
+    add_to_server(WorkerService(state, settings.max_inflight_bytes), server)
     servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)

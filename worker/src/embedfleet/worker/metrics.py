@@ -111,6 +111,12 @@ class WorkerMetrics:
         self.inflight = Gauge(
             _PREFIX + "inflight_requests", "Requests admitted and not yet answered.", registry=r
         )
+        self.request_bytes = Gauge(
+            _PREFIX + "inflight_request_bytes",
+            "Request message bytes held (decoded, queued or computing), at most "
+            "--max-inflight-bytes.",
+            registry=r,
+        )
         self.queued_tokens = Gauge(
             _PREFIX + "queued_tokens", "Tokens waiting in the queue (not yet launched).", registry=r
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.worker.contract import Engine, Pending, WorkItem
+from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.scheduler import Batch, DropReason, FcfsQueue
 
@@ -92,8 +93,10 @@ class BatchRunner:
         queue: FcfsQueue[Entry],
         metrics: WorkerMetrics,
         loop: asyncio.AbstractEventLoop,
+        trimmer: Trimmer | None = None,
     ) -> None:
         self.engine = engine
+        self._trimmer = trimmer or Trimmer(0.0)
         self.metrics = metrics
         self._queue = queue
         self._loop = loop
@@ -208,6 +211,8 @@ class BatchRunner:
         if served:
             self.metrics.tokens.inc(served)
         self._loop.call_soon_threadsafe(_deliver, launched.entries, results)
+        # After the results are on their way, so the trim delays no reply.
+        self._trimmer.maybe_trim(time.monotonic())
 
 
 def _deliver(entries: list[Entry], results: list[FloatArray]) -> None:

@@ -2,7 +2,8 @@
 
 Handlers only decode, validate and queue; the engine thread (runner.py) does the compute. A request
 is refused at admission rather than failing later: malformed or out-of-range input ->
-INVALID_ARGUMENT, a full queue -> RESOURCE_EXHAUSTED, warming up or draining -> UNAVAILABLE.
+INVALID_ARGUMENT, a full queue or too many request bytes held (inflight.py) ->
+RESOURCE_EXHAUSTED, warming up or draining -> UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -25,6 +26,7 @@ from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem
+from embedfleet.worker.inflight import ByteBudget, Ticket
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
 from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
@@ -105,6 +107,21 @@ class Malformed:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """What the deserializer hands a handler for a message it did not parse: too many bytes held."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted(Generic[M]):
+    """A parsed message with its share of the worker's byte budget, held until the call ends."""
+
+    message: M
+    ticket: Ticket
+
+
 @dataclass(slots=True)
 class LogLimiter:
     """Lets one event through per `seconds`; counts those held back in between."""
@@ -122,23 +139,39 @@ class LogLimiter:
         return held
 
 
-def _tolerant(parse: Callable[[bytes], M]) -> Callable[[bytes], M | Malformed]:
-    """gRPC's deserializer, but undecodable bytes become a value instead of an exception (which
-    grpc would answer with UNKNOWN and log with a traceback, once per message)."""
+def _admitting(
+    parse: Callable[[bytes], M], budget: ByteBudget
+) -> Callable[[bytes], Admitted[M] | Malformed | Refused]:
+    """gRPC's deserializer, but a message past the byte budget is left unparsed and undecodable
+    bytes become a value instead of an exception (which grpc would answer with UNKNOWN and log
+    with a traceback, once per message)."""
 
-    def deserialize(data: bytes) -> M | Malformed:
+    def deserialize(data: bytes) -> Admitted[M] | Malformed | Refused:
+        ticket = budget.take(len(data))
+        if ticket is None:
+            return Refused(budget.refusal(len(data)))
         try:
-            return parse(data)
+            return Admitted(parse(data), ticket)
         except DecodeError as exc:
+            ticket.release()
             return Malformed(str(exc) or "undecodable message")
 
     return deserialize
 
 
 class WorkerService(pb_grpc.WorkerServicer):
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, max_inflight_bytes: int) -> None:
         self.state = state
+        self.bytes = ByteBudget(max_inflight_bytes, on_change=state.metrics.request_bytes.set)
         self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
+
+    async def refuse_overload(
+        self, rpc: str, request: Refused, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        # Not logged: the count is in embedfleet_worker_requests_total, and a line per refusal
+        # would be a log flood on demand.
+        self._record(rpc, Code.RESOURCE_EXHAUSTED, None)
+        await context.abort(Code.RESOURCE_EXHAUSTED, request.detail)
 
     async def refuse_malformed(
         self, rpc: str, request: Malformed, context: grpc.aio.ServicerContext[Any, Any]
@@ -379,13 +412,19 @@ def _guarded(
     async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if isinstance(request, Malformed):
             await service.refuse_malformed(rpc, request, context)
-        return await handler(request, context)
+        if isinstance(request, Refused):
+            await service.refuse_overload(rpc, request, context)
+        try:
+            return await handler(request.message, context)
+        finally:
+            request.ticket.release()
 
     return handle
 
 
 def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
-    """Register the Worker service as the generated code would, but with deserializers that turn
+    """Register the Worker service as the generated code would, but with deserializers that count
+    each message against the service's byte budget (RESOURCE_EXHAUSTED past it) and turn
     undecodable bytes into INVALID_ARGUMENT with one rate-limited log line."""
     methods: dict[str, tuple[Any, Callable[[bytes], Any], Callable[[Any], bytes]]] = {
         "Embed": (service.Embed, pb.EmbedRequest.FromString, pb.EmbedResponse.SerializeToString),
@@ -405,7 +444,7 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _guarded(service, name, method),
-            request_deserializer=_tolerant(parse),
+            request_deserializer=_admitting(parse, service.bytes),
             response_serializer=serialize,
         )
         for name, (method, parse, serialize) in methods.items()

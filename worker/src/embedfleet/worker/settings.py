@@ -118,6 +118,26 @@ class WorkerSettings:
         "Hard limit on one request's total tokens, refused with INVALID_ARGUMENT above it; "
         "0 means 4 x --max-batch-tokens.",
     )
+    max_inflight_bytes: int = setting(
+        128 << 20,
+        "Request message bytes a worker holds at once (decoded, queued or computing); a message "
+        "that would pass it is refused with RESOURCE_EXHAUSTED before it is parsed. Must hold one "
+        "full batch's message (9 bytes per token of --max-batch-tokens).",
+    )
+    # --- memory ----------------------------------------------------------------------------
+    library_cache_capacity: int = setting(
+        64,
+        "Entries in each per-shape cache of torch's oneDNN path (ONEDNN_PRIMITIVE_CACHE_CAPACITY "
+        "and LRU_CACHE_CAPACITY, set at start); every new batch shape adds entries (~0.3 MB "
+        "each for MiniLM), so their default of 1024 grows the worker by ~640 MB. 0 keeps the "
+        "libraries' defaults.",
+    )
+    malloc_trim_seconds: float = setting(
+        2.0,
+        "At most this often, after a batch, the engine thread hands the allocator's free pages "
+        "back to the system (glibc malloc_trim): tensor buffers of ever-changing sizes otherwise "
+        "leave hundreds of MB free but held in the heap. 0 never trims.",
+    )
     warmup_seconds: float = setting(
         2.0,
         "Length of the start-up saturation run that warms the engine and measures capacity "

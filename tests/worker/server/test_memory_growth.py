@@ -1,0 +1,84 @@
+"""A real MiniLM worker (bf16 on CPU, the path whose memory grew) under batches whose shapes never
+repeat: its RSS after a warm-up must stay flat.
+
+Every batch has a total token count the worker has not run before. Without the bounds in
+worker/memory.py each one added entries to oneDNN's and ideep's per-shape caches (1024 entries
+each, ~0.3 MB per entry) and freed buffers stayed in glibc's heap: measured on this test's own
+traffic, RSS rose ~2 MB per batch for hundreds of batches. With them the caches are full after the
+warm-up (64 entries) and freed pages go back every 2 s (--malloc-trim-seconds, default).
+
+The bound: 80 measured batches would add ~160 MB without the fix; the allowance is 60 MB, which
+covers what one trim interval can leave held (batches of at most 768 tokens allocate a few tens of
+MB in all) and the loaded machine's noise, while failing the unbounded growth by far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedfleet.testing.workers import WorkerProcess, start_worker, worker_stub
+
+from .helpers import embed_request
+
+pytestmark = pytest.mark.slow
+
+WARMUP_BATCHES = 40
+MEASURED_BATCHES = 80
+ALLOWED_MB = 60.0
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _shapes(rng: np.random.Generator, count: int) -> Iterator[list[list[int]]]:
+    """`count` batches, each with a total token count none before it had (between 64 and 768)."""
+    totals = rng.permutation(np.arange(64, 769))[:count]
+    for total in totals:
+        sequences = -(-int(total) // 128) + int(rng.integers(0, 4))
+        while True:  # cut anywhere, keeping every sequence within MiniLM's 256 tokens
+            cuts = np.sort(rng.choice(np.arange(1, total), size=sequences - 1, replace=False))
+            lengths = np.diff(np.concatenate(([0], cuts, [total])))
+            if lengths.max() <= 256:
+                break
+        yield [[int(t) for t in rng.integers(1000, 30000, size=n)] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    proc = start_worker(
+        tmp_path_factory.mktemp("memory"),
+        "--device", "cpu",
+        "--dtype", "bfloat16",
+        "--threads", "1",
+        "--max-batch-tokens", "1024",
+        "--warmup-seconds", "0.5",
+    )  # fmt: skip
+    try:
+        proc.wait_serving(240)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_rss_stays_flat_under_batches_of_new_shapes(worker: WorkerProcess) -> None:
+    stub = worker_stub(worker.channel())
+    batches = _shapes(np.random.default_rng(15), WARMUP_BATCHES + MEASURED_BATCHES)
+    for _ in range(WARMUP_BATCHES):
+        stub.Embed(embed_request(next(batches)), timeout=120)
+    after_warmup = _rss_mb(worker.proc.pid)
+    for seqs in batches:
+        assert stub.Embed(embed_request(seqs), timeout=120).count == len(seqs)
+    grown = _rss_mb(worker.proc.pid) - after_warmup
+    print(f"RSS {after_warmup:.0f} MB after the warm-up, {after_warmup + grown:.0f} MB after")
+    assert grown < ALLOWED_MB, (
+        f"RSS grew {grown:.0f} MB over {MEASURED_BATCHES} batches of new shapes "
+        f"(from {after_warmup:.0f} MB after the warm-up)"
+    )
