@@ -43,3 +43,71 @@ async def test_failures_retry_with_backoff() -> None:
     await queue.idle()
     assert runs == 3
     queue.cancel()
+
+
+async def test_at_most_workers_run_at_once_and_every_key_runs() -> None:
+    running = peak = 0
+    done: list[Key] = []
+
+    async def run(key: Key) -> bool:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.001)
+        running -= 1
+        done.append(key)
+        return True
+
+    queue = Queue(run, workers=3)
+    for i in range(20):
+        queue.trigger(("ns", str(i)))
+    await queue.idle()
+    assert peak == 3
+    assert sorted(done) == sorted(("ns", str(i)) for i in range(20))
+
+
+async def test_a_waiting_key_is_queued_once() -> None:
+    runs: list[Key] = []
+    gate = asyncio.Event()
+
+    async def run(key: Key) -> bool:
+        runs.append(key)
+        await gate.wait()
+        return True
+
+    queue = Queue(run, workers=1)
+    queue.trigger(("ns", "busy"))
+    await asyncio.sleep(0)
+    for _ in range(10):  # "busy" holds the only worker: these wait, coalesced
+        queue.trigger(("ns", "a"))
+    assert len(queue) == 1
+    gate.set()
+    await queue.idle()
+    assert runs == [("ns", "busy"), ("ns", "a")]
+
+
+async def test_urgent_keys_go_before_the_resync_lane() -> None:
+    runs: list[Key] = []
+    gate = asyncio.Event()
+
+    async def run(key: Key) -> bool:
+        runs.append(key)
+        await gate.wait()
+        return True
+
+    queue = Queue(run, workers=1)
+    queue.trigger(("ns", "first"))
+    await asyncio.sleep(0)
+    for i in range(3):
+        queue.trigger(("ns", f"resync-{i}"), urgent=False)
+    queue.trigger(("ns", "changed"))
+    queue.trigger(("ns", "resync-2"))  # an event on a key waiting in the resync lane promotes it
+    gate.set()
+    await queue.idle()
+    assert runs == [
+        ("ns", "first"),
+        ("ns", "changed"),
+        ("ns", "resync-2"),
+        ("ns", "resync-0"),
+        ("ns", "resync-1"),
+    ]

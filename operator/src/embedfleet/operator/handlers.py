@@ -18,7 +18,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any, cast
 
 import kopf
@@ -26,9 +25,10 @@ from prometheus_client import start_http_server
 
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
+from embedfleet.operator.informer import Informer
 from embedfleet.operator.kube import Kube, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
-from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER, Images
+from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
@@ -36,15 +36,16 @@ from embedfleet.operator.workqueue import Key, Queue
 
 log = logging.getLogger(__name__)
 
-# Kinds the operator creates; any change to one of them re-reconciles its owner.
+# Kinds the operator creates (apiVersion, kind); any change to one of them re-reconciles its
+# owner. Watched by informer.py, filtered by label at the API server.
 CHILD_KINDS = (
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("", "v1", "serviceaccounts"),
-    ("apps", "v1", "deployments"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("policy", "v1", "poddisruptionbudgets"),
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
 )
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: How long kopf may take to end after our cleanup before the process ends anyway.
@@ -122,6 +123,9 @@ async def _run_one(reconciler: Reconciler, key: Key) -> bool:
 
 
 async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> None:
+    """Every fleet, every `interval`, behind anything a watch event queued (the resync lane).
+
+    Cheap when nothing changed: one GET of the fleet, no write (desired.py, status.changed)."""
     while True:
         await asyncio.sleep(interval)
         try:
@@ -130,7 +134,7 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
             log.exception("listing EmbeddingDeployments for the periodic resync failed")
             continue
         for item in found.get("items", ()):
-            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]))
+            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), urgent=False)
 
 
 async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
@@ -179,9 +183,26 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     if op.metrics_port:
         start_http_server(op.metrics_port)
     images = Images(op.worker_image, op.gateway_image, worker_cpu=cpu_worker_image(op))
-    reconciler = Reconciler(kube, images)
-    queue = Queue(lambda key: _run_one(reconciler, key), max_backoff=op.resync_seconds)
+    holder: list[Reconciler] = []
+    queue = Queue(
+        lambda key: _run_one(holder[0], key),
+        max_backoff=op.resync_seconds,
+        workers=op.reconcile_workers,
+    )
     memo["queue"] = queue
+    loop = asyncio.get_running_loop()
+
+    def child_changed(owner: tuple[str, str]) -> None:  # on an informer thread
+        if owner[1]:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
+                loop.call_soon_threadsafe(queue.trigger, owner)
+
+    informer = Informer(
+        kube, CHILD_KINDS, op.namespace, child_changed, watch_seconds=op.watch_server_timeout
+    )
+    memo["informer"] = informer
+    informer.start()
+    holder.append(Reconciler(kube, images, informer))
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
     tasks.append(asyncio.create_task(autoscaler.run(kube, op.namespace)))
 
@@ -208,6 +229,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         # server too slow to matter (the Lease expires anyway), and the exit does not wait for it.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(in_daemon_thread(elector.release), elector.duration / 3)
+    if isinstance(informer := memo.get("informer"), Informer):
+        informer.stop()
     if isinstance(kube := memo.get("kube"), Kube):
         kube.close()
     # Nothing of ours is left to finish. kopf still gives tasks of its own up to 5 s to end by
@@ -237,21 +260,3 @@ async def embedding_deployment_changed(
         return
     if namespace and (queue := _queue(memo)) is not None:
         queue.trigger((namespace, name))
-
-
-async def child_changed(
-    labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
-) -> None:
-    owner = labels.get(LABEL_OWNER)
-    if owner and namespace and (queue := _queue(memo)) is not None:
-        queue.trigger((namespace, owner))
-
-
-for _group, _version, _plural in CHILD_KINDS:
-    kopf.on.event(
-        _group,
-        _version,
-        _plural,
-        id=f"child-{_plural}",
-        labels={LABEL_MANAGED_BY: MANAGER, LABEL_OWNER: kopf.PRESENT},
-    )(child_changed)

@@ -42,6 +42,11 @@ class OperatorSettings:
         "Every EmbeddingDeployment is reconciled at least this often (besides every change to "
         "it or its children): retries after errors and repairs anything a watch missed.",
     )
+    reconcile_workers: int = setting(
+        4,
+        "Reconciles running at once. Each is a thread of blocking API calls; more than a few "
+        "only queue at the API server and the GIL.",
+    )
     metrics_port: int = setting(8080, "Prometheus /metrics port; 0 disables it.")
     health_port: int = setting(
         8081, "kopf's liveness endpoint (http://0.0.0.0:PORT/healthz); 0 disables it."
