@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from embedfleet.operator.workqueue import Key, Queue
+from embedfleet.operator.workqueue import CHILD_CHANGED, RESYNC, Key, Lanes, Queue
 from embedfleet.testing.polling import wait_for_async
 
 
@@ -86,7 +86,7 @@ async def test_a_waiting_key_is_queued_once() -> None:
     assert runs == [("ns", "busy"), ("ns", "a")]
 
 
-async def test_urgent_keys_go_before_the_resync_lane() -> None:
+async def test_more_urgent_lanes_go_first() -> None:
     runs: list[Key] = []
     gate = asyncio.Event()
 
@@ -99,7 +99,8 @@ async def test_urgent_keys_go_before_the_resync_lane() -> None:
     queue.trigger(("ns", "first"))
     await asyncio.sleep(0)
     for i in range(3):
-        queue.trigger(("ns", f"resync-{i}"), urgent=False)
+        queue.trigger(("ns", f"resync-{i}"), RESYNC)
+    queue.trigger(("ns", "child"), CHILD_CHANGED)
     queue.trigger(("ns", "changed"))
     queue.trigger(("ns", "resync-2"))  # an event on a key waiting in the resync lane promotes it
     gate.set()
@@ -108,6 +109,18 @@ async def test_urgent_keys_go_before_the_resync_lane() -> None:
         ("ns", "first"),
         ("ns", "changed"),
         ("ns", "resync-2"),
+        ("ns", "child"),
         ("ns", "resync-0"),
         ("ns", "resync-1"),
     ]
+
+
+def test_lanes_keep_a_key_once_at_its_most_urgent() -> None:
+    lanes = Lanes()
+    assert lanes.add(("ns", "a"), RESYNC)
+    assert not lanes.add(("ns", "a"), RESYNC)
+    assert not lanes.add(("ns", "a"), CHILD_CHANGED)  # promoted, still one entry
+    assert not lanes.add(("ns", "a"), RESYNC)  # never demoted
+    assert lanes.add(("ns", "b"), RESYNC)
+    assert len(lanes) == 2
+    assert [lanes.pop(), lanes.pop(), lanes.pop()] == [("ns", "a"), ("ns", "b"), None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import secrets
@@ -25,14 +26,14 @@ from prometheus_client import start_http_server
 
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
-from embedfleet.operator.informer import Informer
+from embedfleet.operator.informer import Bodies, Informer
 from embedfleet.operator.kube import Kube, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
 from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
-from embedfleet.operator.workqueue import Key, Queue
+from embedfleet.operator.workqueue import CHILD_CHANGED, FLEET_CHANGED, RESYNC, Key, Queue
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
             log.exception("listing EmbeddingDeployments for the periodic resync failed")
             continue
         for item in found.get("items", ()):
-            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), urgent=False)
+            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), RESYNC)
 
 
 async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
@@ -168,7 +169,8 @@ async def _acquire(elector: LeaderElector, logger: Any) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     op = _settings(memo)
     _configure_kopf(settings, op)
-    kube = await in_daemon_thread(Kube.connect)
+    # Room for every reconcile worker, plus the autoscaler's and the resync's calls.
+    kube = await in_daemon_thread(Kube.connect, max(Kube.max_calls, op.reconcile_workers + 4))
     memo["kube"] = kube
     tasks: list[asyncio.Task[None]] = []
     memo["tasks"] = tasks
@@ -195,14 +197,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     def child_changed(owner: tuple[str, str]) -> None:  # on an informer thread
         if owner[1]:
             with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
-                loop.call_soon_threadsafe(queue.trigger, owner)
+                loop.call_soon_threadsafe(queue.trigger, owner, CHILD_CHANGED)
 
     informer = Informer(
         kube, CHILD_KINDS, op.namespace, child_changed, watch_seconds=op.watch_server_timeout
     )
     memo["informer"] = informer
     informer.start()
-    holder.append(Reconciler(kube, images, informer))
+    bodies = Bodies()
+    memo["bodies"] = bodies
+    holder.append(Reconciler(kube, images, informer, bodies))
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
     tasks.append(asyncio.create_task(autoscaler.run(kube, op.namespace)))
 
@@ -253,10 +257,15 @@ def _exit_soon(code: int, after: float) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def embedding_deployment_changed(
-    type: str, name: str, namespace: str | None, memo: Any, **_: Any
+    type: str, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
+    bodies = memo.get("bodies")
     if type == "DELETED":
         metrics.forget(namespace or "", name)
+        if isinstance(bodies, Bodies):
+            bodies.forget((namespace or "", name))
         return
+    if isinstance(bodies, Bodies):
+        bodies.put(copy.deepcopy(dict(body)))
     if namespace and (queue := _queue(memo)) is not None:
-        queue.trigger((namespace, name))
+        queue.trigger((namespace, name), FLEET_CHANGED)

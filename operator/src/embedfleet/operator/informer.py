@@ -82,6 +82,35 @@ def newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bo
         return True
 
 
+class Bodies:
+    """The latest EmbeddingDeployment bodies, fed by kopf's watch (handlers.py) and by the
+    operator's own status-write replies, so that a reconcile needs no GET of its fleet."""
+
+    def __init__(self) -> None:
+        self._bodies: dict[OwnerKey, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, body: Mapping[str, Any]) -> None:
+        meta = dict(body.get("metadata") or {})
+        meta.pop("managedFields", None)
+        kept = {**body, "metadata": meta}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self._lock:
+            if newer(kept, self._bodies.get(key)):
+                self._bodies[key] = kept
+
+    def get(self, key: OwnerKey) -> dict[str, Any] | None:
+        with self._lock:
+            return self._bodies.get(key)
+
+    def forget(self, key: OwnerKey) -> None:
+        with self._lock:
+            self._bodies.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
+
+
 class Informer:
     def __init__(
         self,

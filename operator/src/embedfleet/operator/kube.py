@@ -100,10 +100,14 @@ class Kube:
     #: Blocking calls in flight at once (what asyncio's default executor would allow).
     max_calls = min(32, (os.cpu_count() or 1) + 4)
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+    def __init__(
+        self, api: client.ApiClient, timeout: float = 30.0, max_calls: int | None = None
+    ) -> None:
         self._api = api
         self._timeout = timeout
         self._closed = False
+        if max_calls is not None:
+            self.max_calls = max_calls
         self._slots = asyncio.Semaphore(self.max_calls)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -116,8 +120,9 @@ class Kube:
         self._closed = True
 
     @classmethod
-    def connect(cls) -> Kube:
-        """In-cluster service account when in a pod, else $KUBECONFIG / ~/.kube/config."""
+    def connect(cls, max_calls: int | None = None) -> Kube:
+        """In-cluster service account when in a pod, else $KUBECONFIG / ~/.kube/config;
+        `max_calls` overrides the class's bound on calls in flight."""
         configuration = client.Configuration()
         try:
             # The kubernetes package's config loaders carry no annotations.
@@ -126,8 +131,9 @@ class Kube:
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         # Every call in flight, every long-lived watch and the lease renewal each hold a
         # connection: a smaller pool opens (and TLS-handshakes) a new one for the overflow.
-        configuration.connection_pool_maxsize = cls.max_calls + WATCH_CONNECTIONS
-        return cls(client.ApiClient(configuration))
+        calls = cls.max_calls if max_calls is None else max_calls
+        configuration.connection_pool_maxsize = calls + WATCH_CONNECTIONS
+        return cls(client.ApiClient(configuration), max_calls=calls)
 
     def _send(
         self,

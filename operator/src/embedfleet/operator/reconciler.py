@@ -15,7 +15,7 @@ from typing import Any
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.conditions import MONITORED, Condition, find
 from embedfleet.operator.desired import Live, Seen, needs_apply, stamped
-from embedfleet.operator.informer import Informer
+from embedfleet.operator.informer import Bodies, Informer
 from embedfleet.operator.kube import Kube, KubeError
 from embedfleet.operator.manifests import (
     MANAGER,
@@ -92,11 +92,19 @@ def _may_have_made_one(old: dict[str, Any]) -> bool:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, images: Images, informer: Informer | None = None) -> None:
-        """Without an informer every reconcile applies every child (tests of the manifests)."""
+    def __init__(
+        self,
+        kube: Kube,
+        images: Images,
+        informer: Informer | None = None,
+        bodies: Bodies | None = None,
+    ) -> None:
+        """Without an informer every reconcile applies every child; without `bodies` it GETs
+        its fleet (tests of the manifests)."""
         self.kube = kube
         self.images = images
         self.informer = informer
+        self.bodies = bodies
         self._monitors: tuple[float, bool] | None = None
         # Per fleet, per "Kind/name": the child as last applied or accepted (desired.py). Only
         # one reconcile of a fleet runs at a time (workqueue.py), so no lock.
@@ -116,11 +124,15 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str) -> Outcome:
         """One full pass for one EmbeddingDeployment. Blocking."""
         path = paths.embedding_deployment(namespace, name)
-        body = self.kube.get_or_none(path)
+        body = None if self.bodies is None else self.bodies.get((namespace, name))
+        if body is None:
+            body = self.kube.get_or_none(path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Children carry owner references: the garbage collector removes them.
             metrics.forget(namespace, name)
             self._seen.pop((namespace, name), None)
+            if self.bodies is not None:
+                self.bodies.forget((namespace, name))
             return Outcome()
         meta = body["metadata"]
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
@@ -151,7 +163,9 @@ class Reconciler:
         events = _notable(old, new, error)
         if changed(old, new):
             try:
-                self.kube.merge_status(path, new)
+                reply = self.kube.merge_status(path, new)
+                if self.bodies is not None and reply:
+                    self.bodies.put(reply)
             except KubeError as err:
                 if err.status != 404:
                     raise
@@ -267,6 +281,19 @@ class Reconciler:
                 }
             ],
         }
-        if old.get("conditions") != status["conditions"]:
-            self.kube.merge_status(path, status)
+        if _timeless(old.get("conditions")) == _timeless(status["conditions"]):
+            # Already said: no write, and no Event on every resync either.
+            return Outcome(body, error=message)
+        reply = self.kube.merge_status(path, status)
+        if self.bodies is not None and reply:
+            self.bodies.put(reply)
         return Outcome(body, error=message, events=[Event("Warning", "InvalidSpec", message)])
+
+
+def _timeless(conditions: Any) -> list[dict[str, Any]]:
+    """Conditions without their lastTransitionTime, to compare what they say."""
+    return [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in conditions or ()
+        if isinstance(c, dict)
+    ]

@@ -5,8 +5,10 @@ fleet costs one reconcile, not one each), a key never runs twice at once (a trig
 schedules exactly one more run), at most `workers` reconciles run at a time, and a failure retries
 with exponential backoff until a run succeeds.
 
-Two lanes: triggers from watch events (something changed) go before the periodic resync's
-(nothing is known to have changed), so a spec change never waits behind a resync of every fleet.
+Three lanes, served in order: the fleet itself changed (a spec edit, an autoscaler decision), one
+of its children changed (a rollout's progress), the periodic resync (nothing is known to have
+changed). So a spec change never waits behind the status updates of a thousand rollouts, nor
+behind a resync of every fleet.
 """
 
 from __future__ import annotations
@@ -17,41 +19,45 @@ from collections.abc import Awaitable, Callable
 Key = tuple[str, str]
 """(namespace, name) of an EmbeddingDeployment."""
 
+FLEET_CHANGED, CHILD_CHANGED, RESYNC = 0, 1, 2
+"""Priorities, most urgent first."""
+PRIORITIES = 3
+
 
 class Lanes:
-    """The pending keys, each at most once, urgent ones first (pure: no event loop)."""
+    """The pending keys, each at most once, the most urgent first (pure: no event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = PRIORITIES) -> None:
         # dicts as ordered sets: FIFO within a lane
-        self._urgent: dict[Key, None] = {}
-        self._background: dict[Key, None] = {}
+        self._lanes: list[dict[Key, None]] = [{} for _ in range(lanes)]
+        self._where: dict[Key, int] = {}
 
-    def add(self, key: Key, urgent: bool = True) -> bool:
-        """Queues `key`; False when it was queued already (an urgent add promotes it)."""
-        if key in self._urgent:
+    def add(self, key: Key, priority: int = FLEET_CHANGED) -> bool:
+        """Queues `key`; False when it was queued already (a more urgent add promotes it)."""
+        priority = min(max(priority, 0), len(self._lanes) - 1)
+        current = self._where.get(key)
+        if current is not None and current <= priority:
             return False
-        if urgent:
-            self._background.pop(key, None)
-            self._urgent[key] = None
-            return True
-        if key in self._background:
-            return False
-        self._background[key] = None
-        return True
+        if current is not None:
+            del self._lanes[current][key]
+        self._lanes[priority][key] = None
+        self._where[key] = priority
+        return current is None
 
     def pop(self) -> Key | None:
-        for lane in (self._urgent, self._background):
+        for lane in self._lanes:
             if lane:
                 key = next(iter(lane))
                 del lane[key]
+                del self._where[key]
                 return key
         return None
 
     def __len__(self) -> int:
-        return len(self._urgent) + len(self._background)
+        return len(self._where)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._urgent or key in self._background
+        return key in self._where
 
 
 class Queue:
@@ -70,8 +76,8 @@ class Queue:
         self._run = run
         self._pending = Lanes()
         self._running: set[Key] = set()
-        self._dirty: dict[Key, bool] = {}
-        """Keys triggered while running -> whether any of those triggers was urgent."""
+        self._dirty: dict[Key, int] = {}
+        """Keys triggered while running -> the most urgent priority of those triggers."""
         self._failures: dict[Key, int] = {}
         self._retries: dict[Key, asyncio.TimerHandle] = {}
         self._workers: set[asyncio.Task[None]] = set()
@@ -79,11 +85,11 @@ class Queue:
         self.max_backoff = max_backoff
         self.max_workers = workers
 
-    def trigger(self, key: Key, urgent: bool = True) -> None:
+    def trigger(self, key: Key, priority: int = FLEET_CHANGED) -> None:
         if key in self._running:
-            self._dirty[key] = self._dirty.get(key, False) or urgent
+            self._dirty[key] = min(self._dirty.get(key, priority), priority)
             return
-        if self._pending.add(key, urgent):
+        if self._pending.add(key, priority):
             self._spawn()
 
     def __len__(self) -> int:
@@ -114,9 +120,9 @@ class Queue:
                     handle.cancel()
                 loop = asyncio.get_running_loop()
                 self._retries[key] = loop.call_later(self.backoff(count), self.trigger, key)
-            if (urgent := self._dirty.pop(key, None)) is not None:
+            if (priority := self._dirty.pop(key, None)) is not None:
                 # Behind what waited meanwhile: a fleet that changes all the time starves none.
-                self._pending.add(key, urgent)
+                self._pending.add(key, priority)
 
     async def idle(self) -> None:
         """Waits until nothing is queued or running (tests and shutdown)."""
