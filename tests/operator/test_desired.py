@@ -12,7 +12,7 @@ from embedfleet.operator.desired import (
     needs_apply,
     stamped,
 )
-from embedfleet.operator.informer import newer, trim
+from embedfleet.operator.informer import Bodies, Change, newer, trim
 from embedfleet.operator.kube import resource_of
 from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner, children
 from embedfleet.operator.spec import parse_spec
@@ -125,3 +125,21 @@ def test_resource_of_a_path() -> None:
     )
     assert resource_of("/apis/coordination.k8s.io/v1/namespaces/s/leases/l") == "leases"
     assert resource_of("/apis/monitoring.coreos.com/v1") == "discovery"
+
+
+def test_bodies_tell_a_spec_change_from_a_status_change_and_an_echo() -> None:
+    bodies = Bodies()
+
+    def body(rv: str, generation: int) -> dict[str, Any]:
+        meta = {"name": "a", "namespace": "ns", "resourceVersion": rv, "generation": generation}
+        return {"metadata": {**meta, "managedFields": [{}]}, "status": {"rv": rv}}
+
+    assert bodies.put(body("10", 1)) is Change.SPEC  # first sight
+    assert "managedFields" not in (bodies.get(("ns", "a")) or {})["metadata"]
+    assert bodies.put(body("11", 1)) is Change.OTHER  # status only
+    assert bodies.put(body("11", 1)) is Change.NOTHING  # the echo of our own write
+    assert bodies.put(body("9", 1)) is Change.NOTHING  # older than what is known
+    assert (bodies.get(("ns", "a")) or {})["status"] == {"rv": "11"}
+    assert bodies.put(body("12", 2)) is Change.SPEC
+    bodies.forget(("ns", "a"))
+    assert bodies.get(("ns", "a")) is None

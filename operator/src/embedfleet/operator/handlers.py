@@ -26,7 +26,7 @@ from prometheus_client import start_http_server
 
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
-from embedfleet.operator.informer import Bodies, Informer
+from embedfleet.operator.informer import Bodies, Change, Informer
 from embedfleet.operator.kube import Kube, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
 from embedfleet.operator.manifests import Images
@@ -265,7 +265,11 @@ async def embedding_deployment_changed(
         if isinstance(bodies, Bodies):
             bodies.forget((namespace or "", name))
         return
+    change = Change.SPEC
     if isinstance(bodies, Bodies):
-        bodies.put(copy.deepcopy(dict(body)))
+        change = bodies.put(copy.deepcopy(dict(body)))
+    if change is Change.NOTHING:
+        return  # the echo of our own status write: that reconcile has seen it
     if namespace and (queue := _queue(memo)) is not None:
-        queue.trigger((namespace, name), FLEET_CHANGED)
+        priority = FLEET_CHANGED if change is Change.SPEC else CHILD_CHANGED
+        queue.trigger((namespace, name), priority)

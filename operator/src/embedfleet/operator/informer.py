@@ -15,6 +15,7 @@ owner's (namespace, name), from that thread.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -82,6 +83,17 @@ def newer(candidate: Mapping[str, Any], current: Mapping[str, Any] | None) -> bo
         return True
 
 
+class Change(enum.Enum):
+    """What a new version of an EmbeddingDeployment changed, as far as the queue cares."""
+
+    NOTHING = "nothing"
+    """Known already: the watch's echo of the operator's own status write, or an older one."""
+    SPEC = "spec"
+    """A new fleet or a new generation (the spec changed)."""
+    OTHER = "other"
+    """Status, labels or annotations (e.g. an autoscaler decision)."""
+
+
 class Bodies:
     """The latest EmbeddingDeployment bodies, fed by kopf's watch (handlers.py) and by the
     operator's own status-write replies, so that a reconcile needs no GET of its fleet."""
@@ -90,14 +102,23 @@ class Bodies:
         self._bodies: dict[OwnerKey, dict[str, Any]] = {}
         self._lock = threading.Lock()
 
-    def put(self, body: Mapping[str, Any]) -> None:
+    def put(self, body: Mapping[str, Any]) -> Change:
+        """Records `body` unless an equal or newer version is known; says what it changed."""
         meta = dict(body.get("metadata") or {})
         meta.pop("managedFields", None)
         kept = {**body, "metadata": meta}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         with self._lock:
-            if newer(kept, self._bodies.get(key)):
-                self._bodies[key] = kept
+            current = self._bodies.get(key)
+            if current is not None and (
+                current["metadata"].get("resourceVersion") == meta.get("resourceVersion")
+                or not newer(kept, current)
+            ):
+                return Change.NOTHING
+            self._bodies[key] = kept
+        if current is None or current["metadata"].get("generation") != meta.get("generation"):
+            return Change.SPEC
+        return Change.OTHER
 
     def get(self, key: OwnerKey) -> dict[str, Any] | None:
         with self._lock:
