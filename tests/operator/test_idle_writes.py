@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedfleet.testing import apimetrics
 from embedfleet.testing.cluster import Cluster
@@ -38,12 +41,28 @@ def test_an_idle_operator_writes_nothing(
     time.sleep(2)
 
     before = apimetrics.request_counts(cluster.api)
+    reconciles = _reconciles(operator)
     time.sleep(IDLE_SECONDS)
     during = apimetrics.delta(apimetrics.request_counts(cluster.api), before)
+    reconciled = _reconciles(operator) - reconciles
 
     children = apimetrics.writes(during, CHILDREN, CREATE_OR_CHANGE, subresources=("",))
     fleets = apimetrics.writes(during, ("embeddingdeployments",), CREATE_OR_CHANGE)
     assert not children, f"writes to children at idle: {children}"
     assert not fleets, f"writes to EmbeddingDeployments at idle: {fleets}"
-    # The operator did look (a resync reads every fleet): this is idleness, not absence.
-    assert during.get(("GET", "embeddingdeployments", ""), 0) >= FLEETS
+    # The operator did look (a resync reconciles every fleet): this is idleness, not absence.
+    assert reconciled >= FLEETS
+
+
+def _reconciles(op: OperatorProcess) -> float:
+    """embedfleet_operator_reconciles_total{result="ok"} from the operator's /metrics."""
+    url = f"http://127.0.0.1:{op.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "embedfleet_operator_reconciles_total" and sample.labels == {
+                "result": "ok"
+            }:
+                return float(sample.value)
+    return 0.0

@@ -19,7 +19,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from prometheus_client import start_http_server
@@ -27,7 +27,7 @@ from prometheus_client import start_http_server
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
 from embedfleet.operator.informer import Bodies, Change, Informer
-from embedfleet.operator.kube import Kube, in_daemon_thread
+from embedfleet.operator.kube import Kube, KubeError, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
 from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
@@ -89,8 +89,8 @@ def _configure_kopf(settings: kopf.OperatorSettings, op: OperatorSettings) -> No
     settings.networking.request_timeout = 60
     # Leader election is ours (see leader.py); kopf's own peering stays off.
     settings.peering.standalone = True
-    # kopf.info/kopf.warn post Events at this level; the per-event "handler succeeded" lines that
-    # kopf would post too are silenced at their logger (cli.py) unless debugging.
+    # kopf would post Events at this level (the operator posts its own, see _run_one); the
+    # per-event "handler succeeded" lines are silenced at their logger (cli.py) unless debugging.
     settings.posting.level = logging.INFO
 
 
@@ -108,13 +108,18 @@ async def _run_one(reconciler: Reconciler, key: Key) -> bool:
     if outcome.body is not None:
         metrics.DESIRED_REPLICAS.labels(*key).set(outcome.desired)
         metrics.READY_REPLICAS.labels(*key).set(outcome.ready)
-        for event in outcome.events:
-            post = kopf.warn if event.type == "Warning" else kopf.info
-            post(
-                kopf.Body(cast(kopf.RawBody, outcome.body)),
-                reason=event.reason,
-                message=event.message[:1000],
+        # Posted directly, not with kopf.info: kopf's posting needs a context variable that only
+        # its per-object handler tasks carry, and the queue's workers are spawned by whichever
+        # trigger came first (an informer thread, the resync), so kopf would drop some.
+        for note in outcome.events:
+            manifest = autoscaler.event(
+                outcome.body, note.reason, note.message, time.time(), type=note.type
             )
+            path = f"/api/v1/namespaces/{key[0]}/events"
+            try:
+                await reconciler.kube.call(reconciler.kube.request, "POST", path, manifest)
+            except KubeError as err:
+                log.warning("posting event %s on %s/%s: %s", note.reason, *key, err)
     if outcome.error:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.inc()

@@ -173,8 +173,11 @@ async def autoscale(
         )
 
 
-def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
-    """A core/v1 Event about the EmbeddingDeployment.
+def event(
+    body: Mapping[str, Any], reason: str, message: str, now: float, type: str = "Normal"
+) -> dict[str, Any]:
+    """A core/v1 Event about the EmbeddingDeployment (`type` Normal or Warning); the reconciler's
+    Events too (handlers.py).
 
     Posted directly: kopf's own posting needs context its handlers have and this task lacks, and
     kopf.info obeys settings.posting.level, which is meant for handler log lines.
@@ -192,7 +195,7 @@ def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dic
             "namespace": meta["namespace"],
             "uid": meta.get("uid", ""),
         },
-        "type": "Normal",
+        "type": type,
         "reason": reason,
         "message": message[:1000],
         "source": {"component": MANAGER},
