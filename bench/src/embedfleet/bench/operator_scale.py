@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import http.server
 import json
 import math
@@ -29,7 +30,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -464,12 +465,33 @@ def _boot(n: int, replicas: int) -> Cluster:
     return cluster
 
 
+#: The bench's own writes retried on these (an overloaded etcd answers 500 "request timed out").
+RETRIED = (429, 500, 503, 504)
+RETRIES = 5
+BENCH_RETRIES = [0]
+"""How many of the bench's own writes were retried (reported: a sign of an overloaded etcd)."""
+
+
+def _write(call: Callable[[], Any]) -> Any:
+    """One write of the benchmark's client, retried a few times on an overloaded API server
+    (the benchmark measures the operator; its own requests must land)."""
+    for attempt in range(RETRIES):
+        try:
+            return call()
+        except ApiError as err:
+            if err.status not in RETRIED or attempt == RETRIES - 1:
+                raise
+            BENCH_RETRIES[0] += 1
+            time.sleep(1.0 + attempt)
+    return None
+
+
 def _create(
     api: ApiClient, names: Iterable[str], replicas: int, t: Timeline, prometheus: str = ""
 ) -> None:
     def one(name: str) -> None:
         t.created[name] = time.monotonic()
-        api.create(EMB, fleet(name, replicas, prometheus))
+        _write(lambda: api.create(EMB, fleet(name, replicas, prometheus)))
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, names))
@@ -492,9 +514,22 @@ def _count(api: ApiClient, path: str, selector: str = "") -> int:
     return len(found.get("items") or ()) + int(meta.get("remainingItemCount") or 0)
 
 
-def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    names = [f"f{i:04d}" for i in range(n)]
-    timeout = max(120.0, n * args.seconds_per_fleet)
+@dataclass
+class Scenario:
+    """One scenario's cluster, leading operator and fleet timeline."""
+
+    names: list[str]
+    timeout: float
+    cluster: Cluster
+    op: Operator
+    t: Timeline
+    watcher: Watcher
+
+
+@contextlib.contextmanager
+def scenario(n: int, args: argparse.Namespace) -> Iterator[Scenario]:
+    """A fresh cluster sized for n fleets, the operator leading, the watcher recording; all of
+    it stopped (processes by pid) however the scenario ends."""
     cluster = _boot(n, args.replicas)
     op: Operator | None = None
     try:
@@ -503,8 +538,22 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         t = Timeline()
         watcher = Watcher(cluster.api, t)
         watcher.start()
-        phases = []
+        names = [f"f{i:04d}" for i in range(n)]
+        timeout = max(120.0, n * args.seconds_per_fleet)
+        try:
+            yield Scenario(names, timeout, cluster, op, t, watcher)
+        finally:
+            watcher.stopped.set()
+    finally:
+        if op is not None:
+            op.stop()
+        cluster.stop()
 
+
+def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    with scenario(n, args) as sc:
+        cluster, op, t, names, timeout = sc.cluster, sc.op, sc.t, sc.names, sc.timeout
+        phases = []
         print(f"N={n}: creating", flush=True)
         meter = Meter(cluster, op, "create")
         _create(cluster.api, names, args.replicas, t)
@@ -527,7 +576,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         patch = {"spec": {"worker": {"resources": {"requests": {"cpu": CHANGED_CPU}}}}}
         for name in changed:
             t.changed[name] = time.monotonic()
-            cluster.api.patch(f"{EMB}/{name}", patch)
+            _write(functools.partial(cluster.api.patch, f"{EMB}/{name}", patch))
         _wait_all("changes rolled out", lambda: len(t.change_available), len(changed), timeout)
         phases.append(meter.end())
         starts = {k: t.changed[k] for k in changed}
@@ -540,7 +589,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         meter = Meter(cluster, op, "delete")
         began = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda name: cluster.api.delete(f"{EMB}/{name}"), names))
+            list(pool.map(lambda name: _write(lambda: cluster.api.delete(f"{EMB}/{name}")), names))
         gone = _wait_all(
             "children gone",
             lambda: n - min(n, _count(cluster.api, CHILD_PATHS["deployments"], OURS) // 2),
@@ -549,7 +598,6 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         )
         delete_seconds = time.monotonic() - began
         phases.append(meter.end())
-        watcher.stopped.set()
         return {
             "n": n,
             "replicas": args.replicas,
@@ -558,26 +606,18 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "change": {"fleets": len(changed), **change},
             "delete": {"all_children_gone_s": round(delete_seconds, 1), "complete": gone},
             "phases": [asdict(p) for p in phases],
-            "operator_rss_peak_mb": _round(max((s.rss_mb for s in op.samples), default=None), 1),
+            "operator_rss_peak_mb": _peak_rss(op),
         }
-    finally:
-        if op is not None:
-            op.stop()
-        cluster.stop()
+
+
+def _peak_rss(op: Operator) -> float | None:
+    return _round(max((s.rss_mb for s in op.samples), default=None), 1)
 
 
 def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """Kills the operator halfway through creating n fleets; the successor must converge all."""
-    names = [f"f{i:04d}" for i in range(n)]
-    timeout = max(120.0, n * args.seconds_per_fleet)
-    cluster = _boot(n, args.replicas)
-    op: Operator | None = None
-    try:
-        op = Operator(cluster, cluster.layout.run_dir, args.operator_pythonpath, args.lease_seconds)
-        op.wait_leading(op.start(), timeout=120)
-        t = Timeline()
-        watcher = Watcher(cluster.api, t)
-        watcher.start()
+    with scenario(n, args) as sc:
+        cluster, op, t, names, timeout = sc.cluster, sc.op, sc.t, sc.names, sc.timeout
         print(f"kill at N={n}: creating", flush=True)
         creating = threading.Thread(target=_create, args=(cluster.api, names, args.replicas, t))
         creating.start()
@@ -589,75 +629,63 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
         op.wait_leading(op.start(), timeout=120)
         leading_after = time.monotonic() - killed
         creating.join()
+        all_applied = _wait_all("fleets applied after the kill", lambda: len(t.applied), n, timeout)
+        applied_after = time.monotonic() - killed
         converged = _wait_all(
             "fleets available after the kill", lambda: len(t.available), n, timeout
         )
         convergence = time.monotonic() - killed
         time.sleep(5)  # anything a double reconcile would add shows now
         audit = _audit(cluster.api, names, args.replicas)
-        watcher.stopped.set()
         return {
             "n": n,
             "applied_at_kill": applied_at_kill,
+            "available_at_kill": sum(1 for v in t.available.values() if v <= killed),
             "successor_leading_after_s": round(leading_after, 1),
+            "all_applied_after_kill_s": round(applied_after, 1) if all_applied else None,
             "kill_convergence_s": round(convergence, 1),
             "converged": converged,
             "lease_seconds": args.lease_seconds,
             "audit": audit,
-            "operator_rss_peak_mb": _round(max((s.rss_mb for s in op.samples), default=None), 1),
+            "operator_rss_peak_mb": _peak_rss(op),
         }
-    finally:
-        if op is not None:
-            op.stop()
-        cluster.stop()
 
 
 def run_prometheus(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """n autoscaled fleets in Prometheus mode at steady load: how often the autoscaler gets to
     each fleet, what it asks of Prometheus and what it writes."""
-    names = [f"f{i:04d}" for i in range(n)]
-    timeout = max(120.0, n * args.seconds_per_fleet)
-    cluster = _boot(n, args.replicas)
     prometheus = FakePrometheus()
-    op: Operator | None = None
     try:
-        op = Operator(cluster, cluster.layout.run_dir, args.operator_pythonpath, args.lease_seconds)
-        op.wait_leading(op.start(), timeout=120)
-        t = Timeline()
-        watcher = Watcher(cluster.api, t)
-        watcher.start()
-        print(f"Prometheus mode at N={n}: creating", flush=True)
-        _create(cluster.api, names, args.replicas, t, prometheus.url)
-        converged = _wait_all("fleets available", lambda: len(t.available), n, timeout)
-        time.sleep(args.settle_seconds)
-        meter = Meter(cluster, op, "autoscaled")
-        time.sleep(args.idle_seconds)
-        phase = meter.end()
-        asked = prometheus.between(meter.began, meter.began + phase.seconds)
-        minutes = phase.seconds / 60
-        per_fleet: dict[str, int] = {}
-        for _, name in asked:
-            per_fleet[name] = per_fleet.get(name, 0) + 1
-        queries_per_tick = 6  # signals.prometheus_queries
-        ticks = [per_fleet.get(name, 0) / queries_per_tick / minutes for name in names]
-        watcher.stopped.set()
-        return {
-            "n": n,
-            "converged": converged,
-            "prometheus_queries_per_s": round(len(asked) / phase.seconds, 1),
-            "fleets_measured": sum(1 for name in names if per_fleet.get(name)),
-            "ticks_per_fleet_per_min": {
-                "min": _round(min(ticks), 1),
-                "p50": _round(percentile(ticks, 50), 1),
-                "ideal": round(60 / 5.0, 1),
-            },
-            "phase": asdict(phase),
-        }
+        with scenario(n, args) as sc:
+            cluster, op, t, names, timeout = sc.cluster, sc.op, sc.t, sc.names, sc.timeout
+            print(f"Prometheus mode at N={n}: creating", flush=True)
+            _create(cluster.api, names, args.replicas, t, prometheus.url)
+            converged = _wait_all("fleets available", lambda: len(t.available), n, timeout)
+            time.sleep(args.settle_seconds)
+            meter = Meter(cluster, op, "autoscaled")
+            time.sleep(args.idle_seconds)
+            phase = meter.end()
     finally:
         prometheus.stop()
-        if op is not None:
-            op.stop()
-        cluster.stop()
+    asked = prometheus.between(meter.began, meter.began + phase.seconds)
+    minutes = phase.seconds / 60
+    per_fleet: dict[str, int] = {}
+    for _, name in asked:
+        per_fleet[name] = per_fleet.get(name, 0) + 1
+    queries_per_tick = 6  # signals.prometheus_queries
+    ticks = [per_fleet.get(name, 0) / queries_per_tick / minutes for name in names]
+    return {
+        "n": n,
+        "converged": converged,
+        "prometheus_queries_per_s": round(len(asked) / phase.seconds, 1),
+        "fleets_measured": sum(1 for name in names if per_fleet.get(name)),
+        "ticks_per_fleet_per_min": {
+            "min": _round(min(ticks), 1),
+            "p50": _round(percentile(ticks, 50), 1),
+            "ideal": round(60 / 5.0, 1),
+        },
+        "phase": asdict(phase),
+    }
 
 
 def _audit(api: ApiClient, names: Sequence[str], replicas: int) -> dict[str, Any]:
@@ -747,7 +775,12 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Operator at scale",
         "",
-        f"`{result['command']}` on {result['machine']}.",
+        f"`{result['command']}` on {result['machine']}."
+        + (
+            f" Sizes from an earlier run: `{result['previous']['command']}`."
+            if result.get("previous")
+            else ""
+        ),
         "",
         "| N | pods | create→applied p50/p99 s | create→Available p50/p99 s | "
         "change→applied p50/p99 s | change→Available p50/p99 s | RSS peak MB | "
@@ -795,9 +828,11 @@ def markdown(result: dict[str, Any]) -> str:
         a = k["audit"]
         lines += [
             "",
-            f"Kill at N={k['n']}: SIGKILL with {k['applied_at_kill']} fleets applied; the "
-            f"successor led after {k['successor_leading_after_s']} s (Lease "
-            f"{k['lease_seconds']} s); every fleet Available {k['kill_convergence_s']} s after "
+            f"Kill at N={k['n']}: SIGKILL with {k['applied_at_kill']} fleets applied "
+            f"({k['available_at_kill']} Available); the successor led after "
+            f"{k['successor_leading_after_s']} s (Lease {k['lease_seconds']} s), every fleet's "
+            f"children were applied {k['all_applied_after_kill_s']} s and every fleet "
+            f"Available {k['kill_convergence_s']} s after "
             f"the kill (converged: {k['converged']}); duplicates {a['duplicates']}, orphans "
             f"{a['orphans']}, ReplicaSets {a['replicasets']['found']}/"
             f"{a['replicasets']['expected']}, pods {a['pods']['found']}/{a['pods']['expected']}.",
@@ -894,6 +929,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="PYTHONPATH for the operator process (another tree's sources, for a baseline)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="a results.json whose sizes (not run again) join this run's table and plot",
+    )
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",") if n.strip() and int(n) > 0]
     result: dict[str, Any] = {
@@ -903,9 +944,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "kill": None,
         "prometheus": None,
     }
+    if args.previous is not None:
+        earlier = json.loads(args.previous.read_text())
+        result["sizes"] = [s for s in earlier["sizes"] if s["n"] not in sizes]
+        result["previous"] = {"file": str(args.previous), "command": earlier["command"]}
     args.out.mkdir(parents=True, exist_ok=True)
 
     def write() -> None:
+        result["bench_write_retries"] = BENCH_RETRIES[0]
         # After every size: a run cut short keeps what it measured.
         result["targets"] = check_targets(result["sizes"], result["kill"])
         (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
