@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from embedfleet.operator.workqueue import Key, Queue
+from embedfleet.operator.workqueue import CHILD_CHANGED, RESYNC, Key, Lanes, Queue
 from embedfleet.testing.polling import wait_for_async
 
 
@@ -43,3 +43,84 @@ async def test_failures_retry_with_backoff() -> None:
     await queue.idle()
     assert runs == 3
     queue.cancel()
+
+
+async def test_at_most_workers_run_at_once_and_every_key_runs() -> None:
+    running = peak = 0
+    done: list[Key] = []
+
+    async def run(key: Key) -> bool:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.001)
+        running -= 1
+        done.append(key)
+        return True
+
+    queue = Queue(run, workers=3)
+    for i in range(20):
+        queue.trigger(("ns", str(i)))
+    await queue.idle()
+    assert peak == 3
+    assert sorted(done) == sorted(("ns", str(i)) for i in range(20))
+
+
+async def test_a_waiting_key_is_queued_once() -> None:
+    runs: list[Key] = []
+    gate = asyncio.Event()
+
+    async def run(key: Key) -> bool:
+        runs.append(key)
+        await gate.wait()
+        return True
+
+    queue = Queue(run, workers=1)
+    queue.trigger(("ns", "busy"))
+    await asyncio.sleep(0)
+    for _ in range(10):  # "busy" holds the only worker: these wait, coalesced
+        queue.trigger(("ns", "a"))
+    assert len(queue) == 1
+    gate.set()
+    await queue.idle()
+    assert runs == [("ns", "busy"), ("ns", "a")]
+
+
+async def test_more_urgent_lanes_go_first() -> None:
+    runs: list[Key] = []
+    gate = asyncio.Event()
+
+    async def run(key: Key) -> bool:
+        runs.append(key)
+        await gate.wait()
+        return True
+
+    queue = Queue(run, workers=1)
+    queue.trigger(("ns", "first"))
+    await asyncio.sleep(0)
+    for i in range(3):
+        queue.trigger(("ns", f"resync-{i}"), RESYNC)
+    queue.trigger(("ns", "child"), CHILD_CHANGED)
+    queue.trigger(("ns", "changed"))
+    queue.trigger(("ns", "resync-2"))  # an event on a key waiting in the resync lane promotes it
+    gate.set()
+    await queue.idle()
+    assert runs == [
+        ("ns", "first"),
+        ("ns", "changed"),
+        ("ns", "resync-2"),
+        ("ns", "child"),
+        ("ns", "resync-0"),
+        ("ns", "resync-1"),
+    ]
+
+
+def test_lanes_keep_a_key_once_at_its_most_urgent() -> None:
+    lanes = Lanes()
+    assert lanes.add(("ns", "a"), RESYNC)
+    assert not lanes.add(("ns", "a"), RESYNC)
+    assert not lanes.add(("ns", "a"), CHILD_CHANGED)  # promoted, still one entry
+    assert not lanes.add(("ns", "a"), RESYNC)  # never demoted
+    assert lanes.add(("ns", "b"), RESYNC)
+    assert len(lanes) == 2
+    assert [lanes.pop(), lanes.pop(), lanes.pop()] == [("ns", "a"), ("ns", "b"), None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import os
 import secrets
@@ -18,33 +19,34 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from prometheus_client import start_http_server
 
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
-from embedfleet.operator.kube import Kube, in_daemon_thread
+from embedfleet.operator.informer import Bodies, Change, Informer
+from embedfleet.operator.kube import Kube, KubeError, in_daemon_thread
 from embedfleet.operator.leader import LeaderElector
-from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER, Images
+from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
-from embedfleet.operator.workqueue import Key, Queue
+from embedfleet.operator.workqueue import CHILD_CHANGED, FLEET_CHANGED, RESYNC, Key, Queue
 
 log = logging.getLogger(__name__)
 
-# Kinds the operator creates; any change to one of them re-reconciles its owner.
+# Kinds the operator creates (apiVersion, kind); any change to one of them re-reconciles its
+# owner. Watched by informer.py, filtered by label at the API server.
 CHILD_KINDS = (
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("", "v1", "serviceaccounts"),
-    ("apps", "v1", "deployments"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("policy", "v1", "poddisruptionbudgets"),
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
 )
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: How long kopf may take to end after our cleanup before the process ends anyway.
@@ -87,8 +89,8 @@ def _configure_kopf(settings: kopf.OperatorSettings, op: OperatorSettings) -> No
     settings.networking.request_timeout = 60
     # Leader election is ours (see leader.py); kopf's own peering stays off.
     settings.peering.standalone = True
-    # kopf.info/kopf.warn post Events at this level; the per-event "handler succeeded" lines that
-    # kopf would post too are silenced at their logger (cli.py) unless debugging.
+    # kopf would post Events at this level (the operator posts its own, see _run_one); the
+    # per-event "handler succeeded" lines are silenced at their logger (cli.py) unless debugging.
     settings.posting.level = logging.INFO
 
 
@@ -106,13 +108,18 @@ async def _run_one(reconciler: Reconciler, key: Key) -> bool:
     if outcome.body is not None:
         metrics.DESIRED_REPLICAS.labels(*key).set(outcome.desired)
         metrics.READY_REPLICAS.labels(*key).set(outcome.ready)
-        for event in outcome.events:
-            post = kopf.warn if event.type == "Warning" else kopf.info
-            post(
-                kopf.Body(cast(kopf.RawBody, outcome.body)),
-                reason=event.reason,
-                message=event.message[:1000],
+        # Posted directly, not with kopf.info: kopf's posting needs a context variable that only
+        # its per-object handler tasks carry, and the queue's workers are spawned by whichever
+        # trigger came first (an informer thread, the resync), so kopf would drop some.
+        for note in outcome.events:
+            manifest = autoscaler.event(
+                outcome.body, note.reason, note.message, time.time(), type=note.type
             )
+            path = f"/api/v1/namespaces/{key[0]}/events"
+            try:
+                await reconciler.kube.call(reconciler.kube.request, "POST", path, manifest)
+            except KubeError as err:
+                log.warning("posting event %s on %s/%s: %s", note.reason, *key, err)
     if outcome.error:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.inc()
@@ -122,6 +129,9 @@ async def _run_one(reconciler: Reconciler, key: Key) -> bool:
 
 
 async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> None:
+    """Every fleet, every `interval`, behind anything a watch event queued (the resync lane).
+
+    Cheap when nothing changed: one GET of the fleet, no write (desired.py, status.changed)."""
     while True:
         await asyncio.sleep(interval)
         try:
@@ -130,7 +140,7 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
             log.exception("listing EmbeddingDeployments for the periodic resync failed")
             continue
         for item in found.get("items", ()):
-            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]))
+            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), RESYNC)
 
 
 async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
@@ -164,7 +174,8 @@ async def _acquire(elector: LeaderElector, logger: Any) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     op = _settings(memo)
     _configure_kopf(settings, op)
-    kube = await in_daemon_thread(Kube.connect)
+    # Room for every reconcile worker, plus the autoscaler's and the resync's calls.
+    kube = await in_daemon_thread(Kube.connect, max(Kube.max_calls, op.reconcile_workers + 4))
     memo["kube"] = kube
     tasks: list[asyncio.Task[None]] = []
     memo["tasks"] = tasks
@@ -179,9 +190,28 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     if op.metrics_port:
         start_http_server(op.metrics_port)
     images = Images(op.worker_image, op.gateway_image, worker_cpu=cpu_worker_image(op))
-    reconciler = Reconciler(kube, images)
-    queue = Queue(lambda key: _run_one(reconciler, key), max_backoff=op.resync_seconds)
+    holder: list[Reconciler] = []
+    queue = Queue(
+        lambda key: _run_one(holder[0], key),
+        max_backoff=op.resync_seconds,
+        workers=op.reconcile_workers,
+    )
     memo["queue"] = queue
+    loop = asyncio.get_running_loop()
+
+    def child_changed(owner: tuple[str, str]) -> None:  # on an informer thread
+        if owner[1]:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
+                loop.call_soon_threadsafe(queue.trigger, owner, CHILD_CHANGED)
+
+    informer = Informer(
+        kube, CHILD_KINDS, op.namespace, child_changed, watch_seconds=op.watch_server_timeout
+    )
+    memo["informer"] = informer
+    informer.start()
+    bodies = Bodies()
+    memo["bodies"] = bodies
+    holder.append(Reconciler(kube, images, informer, bodies))
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
     tasks.append(asyncio.create_task(autoscaler.run(kube, op.namespace)))
 
@@ -208,6 +238,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         # server too slow to matter (the Lease expires anyway), and the exit does not wait for it.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(in_daemon_thread(elector.release), elector.duration / 3)
+    if isinstance(informer := memo.get("informer"), Informer):
+        informer.stop()
     if isinstance(kube := memo.get("kube"), Kube):
         kube.close()
     # Nothing of ours is left to finish. kopf still gives tasks of its own up to 5 s to end by
@@ -230,28 +262,19 @@ def _exit_soon(code: int, after: float) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def embedding_deployment_changed(
-    type: str, name: str, namespace: str | None, memo: Any, **_: Any
+    type: str, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
 ) -> None:
+    bodies = memo.get("bodies")
     if type == "DELETED":
         metrics.forget(namespace or "", name)
+        if isinstance(bodies, Bodies):
+            bodies.forget((namespace or "", name))
         return
+    change = Change.SPEC
+    if isinstance(bodies, Bodies):
+        change = bodies.put(copy.deepcopy(dict(body)))
+    if change is Change.NOTHING:
+        return  # the echo of our own status write: that reconcile has seen it
     if namespace and (queue := _queue(memo)) is not None:
-        queue.trigger((namespace, name))
-
-
-async def child_changed(
-    labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
-) -> None:
-    owner = labels.get(LABEL_OWNER)
-    if owner and namespace and (queue := _queue(memo)) is not None:
-        queue.trigger((namespace, owner))
-
-
-for _group, _version, _plural in CHILD_KINDS:
-    kopf.on.event(
-        _group,
-        _version,
-        _plural,
-        id=f"child-{_plural}",
-        labels={LABEL_MANAGED_BY: MANAGER, LABEL_OWNER: kopf.PRESENT},
-    )(child_changed)
+        priority = FLEET_CHANGED if change is Change.SPEC else CHILD_CHANGED
+        queue.trigger((namespace, name), priority)

@@ -20,17 +20,36 @@ import contextvars
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from kubernetes import client, config
+
+from embedfleet.operator import metrics
 
 T = TypeVar("T")
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 JSON = "application/json"
+
+
+#: Connections held open besides the calls: the child watches (informer.py) and the lease.
+WATCH_CONNECTIONS = 12
+
+
+def resource_of(path: str) -> str:
+    """The resource a REST path names, with its subresource ("deployments", "leases",
+    "embeddingdeployments/status"), for the request counter."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    # /api/v1/... or /apis/group/version/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        rest = rest[2:] if len(rest) > 2 else ["namespaces"]
+    if not rest:
+        return "discovery"
+    return "/".join([rest[0], *rest[2:3]])
 
 
 class KubeError(RuntimeError):
@@ -81,10 +100,14 @@ class Kube:
     #: Blocking calls in flight at once (what asyncio's default executor would allow).
     max_calls = min(32, (os.cpu_count() or 1) + 4)
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+    def __init__(
+        self, api: client.ApiClient, timeout: float = 30.0, max_calls: int | None = None
+    ) -> None:
         self._api = api
         self._timeout = timeout
         self._closed = False
+        if max_calls is not None:
+            self.max_calls = max_calls
         self._slots = asyncio.Semaphore(self.max_calls)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -97,28 +120,33 @@ class Kube:
         self._closed = True
 
     @classmethod
-    def connect(cls) -> Kube:
-        """In-cluster service account when in a pod, else $KUBECONFIG / ~/.kube/config."""
+    def connect(cls, max_calls: int | None = None) -> Kube:
+        """In-cluster service account when in a pod, else $KUBECONFIG / ~/.kube/config;
+        `max_calls` overrides the class's bound on calls in flight."""
         configuration = client.Configuration()
         try:
             # The kubernetes package's config loaders carry no annotations.
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient(configuration))
+        # Every call in flight, every long-lived watch and the lease renewal each hold a
+        # connection: a smaller pool opens (and TLS-handshakes) a new one for the overflow.
+        calls = cls.max_calls if max_calls is None else max_calls
+        configuration.connection_pool_maxsize = calls + WATCH_CONNECTIONS
+        return cls(client.ApiClient(configuration), max_calls=calls)
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
-        body: Any = None,
-        *,
-        content_type: str = JSON,
-        query: Mapping[str, str] | None = None,
+        body: Any,
+        content_type: str,
+        query: Mapping[str, str] | None,
+        timeout: float | tuple[float, float],
     ) -> Any:
-        """Decoded JSON of a 2xx reply; raises KubeError otherwise, KubeClosedError once closed."""
         if self._closed:
             raise KubeClosedError(f"{method} {path}: the operator is stopping")
+        metrics.API_REQUESTS.labels(verb=method, resource=resource_of(path)).inc()
         full = f"{path}?{urlencode(dict(query))}" if query else path
         headers = {"Accept": JSON}
         if body is not None:
@@ -132,13 +160,54 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(
-            method, url, header_params=headers, body=payload, _request_timeout=self._timeout
+        return self._api.call_api(
+            method, url, header_params=headers, body=payload, _request_timeout=timeout
         )
-        text = bytes(response.read()).decode()  # type: ignore[no-untyped-call]
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = JSON,
+        query: Mapping[str, str] | None = None,
+    ) -> Any:
+        """Decoded JSON of a 2xx reply; raises KubeError otherwise, KubeClosedError once closed."""
+        response = self._send(method, path, body, content_type, query, self._timeout)
+        text = bytes(response.read()).decode()
         if not 200 <= response.status < 300:
             raise KubeError(method, path, response.status, text)
         return json.loads(text) if text else None
+
+    def watch(
+        self, path: str, query: Mapping[str, str], read_timeout: float
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch on `path` (a collection), one decoded JSON object each, until
+        the server ends the watch; a silence longer than `read_timeout` raises. Blocking."""
+        response = self._send(
+            "GET", path, None, JSON, {**query, "watch": "true"}, (self._timeout, read_timeout)
+        )
+        raw = response.response
+        ended = False
+        try:
+            if not 200 <= response.status < 300:
+                text = bytes(response.read()).decode()
+                raise KubeError("GET", path, response.status, text)
+            pending = b""
+            for chunk in raw.stream(65536):
+                if self._closed:
+                    return
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            ended = True
+        finally:
+            if not ended:
+                raw.close()  # a half-read stream must never go back to the pool
+            raw.release_conn()
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)

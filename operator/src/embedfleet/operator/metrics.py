@@ -20,6 +20,16 @@ RECONCILE_SECONDS = Histogram(
     "Duration of one reconcile: apply every child and write status.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+API_REQUESTS = Counter(
+    "embedfleet_operator_api_requests_total",
+    "Requests the operator's own client sent to the API server (kopf's watch of "
+    "EmbeddingDeployments and its Events aside), by HTTP verb and resource.",
+    ["verb", "resource"],
+)
+RECONCILE_SKIPPED_APPLIES = Counter(
+    "embedfleet_operator_skipped_applies_total",
+    "Children not applied because they already matched the desired state (desired.py).",
+)
 DESIRED_REPLICAS = Gauge(
     "embedfleet_operator_desired_replicas",
     "Worker replicas the operator asks for, per EmbeddingDeployment.",

@@ -21,8 +21,10 @@ _PLURALS = {
 
 
 def collection(api_version: str, kind: str, namespace: str) -> str:
+    """The kind's collection in `namespace`; empty means across every namespace."""
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{root}/namespaces/{namespace}/{_PLURALS[kind]}"
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{root}{scope}/{_PLURALS[kind]}"
 
 
 def of(manifest: Mapping[str, Any]) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 
 from embedfleet.operator import metrics, paths
 from embedfleet.operator.conditions import MONITORED, Condition, find
+from embedfleet.operator.desired import Live, Seen, needs_apply, stamped
+from embedfleet.operator.informer import Bodies, Informer
 from embedfleet.operator.kube import Kube, KubeError
 from embedfleet.operator.manifests import (
     MANAGER,
@@ -32,6 +34,9 @@ from embedfleet.operator.status import changed, compute_status, monitored, rollo
 log = logging.getLogger(__name__)
 
 MONITORS_RECHECK_SECONDS = 60.0
+#: How long a reconcile waits for the informer's first list of every child kind at startup
+#: (before it, "no such child" would mean "not listed yet" and cost an apply of every child).
+SYNC_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,23 @@ def _may_have_made_one(old: dict[str, Any]) -> bool:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube, images: Images) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        images: Images,
+        informer: Informer | None = None,
+        bodies: Bodies | None = None,
+    ) -> None:
+        """Without an informer every reconcile applies every child; without `bodies` it GETs
+        its fleet (tests of the manifests)."""
         self.kube = kube
         self.images = images
+        self.informer = informer
+        self.bodies = bodies
         self._monitors: tuple[float, bool] | None = None
+        # Per fleet, per "Kind/name": the child as last applied or accepted (desired.py). Only
+        # one reconcile of a fleet runs at a time (workqueue.py), so no lock.
+        self._seen: dict[tuple[str, str], dict[str, Seen]] = {}
 
     def service_monitors_available(self) -> bool:
         """Whether prometheus-operator's ServiceMonitor CRD is served (re-checked each minute)."""
@@ -106,10 +124,15 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str) -> Outcome:
         """One full pass for one EmbeddingDeployment. Blocking."""
         path = paths.embedding_deployment(namespace, name)
-        body = self.kube.get_or_none(path)
+        body = None if self.bodies is None else self.bodies.get((namespace, name))
+        if body is None:
+            body = self.kube.get_or_none(path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Children carry owner references: the garbage collector removes them.
             metrics.forget(namespace, name)
+            self._seen.pop((namespace, name), None)
+            if self.bodies is not None:
+                self.bodies.forget((namespace, name))
             return Outcome()
         meta = body["metadata"]
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
@@ -140,7 +163,9 @@ class Reconciler:
         events = _notable(old, new, error)
         if changed(old, new):
             try:
-                self.kube.merge_status(path, new)
+                reply = self.kube.merge_status(path, new)
+                if self.bodies is not None and reply:
+                    self.bodies.put(reply)
             except KubeError as err:
                 if err.status != 404:
                     raise
@@ -154,19 +179,53 @@ class Reconciler:
         monitors = self.service_monitors_available()
         observed: dict[str, Any] = {}
         monitoring = monitored(owner.name, spec.service_monitor.enabled, monitors, "")
+        seen = self._seen.setdefault((owner.namespace, owner.name), {})
+        if self.informer is not None:
+            self.informer.wait_synced(SYNC_TIMEOUT_SECONDS)
         try:
-            for manifest in children(owner, spec, desired, self.images, monitors):
-                key = f"{manifest['kind']}/{manifest['metadata']['name']}"
-                if manifest["kind"] == "ServiceMonitor":
-                    monitoring = self._apply_monitor(owner, manifest)
+            for rendered in children(owner, spec, desired, self.images, monitors):
+                manifest, digest = stamped(rendered)
+                kind, name = manifest["kind"], manifest["metadata"]["name"]
+                key = f"{kind}/{name}"
+                live = self._live(kind, owner.namespace, name)
+                if not self._must_apply(kind, digest, live, seen.get(key)):
+                    metrics.RECONCILE_SKIPPED_APPLIES.inc()
+                    if live is not None:
+                        observed[key] = live
+                        seen.setdefault(key, Seen.of(Live.of(live)))
                     continue
-                observed[key] = self.kube.apply(paths.of(manifest), manifest, MANAGER)
+                if kind == "ServiceMonitor":
+                    monitoring = self._apply_monitor(owner, manifest)
+                    if monitoring.status == "True":  # a refusal is tried again next time
+                        seen[key] = Seen(digest, 0, "")
+                    continue
+                reply = self.kube.apply(paths.of(manifest), manifest, MANAGER)
+                if self.informer is not None and self.informer.informs(kind):
+                    self.informer.put(kind, reply)
+                seen[key] = Seen.of(Live.of(reply))
+                observed[key] = reply
             if monitors and not spec.service_monitor.enabled and _may_have_made_one(old):
                 self._delete_monitor(owner, spec)
         except KubeError as err:
             log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
             return observed, err.message, monitoring
         return observed, "", monitoring
+
+    def _live(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.informer is None or not self.informer.informs(kind):
+            return None
+        return self.informer.get(kind, namespace, name)
+
+    def _must_apply(
+        self, kind: str, digest: str, live: dict[str, Any] | None, seen: Seen | None
+    ) -> bool:
+        if self.informer is None:
+            return True
+        if not self.informer.informs(kind):
+            # Not watched (ServiceMonitors: their CRD may come and go): applied once per
+            # rendering while this process runs.
+            return seen is None or seen.hash != digest
+        return needs_apply(digest, None if live is None else Live.of(live), seen)
 
     def _apply_monitor(self, owner: Owner, manifest: dict[str, Any]) -> Condition:
         """A ServiceMonitor the spec asks for, where RBAC allows: refusals become a condition,
@@ -222,6 +281,19 @@ class Reconciler:
                 }
             ],
         }
-        if old.get("conditions") != status["conditions"]:
-            self.kube.merge_status(path, status)
+        if _timeless(old.get("conditions")) == _timeless(status["conditions"]):
+            # Already said: no write, and no Event on every resync either.
+            return Outcome(body, error=message)
+        reply = self.kube.merge_status(path, status)
+        if self.bodies is not None and reply:
+            self.bodies.put(reply)
         return Outcome(body, error=message, events=[Event("Warning", "InvalidSpec", message)])
+
+
+def _timeless(conditions: Any) -> list[dict[str, Any]]:
+    """Conditions without their lastTransitionTime, to compare what they say."""
+    return [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"}
+        for c in conditions or ()
+        if isinstance(c, dict)
+    ]

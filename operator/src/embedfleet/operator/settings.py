@@ -42,6 +42,12 @@ class OperatorSettings:
         "Every EmbeddingDeployment is reconciled at least this often (besides every change to "
         "it or its children): retries after errors and repairs anything a watch missed.",
     )
+    reconcile_workers: int = setting(
+        16,
+        "Reconciles running at once. Each is a thread of blocking API calls that mostly waits on "
+        "the API server (and etcd's fsyncs), so more workers apply more fleets per second "
+        "until the API server is the bottleneck.",
+    )
     metrics_port: int = setting(8080, "Prometheus /metrics port; 0 disables it.")
     health_port: int = setting(
         8081, "kopf's liveness endpoint (http://0.0.0.0:PORT/healthz); 0 disables it."

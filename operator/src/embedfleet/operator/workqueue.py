@@ -1,8 +1,14 @@
 """The operator's work queue: which EmbeddingDeployment to reconcile next, and when to retry.
 
-Single-flight per key, as client-go's workqueue: a trigger during a run schedules exactly one
-more run (a burst of watch events costs one or two reconciles, never one each), and a failure
-retries with exponential backoff until a run succeeds.
+As client-go's workqueue: a key waits in the queue at most once (a burst of watch events on one
+fleet costs one reconcile, not one each), a key never runs twice at once (a trigger during a run
+schedules exactly one more run), at most `workers` reconciles run at a time, and a failure retries
+with exponential backoff until a run succeeds.
+
+Three lanes, served in order: the fleet itself changed (a spec edit, an autoscaler decision), one
+of its children changed (a rollout's progress), the periodic resync (nothing is known to have
+changed). So a spec change never waits behind the status updates of a thousand rollouts, nor
+behind a resync of every fleet.
 """
 
 from __future__ import annotations
@@ -13,59 +19,118 @@ from collections.abc import Awaitable, Callable
 Key = tuple[str, str]
 """(namespace, name) of an EmbeddingDeployment."""
 
+FLEET_CHANGED, CHILD_CHANGED, RESYNC = 0, 1, 2
+"""Priorities, most urgent first."""
+PRIORITIES = 3
+
+
+class Lanes:
+    """The pending keys, each at most once, the most urgent first (pure: no event loop)."""
+
+    def __init__(self, lanes: int = PRIORITIES) -> None:
+        # dicts as ordered sets: FIFO within a lane
+        self._lanes: list[dict[Key, None]] = [{} for _ in range(lanes)]
+        self._where: dict[Key, int] = {}
+
+    def add(self, key: Key, priority: int = FLEET_CHANGED) -> bool:
+        """Queues `key`; False when it was queued already (a more urgent add promotes it)."""
+        priority = min(max(priority, 0), len(self._lanes) - 1)
+        current = self._where.get(key)
+        if current is not None and current <= priority:
+            return False
+        if current is not None:
+            del self._lanes[current][key]
+        self._lanes[priority][key] = None
+        self._where[key] = priority
+        return current is None
+
+    def pop(self) -> Key | None:
+        for lane in self._lanes:
+            if lane:
+                key = next(iter(lane))
+                del lane[key]
+                del self._where[key]
+                return key
+        return None
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
 
 class Queue:
-    """Single-flight per key: a trigger during a run schedules exactly one more run; failures
-    retry with exponential backoff."""
+    """Coalescing, single-flight per key, at most `workers` runs at once; failures retry with
+    exponential backoff."""
 
     def __init__(
         self,
         run: Callable[[Key], Awaitable[bool]],
         min_backoff: float = 1.0,
         max_backoff: float = 60.0,
+        workers: int = 4,
     ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
         self._run = run
-        self._running: dict[Key, asyncio.Task[None]] = {}
-        self._dirty: set[Key] = set()
+        self._pending = Lanes()
+        self._running: set[Key] = set()
+        self._dirty: dict[Key, int] = {}
+        """Keys triggered while running -> the most urgent priority of those triggers."""
         self._failures: dict[Key, int] = {}
         self._retries: dict[Key, asyncio.TimerHandle] = {}
+        self._workers: set[asyncio.Task[None]] = set()
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
+        self.max_workers = workers
 
-    def trigger(self, key: Key) -> None:
+    def trigger(self, key: Key, priority: int = FLEET_CHANGED) -> None:
         if key in self._running:
-            self._dirty.add(key)
+            self._dirty[key] = min(self._dirty.get(key, priority), priority)
             return
-        self._running[key] = asyncio.get_running_loop().create_task(self._drain(key))
+        if self._pending.add(key, priority):
+            self._spawn()
+
+    def __len__(self) -> int:
+        """Keys waiting (not counting those running)."""
+        return len(self._pending)
 
     def backoff(self, failures: int) -> float:
         return float(min(self.max_backoff, self.min_backoff * 2 ** max(failures - 1, 0)))
 
-    async def _drain(self, key: Key) -> None:
-        try:
-            while True:
-                self._dirty.discard(key)
+    def _spawn(self) -> None:
+        if len(self._workers) < self.max_workers:
+            task = asyncio.get_running_loop().create_task(self._work())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _work(self) -> None:
+        while (key := self._pending.pop()) is not None:
+            self._running.add(key)
+            try:
                 ok = await self._run(key)
-                if ok:
-                    self._failures.pop(key, None)
-                else:
-                    count = self._failures[key] = self._failures.get(key, 0) + 1
-                    if (handle := self._retries.pop(key, None)) is not None:
-                        handle.cancel()
-                    loop = asyncio.get_running_loop()
-                    self._retries[key] = loop.call_later(self.backoff(count), self.trigger, key)
-                if key not in self._dirty:
-                    return
-        finally:
-            del self._running[key]
+            finally:
+                self._running.discard(key)
+            if ok:
+                self._failures.pop(key, None)
+            else:
+                count = self._failures[key] = self._failures.get(key, 0) + 1
+                if (handle := self._retries.pop(key, None)) is not None:
+                    handle.cancel()
+                loop = asyncio.get_running_loop()
+                self._retries[key] = loop.call_later(self.backoff(count), self.trigger, key)
+            if (priority := self._dirty.pop(key, None)) is not None:
+                # Behind what waited meanwhile: a fleet that changes all the time starves none.
+                self._pending.add(key, priority)
 
     async def idle(self) -> None:
-        """Waits until no run is in flight (tests and shutdown)."""
-        while self._running:
-            await asyncio.gather(*self._running.values(), return_exceptions=True)
+        """Waits until nothing is queued or running (tests and shutdown)."""
+        while self._workers:
+            await asyncio.gather(*self._workers, return_exceptions=True)
 
     def cancel(self) -> None:
         for handle in self._retries.values():
             handle.cancel()
-        for task in self._running.values():
+        for task in self._workers:
             task.cancel()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,3 +74,32 @@ class ApiClient:
 
     def delete(self, path: str) -> Any:
         return self.call("DELETE", path)
+
+    def patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+        """A JSON merge patch."""
+        status, text = self.request("PATCH", path, patch, "application/merge-patch+json")
+        if not 200 <= status < 300:
+            raise ApiError("PATCH", path, status, text)
+        return json.loads(text) if text else None
+
+    def watch(
+        self, path: str, query: str = "", timeout_seconds: int = 300
+    ) -> Iterator[dict[str, Any]]:
+        """The events of one watch of a collection (decoded JSON each) until the server ends it
+        after `timeout_seconds`; a silence of that long plus 30 s raises."""
+        sep = "&" if query else ""
+        full = f"{path}?{query}{sep}watch=true&allowWatchBookmarks=true"
+        full += f"&timeoutSeconds={timeout_seconds}"
+        conn = http.client.HTTPSConnection(
+            self._host, self._port, context=self._context, timeout=timeout_seconds + 30
+        )
+        try:
+            conn.request("GET", full, headers={"Accept": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise ApiError("GET", full, response.status, response.read().decode())
+            while line := response.readline():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()

@@ -39,6 +39,12 @@ log = logging.getLogger(__name__)
 INTERVAL_SECONDS = 5.0
 #: PromQL range for rates in Prometheus mode: at least two scrapes of a 15 s scrape interval.
 PROMETHEUS_WINDOW = "1m"
+#: Fleets measured at once: a tick of a thousand fleets must not wait for each in turn, nor
+#: open a thousand scrapes (or Prometheus queries) at once.
+CONCURRENT_FLEETS = 16
+#: Bound on one fleet's whole measurement and decision: a hung pod or Prometheus costs that
+#: fleet this tick, never the tick of every other fleet.
+FLEET_TIMEOUT_SECONDS = 10.0
 
 SCALE_DECISIONS = Counter(
     "embedfleet_operator_scale_decisions_total",
@@ -65,8 +71,13 @@ async def run(kube: Kube, namespace: str) -> None:
 async def tick(
     kube: Kube, session: aiohttp.ClientSession, scraper: signals.Scraper, namespace: str
 ) -> None:
-    found = await kube.call(kube.get, paths.embedding_deployments(namespace))
+    # resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd.
+    found = await kube.call(
+        kube.request, "GET", paths.embedding_deployments(namespace), query={"resourceVersion": "0"}
+    )
     live = set()
+    slots = asyncio.Semaphore(CONCURRENT_FLEETS)
+    work = []
     for body in found.get("items", ()):
         meta = body["metadata"]
         key = f"{meta['namespace']}/{meta['name']}/"
@@ -77,12 +88,38 @@ async def tick(
         if not spec.autoscaling.operator_driven:
             continue
         live.add(key)
-        try:
-            await autoscale(kube, session, scraper, body, spec)
-        except (KubeError, aiohttp.ClientError, ValueError) as err:
-            log.warning("autoscaling %s/%s failed: %s", meta["namespace"], meta["name"], err)
+        work.append(_bounded(slots, kube, session, scraper, body, spec))
+    await asyncio.gather(*work)
     for key in {k.rsplit("/", 1)[0] + "/" for k in scraper.rounds} - live:
         scraper.forget(key)
+
+
+async def _bounded(
+    slots: asyncio.Semaphore,
+    kube: Kube,
+    session: aiohttp.ClientSession,
+    scraper: signals.Scraper,
+    body: Mapping[str, Any],
+    spec: Spec,
+) -> None:
+    meta = body["metadata"]
+    async with slots:
+        try:
+            await asyncio.wait_for(
+                autoscale(kube, session, scraper, body, spec), FLEET_TIMEOUT_SECONDS
+            )
+        except TimeoutError:
+            log.warning(
+                "autoscaling %s/%s took over %.0f s; skipped this tick",
+                meta["namespace"], meta["name"], FLEET_TIMEOUT_SECONDS,
+            )  # fmt: skip
+        except (KubeError, aiohttp.ClientError, ValueError) as err:
+            log.warning("autoscaling %s/%s failed: %s", meta["namespace"], meta["name"], err)
+
+
+def unchanged(old: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether merging `patch` into status.autoscaling `old` would change nothing (pure)."""
+    return all(old.get(key) == value for key, value in patch.items())
 
 
 async def autoscale(
@@ -120,9 +157,10 @@ async def autoscale(
     if decision.reason == Reason.NO_METRICS and decided is None:
         # Nothing measured and nothing decided yet: leave the replicas to spec.worker.replicas.
         del patch["desiredReplicas"]
-    await kube.call(
-        kube.merge_status, paths.embedding_deployment(namespace, name), {"autoscaling": patch}
-    )
+    if not unchanged(old, patch):  # a write per fleet per tick otherwise, at idle too
+        await kube.call(
+            kube.merge_status, paths.embedding_deployment(namespace, name), {"autoscaling": patch}
+        )
     if decision.scaled:
         SCALE_DECISIONS.labels(namespace, name, str(decision.reason)).inc()
     if decision.scaled or old.get("reason") != str(decision.reason):
@@ -135,8 +173,11 @@ async def autoscale(
         )
 
 
-def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dict[str, Any]:
-    """A core/v1 Event about the EmbeddingDeployment.
+def event(
+    body: Mapping[str, Any], reason: str, message: str, now: float, type: str = "Normal"
+) -> dict[str, Any]:
+    """A core/v1 Event about the EmbeddingDeployment (`type` Normal or Warning); the reconciler's
+    Events too (handlers.py).
 
     Posted directly: kopf's own posting needs context its handlers have and this task lacks, and
     kopf.info obeys settings.posting.level, which is meant for handler log lines.
@@ -154,7 +195,7 @@ def event(body: Mapping[str, Any], reason: str, message: str, now: float) -> dic
             "namespace": meta["namespace"],
             "uid": meta.get("uid", ""),
         },
-        "type": "Normal",
+        "type": type,
         "reason": reason,
         "message": message[:1000],
         "source": {"component": MANAGER},

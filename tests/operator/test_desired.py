@@ -1,0 +1,145 @@
+"""The desired-state hash and the no-op decision (desired.py), and what the informer keeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedfleet.operator.desired import (
+    HASH_ANNOTATION,
+    Live,
+    Seen,
+    manifest_hash,
+    needs_apply,
+    stamped,
+)
+from embedfleet.operator.informer import Bodies, Change, newer, trim
+from embedfleet.operator.kube import resource_of
+from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner, children
+from embedfleet.operator.spec import parse_spec
+
+IMAGES = Images("w:1", "g:1", worker_cpu="w:1-cpu")
+OWNER = Owner(name="fleet", namespace="ns", uid="u-1")
+
+
+def rendered(replicas: int = 2) -> list[dict[str, Any]]:
+    spec = parse_spec({"model": {"source": "hf://org/model"}, "worker": {"replicas": replicas}})
+    return [dict(m) for m in children(OWNER, spec, replicas, IMAGES, False)]
+
+
+def test_the_hash_is_stable_and_follows_the_manifest() -> None:
+    first, again = rendered(), rendered()
+    assert [manifest_hash(m) for m in first] == [manifest_hash(m) for m in again]
+    scaled = rendered(replicas=3)
+    changed = [manifest_hash(a) != manifest_hash(b) for a, b in zip(first, scaled, strict=True)]
+    # Only the worker Deployment renders the replica count.
+    kinds = [m["kind"] for m, c in zip(first, changed, strict=True) if c]
+    assert kinds == ["Deployment"]
+
+
+def test_stamping_adds_the_annotation_and_keeps_the_rest() -> None:
+    manifest = {"kind": "ConfigMap", "metadata": {"name": "a", "annotations": {"x": "1"}}}
+    out, digest = stamped(manifest)
+    assert out["metadata"]["annotations"] == {"x": "1", HASH_ANNOTATION: digest}
+    assert digest == manifest_hash(manifest)
+    assert manifest["metadata"]["annotations"] == {"x": "1"}  # the input is left as it was
+
+
+def live(digest: str = "h", generation: int = 0, rv: str = "10", **kw: Any) -> Live:
+    return Live(digest, generation, rv, **kw)
+
+
+def test_missing_deleting_or_outdated_children_are_applied() -> None:
+    assert needs_apply("h", None, None)
+    assert needs_apply("h", live(deleting=True), Seen("h", 0, "10"))
+    assert needs_apply("new", live("old"), Seen("old", 0, "10"))
+
+
+def test_an_unchanged_child_is_not_applied() -> None:
+    assert not needs_apply("h", live(rv="10"), Seen("h", 0, "10"))
+    # First sight after a restart: the annotation is trusted.
+    assert not needs_apply("h", live(rv="10"), None)
+
+
+def test_an_edit_by_someone_else_is_repaired() -> None:
+    # A kind without generation (ConfigMap): any new resourceVersion is an edit.
+    assert needs_apply("h", live(rv="11"), Seen("h", 0, "10"))
+    # A kind with one (Deployment): status and annotation writes by controllers are no edit...
+    assert not needs_apply("h", live(generation=3, rv="99"), Seen("h", 3, "10"))
+    # ...a spec edit (kubectl scale) is.
+    assert needs_apply("h", live(generation=4, rv="99"), Seen("h", 3, "10"))
+
+
+def test_live_reads_an_object() -> None:
+    obj = {
+        "metadata": {
+            "annotations": {HASH_ANNOTATION: "abc"},
+            "generation": 2,
+            "resourceVersion": "7",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        }
+    }
+    assert Live.of(obj) == Live("abc", 2, "7", deleting=True)
+    assert Live.of({}) == Live("", 0, "", deleting=False)
+
+
+def test_trim_keeps_what_the_reconciler_reads() -> None:
+    deployment = {
+        "metadata": {
+            "name": "fleet-worker",
+            "namespace": "ns",
+            "resourceVersion": "5",
+            "generation": 2,
+            "labels": {LABEL_OWNER: "fleet", "other": "x"},
+            "annotations": {HASH_ANNOTATION: "h", "big": "x" * 1000},
+            "managedFields": [{"manager": "m"}],
+        },
+        "spec": {"replicas": 3, "template": {"spec": {"containers": []}}},
+        "status": {"readyReplicas": 3},
+    }
+    kept = trim("Deployment", deployment)
+    assert kept["metadata"]["labels"] == {LABEL_OWNER: "fleet"}
+    assert kept["metadata"]["annotations"] == {HASH_ANNOTATION: "h"}
+    assert "managedFields" not in kept["metadata"]
+    assert kept["spec"] == {"replicas": 3}
+    assert kept["status"] == {"readyReplicas": 3}
+    assert "status" not in trim("ConfigMap", {**deployment, "kind": "ConfigMap"})
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    def at(rv: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": rv}}
+
+    assert newer(at("11"), at("10"))
+    assert newer(at("10"), at("10"))
+    assert not newer(at("9"), at("10"))
+    assert newer(at("9"), None)
+    assert newer(at("opaque"), at("10"))
+
+
+def test_resource_of_a_path() -> None:
+    assert resource_of("/api/v1/namespaces/a/configmaps/b") == "configmaps"
+    assert resource_of("/apis/apps/v1/deployments") == "deployments"
+    assert (
+        resource_of("/apis/embedfleet.dev/v1alpha1/namespaces/a/embeddingdeployments/b/status")
+        == "embeddingdeployments/status"
+    )
+    assert resource_of("/apis/coordination.k8s.io/v1/namespaces/s/leases/l") == "leases"
+    assert resource_of("/apis/monitoring.coreos.com/v1") == "discovery"
+
+
+def test_bodies_tell_a_spec_change_from_a_status_change_and_an_echo() -> None:
+    bodies = Bodies()
+
+    def body(rv: str, generation: int) -> dict[str, Any]:
+        meta = {"name": "a", "namespace": "ns", "resourceVersion": rv, "generation": generation}
+        return {"metadata": {**meta, "managedFields": [{}]}, "status": {"rv": rv}}
+
+    assert bodies.put(body("10", 1)) is Change.SPEC  # first sight
+    assert "managedFields" not in (bodies.get(("ns", "a")) or {})["metadata"]
+    assert bodies.put(body("11", 1)) is Change.OTHER  # status only
+    assert bodies.put(body("11", 1)) is Change.NOTHING  # the echo of our own write
+    assert bodies.put(body("9", 1)) is Change.NOTHING  # older than what is known
+    assert (bodies.get(("ns", "a")) or {})["status"] == {"rv": "11"}
+    assert bodies.put(body("12", 2)) is Change.SPEC
+    bodies.forget(("ns", "a"))
+    assert bodies.get(("ns", "a")) is None
