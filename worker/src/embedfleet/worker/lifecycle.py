@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker.contract import Engine, GraphCounters
-from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
 from embedfleet.worker.scheduler import Budget, FcfsQueue
@@ -141,8 +141,12 @@ async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health
 async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     model = load_model_dir(resolve_model_path(settings.model))
-    # The metrics thread reads the engine's counters at scrape time, once there is an engine.
-    metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
+    # The metrics thread reads the engine's counters and GPU memory at scrape time, once there is
+    # an engine.
+    metrics = WorkerMetrics(
+        lambda: state.engine.counters() if state.engine else GraphCounters(),
+        lambda: engine_gpu_memory(state.engine),
+    )
     state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics)
     server = grpc.aio.server(
         options=[
