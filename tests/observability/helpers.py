@@ -230,7 +230,8 @@ def worker_metrics_targets(fleet: Fleet) -> list[str]:
 
 @dataclass
 class Load:
-    """Clients posting a mix of requests until stopped; counts answers by status code."""
+    """Clients posting a mix of requests until stopped; counts answers by status code and
+    honours Retry-After."""
 
     url: str
     clients: int = 2
@@ -261,9 +262,13 @@ class Load:
                 for body in bodies(n):
                     try:
                         reply = client.post("/v1/embeddings", json=body)
-                        self.codes[reply.status_code] += 1
                     except httpx.HTTPError:
                         self.codes[0] += 1
+                        continue
+                    self.codes[reply.status_code] += 1
+                    # As a well-behaved client: back off as told (429, and 503 where it says so).
+                    if retry_after := reply.headers.get("retry-after"):
+                        self._stop.wait(float(retry_after))
                 n += self.clients
 
     def start(self) -> Load:
