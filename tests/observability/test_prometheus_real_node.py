@@ -122,12 +122,21 @@ def restarts(pod: dict[str, Any]) -> int:
     return sum(s.get("restartCount", 0) for s in pod["status"].get("containerStatuses") or ())
 
 
-@pytest.fixture(scope="module")
-def node_fleet(k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> RealFleet:
+@pytest.fixture(scope="session")
+def fleet_archives() -> list[Path]:
+    """The images, built or reused before the node starts: the build cache's lock is held
+    briefly, and a build's minutes are not spent with a node running."""
     from embedfleet.testing.images import built_manifest
 
-    for archive in built_manifest().values():
-        k8s_real_node.import_image(Path(archive))
+    return [Path(archive) for archive in built_manifest().values()]
+
+
+@pytest.fixture(scope="module")
+def node_fleet(
+    fleet_archives: list[Path], k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> RealFleet:
+    for archive in fleet_archives:
+        k8s_real_node.import_image(archive)
     node_fleet = RealFleet(k8s_real_node, tmp_path_factory.mktemp("real-prometheus"))
     # A 5 s resync also caps the operator's retry backoff at 5 s: failed reconciles repeat
     # within the compressed reconcile-errors window.
