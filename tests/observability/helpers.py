@@ -171,6 +171,12 @@ CPU_GAPS: dict[str, str] = {
 that they return NO data there, so an entry cannot outlive its reason."""
 
 
+def alert_names() -> set[str]:
+    """Every alert of the chart's rule file."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule}
+
+
 def panel_queries() -> Iterator[tuple[str, str, str]]:
     """(dashboard/panel title, legend, expr) for every target of every panel."""
     for path in DASHBOARDS:

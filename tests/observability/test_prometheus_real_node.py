@@ -39,7 +39,17 @@ from embedfleet.testing.polling import wait_for
 from embedfleet.testing.promconfig import compress_rules, http_sd, kubernetes_sd, monitor_jobs
 from embedfleet.testing.promsd import SdBridge, has_kubernetes_sd
 
-from .helpers import CPU_GAPS, REPO_ROOT, RULES, WORDS, Load, Prometheus, binary, missing_data
+from .helpers import (
+    CPU_GAPS,
+    REPO_ROOT,
+    RULES,
+    WORDS,
+    Load,
+    Prometheus,
+    alert_names,
+    binary,
+    missing_data,
+)
 
 if TYPE_CHECKING:
     from embedfleet.testing.node import RealNode
@@ -477,12 +487,7 @@ def test_refused_reconciles_fire_reconcile_errors_then_clear(
 
 def test_every_alert_was_induced() -> None:
     """Runs last: the faults above covered every alert of the rule file."""
-    alerts = {
-        r["alert"]
-        for g in yaml.safe_load(RULES.read_text())["groups"]
-        for r in g["rules"]
-        if "alert" in r
-    }
+    alerts = alert_names()
     induced = {
         "EmbedfleetWorkerDown", "EmbedfleetWorkerNotReady", *OVERLOAD, *BURN,
         "EmbedfleetOperatorDown", "EmbedfleetReconcileErrors",

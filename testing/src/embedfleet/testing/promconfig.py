@@ -86,7 +86,13 @@ def http_sd(url: str, refresh: str = "2s") -> Discovery:
     return sd
 
 
-def _common(endpoint: Mapping[str, Any], port: str) -> dict[str, Any]:
+def _job(
+    name: str, endpoint: Mapping[str, Any], sd: dict[str, Any], relabel: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {"job_name": name, **_common(endpoint), **sd, "relabel_configs": relabel}
+
+
+def _common(endpoint: Mapping[str, Any]) -> dict[str, Any]:
     for unsupported in ("relabelings", "metricRelabelings", "targetPort", "bearerTokenSecret"):
         if endpoint.get(unsupported):
             raise UnsupportedMonitorError(f"endpoint.{unsupported}")
@@ -105,6 +111,22 @@ def _common(endpoint: Mapping[str, Any], port: str) -> dict[str, Any]:
 
 def _copy(source: str, target: str) -> dict[str, Any]:
     return {"source_labels": [source], "target_label": target}
+
+
+def _job_and_endpoint(prefix: str, job_label: str | None, port: str) -> list[dict[str, Any]]:
+    """The job from the object's `job_label` label when it has one; the endpoint label."""
+    out = []
+    if job_label:
+        source = f"{prefix}_label_{label_name(job_label)}"
+        out.append(
+            {
+                "source_labels": [source],
+                "target_label": "job",
+                "regex": "(.+)",
+                "replacement": "${1}",
+            }
+        )
+    return [*out, {"target_label": "endpoint", "replacement": port}]
 
 
 def service_monitor_jobs(monitor: Mapping[str, Any], sd: Discovery) -> list[dict[str, Any]]:
@@ -144,24 +166,9 @@ def service_monitor_jobs(monitor: Mapping[str, Any], sd: Discovery) -> list[dict
             _copy("__meta_kubernetes_pod_container_name", "container"),
             {**_copy("__meta_kubernetes_service_name", "job"), "replacement": "${1}"},
         ]
-        if job_label := spec.get("jobLabel"):
-            relabel.append(
-                {
-                    "source_labels": [f"__meta_kubernetes_service_label_{label_name(job_label)}"],
-                    "target_label": "job",
-                    "regex": "(.+)",
-                    "replacement": "${1}",
-                }
-            )
-        relabel.append({"target_label": "endpoint", "replacement": port})
-        jobs.append(
-            {
-                "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/{i}",
-                **_common(endpoint, port),
-                **sd("endpointslice", _namespaces(monitor)),
-                "relabel_configs": relabel,
-            }
-        )
+        relabel += _job_and_endpoint("__meta_kubernetes_service", spec.get("jobLabel"), port)
+        name = f"serviceMonitor/{meta['namespace']}/{meta['name']}/{i}"
+        jobs.append(_job(name, endpoint, sd("endpointslice", _namespaces(monitor)), relabel))
     return jobs
 
 
@@ -191,24 +198,9 @@ def pod_monitor_jobs(monitor: Mapping[str, Any], sd: Discovery) -> list[dict[str
             _copy("__meta_kubernetes_pod_name", "pod"),
             {"target_label": "job", "replacement": f"{meta['namespace']}/{meta['name']}"},
         ]
-        if job_label := spec.get("jobLabel"):
-            relabel.append(
-                {
-                    "source_labels": [f"__meta_kubernetes_pod_label_{label_name(job_label)}"],
-                    "target_label": "job",
-                    "regex": "(.+)",
-                    "replacement": "${1}",
-                }
-            )
-        relabel.append({"target_label": "endpoint", "replacement": port})
-        jobs.append(
-            {
-                "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/{i}",
-                **_common(endpoint, port),
-                **sd("pod", _namespaces(monitor)),
-                "relabel_configs": relabel,
-            }
-        )
+        relabel += _job_and_endpoint("__meta_kubernetes_pod", spec.get("jobLabel"), port)
+        name = f"podMonitor/{meta['namespace']}/{meta['name']}/{i}"
+        jobs.append(_job(name, endpoint, sd("pod", _namespaces(monitor)), relabel))
     return jobs
 
 
