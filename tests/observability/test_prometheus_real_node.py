@@ -17,7 +17,7 @@ The alert rules are the chart's, with every duration divided by COMPRESSION (`fo
 `[1h]` -> `[120s]`) so that each fires and clears within a test; scrapes and evaluations every 2 s.
 Faults, each undone in a `finally`: a worker's container frozen (cgroup freezer, `ctr tasks
 pause`); a worker stuck in warm-up; an overload; no worker at all; the operator's container
-frozen; the operator's RBAC binding removed.
+frozen; a rule taken out of the operator's ClusterRole. Before each fault its alerts must be quiet.
 """
 
 from __future__ import annotations
@@ -265,6 +265,13 @@ def wait_cleared(
     return round(time.monotonic() - started, 1)
 
 
+def quiet(node_fleet: RealFleet, prom: Prometheus, *alerts: str) -> None:
+    """Before a fault: none of its alerts pending or firing (a previous fault's after-effects,
+    e.g. the latency a busy warm-up caused, must not pass for this one's)."""
+    for alert in alerts:
+        wait_cleared(node_fleet, prom, alert, 120)
+
+
 def note(line: str) -> None:
     TIMELINE.append(line)
     print(line)
@@ -335,6 +342,7 @@ def test_rules_evaluate_and_stay_quiet_while_healthy(prometheus: Prometheus) -> 
 def test_a_hung_worker_fires_worker_down_then_clears(
     node_fleet: RealFleet, prometheus: Prometheus, node_load: Load
 ) -> None:
+    quiet(node_fleet, prometheus, "EmbedfleetWorkerDown")
     pod = node_fleet.ready("worker")[0]
     name, before = pod["metadata"]["name"], restarts(pod)
     with node_fleet.frozen(pod):
@@ -356,6 +364,7 @@ def test_a_worker_stuck_warming_up_fires_not_ready_then_clears(
     """A third worker whose warm-up lasts 10 minutes: it serves metrics with ready 0, its pod is
     NotReady. The key is added to the operator's ConfigMap by another field manager, which the
     operator's server-side apply leaves alone; only pods started after it read it."""
+    quiet(node_fleet, prometheus, "EmbedfleetWorkerNotReady")
     old = {p["metadata"]["name"] for p in node_fleet.pods("worker")}
     key = "EMBEDFLEET_WORKER_WARMUP_SECONDS"
     patch = json.dumps({"data": {key: "600"}})
@@ -407,6 +416,7 @@ def test_an_overload_fires_the_saturation_alerts_then_clears(
 ) -> None:
     # A client gives up after 10 s (the gateway then cancels its queued chunks), so the queues
     # empty within seconds of the load stopping.
+    quiet(node_fleet, prometheus, *OVERLOAD)
     overload = Load(node_fleet.gateway_url(), clients=6, mix=overload_mix, timeout=10.0).start()
     fired: dict[str, float] = {}
     started = time.monotonic()
@@ -436,6 +446,7 @@ BURN = ("EmbedfleetErrorBudgetBurnFast", "EmbedfleetErrorBudgetBurnSlow")
 def test_no_worker_burns_the_error_budget_then_clears(
     node_fleet: RealFleet, prometheus: Prometheus, node_load: Load
 ) -> None:
+    quiet(node_fleet, prometheus, *BURN)
     before = node_load.codes.copy()
     node_fleet.scale(0)
     try:
@@ -452,6 +463,7 @@ def test_no_worker_burns_the_error_budget_then_clears(
 def test_a_hung_operator_fires_operator_down_then_clears(
     node_fleet: RealFleet, prometheus: Prometheus
 ) -> None:
+    quiet(node_fleet, prometheus, "EmbedfleetOperatorDown")
     (pod,) = node_fleet.ready("operator")
     name, before = pod["metadata"]["name"], restarts(pod)
     with node_fleet.frozen(pod):
@@ -469,19 +481,27 @@ def test_a_hung_operator_fires_operator_down_then_clears(
 def test_refused_reconciles_fire_reconcile_errors_then_clear(
     node_fleet: RealFleet, prometheus: Prometheus
 ) -> None:
-    """The operator's ClusterRoleBinding deleted: every reconcile gets 403 until it is back."""
-    binding = yaml.safe_load(node_fleet.kubectl("get", "clusterrolebinding", RELEASE, "-o", "yaml"))
+    """The operator's ClusterRole loses its PodDisruptionBudget rule: every reconcile (the 5 s
+    resync) is refused at that child until the rule is back. (Deleting the whole binding would
+    not do: the resync's listing fails first, which no reconcile counts.)"""
+    quiet(node_fleet, prometheus, "EmbedfleetReconcileErrors")
+    role = yaml.safe_load(node_fleet.kubectl("get", "clusterrole", RELEASE, "-o", "yaml"))
     for field in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
-        binding["metadata"].pop(field, None)
-    node_fleet.kubectl("delete", "clusterrolebinding", RELEASE)
+        role["metadata"].pop(field, None)
+    narrowed = {
+        **role,
+        "rules": [r for r in role["rules"] if "poddisruptionbudgets" not in r["resources"]],
+    }
+    assert len(narrowed["rules"]) == len(role["rules"]) - 1
+    node_fleet.kubectl("replace", "-f", "-", input=yaml.safe_dump(narrowed))
     try:
         fired = wait_firing(node_fleet, prometheus, "EmbedfleetReconcileErrors", 120)
     finally:
-        node_fleet.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+        node_fleet.kubectl("replace", "-f", "-", input=yaml.safe_dump(role))
     cleared = wait_cleared(node_fleet, prometheus, "EmbedfleetReconcileErrors", 120)
     note(
-        f"RBAC binding removed: EmbedfleetReconcileErrors fired after {fired}s, "
-        f"cleared {cleared}s after restore"
+        f"PDB rule removed from the operator's ClusterRole: EmbedfleetReconcileErrors fired after "
+        f"{fired}s, cleared {cleared}s after restore"
     )
 
 
