@@ -334,9 +334,15 @@ def worker_panels() -> list[timeseries.Panel | stat.Panel]:
                 Query(
                     gauge("embedfleet_worker_gpu_memory_bytes", by="instance, kind"),
                     "{{instance}} {{kind}}",
-                )
+                ),
+                Query(
+                    gauge("embedfleet_worker_gpu_memory_total_bytes", by="instance"),
+                    "{{instance}} total",
+                ),
             ],
-            "Device memory per worker (0 on CPU-only workers).",
+            "Device memory per CUDA worker: allocated by tensors, reserved by torch's caching "
+            "allocator (what other processes cannot use), and the device's total. CPU workers "
+            "export no series, so a CPU-only fleet shows none.",
         ),
     ]
 

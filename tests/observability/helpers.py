@@ -16,7 +16,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,15 +41,22 @@ def binary(name: str) -> str:
 
 
 def scrape_config(
-    jobs: Mapping[str, Sequence[str]], rule_files: Sequence[Path], interval: str = "1s"
+    jobs: Mapping[str, Sequence[str]],
+    rule_files: Sequence[Path],
+    interval: str = "1s",
+    discovered: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """Prometheus config scraping each job's host:port targets every `interval`."""
+    """Prometheus config scraping each job's host:port targets every `interval`, plus the
+    `discovered` scrape configs (embedfleet.testing.promconfig renders them from monitors)."""
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in jobs.items()
+            *(
+                {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+                for job, targets in jobs.items()
+            ),
+            *(dict(job) for job in discovered),
         ],
     }
 
@@ -63,6 +70,8 @@ class Prometheus:
     workdir: Path
     jobs: Mapping[str, Sequence[str]]
     rule_files: Sequence[Path] = ()
+    discovered: Sequence[Mapping[str, Any]] = ()
+    interval: str = "1s"
     port: int = 0
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     record: ProcessRecord | None = field(default=None, repr=False)
@@ -74,7 +83,8 @@ class Prometheus:
     def start(self, timeout: float = 60.0) -> Prometheus:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
-        config.write_text(yaml.safe_dump(scrape_config(self.jobs, self.rule_files)))
+        doc = scrape_config(self.jobs, self.rule_files, self.interval, self.discovered)
+        config.write_text(yaml.safe_dump(doc))
         self.port = self.port or free_ports(1)[0]
         self.process, self.record = spawn(
             "prometheus",
@@ -139,6 +149,10 @@ class Prometheus:
         active = self.api("targets")["activeTargets"]
         return {t["scrapeUrl"]: t["health"] == "up" for t in active}
 
+    def alerts(self, state: str = "firing") -> list[dict[str, str]]:
+        """The labels of every alert in `state` (pending or firing)."""
+        return [a["labels"] for a in self.api("alerts")["alerts"] if a["state"] == state]
+
 
 def finite_points(series: Sequence[Mapping[str, Any]]) -> int:
     """Samples in a range-query result that are numbers (not NaN or infinite)."""
@@ -146,6 +160,68 @@ def finite_points(series: Sequence[Mapping[str, Any]]) -> int:
 
 
 RULES = REPO_ROOT / "charts" / "embedfleet" / "alerts" / "embedfleet.rules.yaml"
+DASHBOARDS = sorted((REPO_ROOT / "dashboards").glob("embedfleet-*.json"))
+RATE_INTERVAL = "10s"
+CPU_GAPS: dict[str, str] = {
+    "embedfleet-worker.json/GPU memory": "CPU workers export no embedfleet_worker_gpu_memory_bytes "
+    "or _total_bytes (absent by design; a CUDA worker's are checked by "
+    "tests/worker/server/test_gpu_memory.py, marked gpu)",
+}
+"""Panels that cannot have data where every worker runs on CPU, with the reason. A test asserts
+that they return NO data there, so an entry cannot outlive its reason."""
+
+
+def alert_names() -> set[str]:
+    """Every alert of the chart's rule file."""
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule}
+
+
+def panel_queries() -> Iterator[tuple[str, str, str]]:
+    """(dashboard/panel title, legend, expr) for every target of every panel."""
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                yield f"{path.name}/{panel['title']}", target["legendFormat"], target["expr"]
+
+
+def substitute(expr: str, rate_interval: str = RATE_INTERVAL) -> str:
+    return expr.replace("$__rate_interval", rate_interval).replace("$namespace", ".*")
+
+
+def panel_points(
+    prom: Prometheus, window: float, rate_interval: str = RATE_INTERVAL
+) -> dict[str, int | str]:
+    """'panel [legend]' -> finite points over the last `window` seconds, or the query's error."""
+    found: dict[str, int | str] = {}
+    for where, legend, expr in panel_queries():
+        try:
+            series = prom.query_range(substitute(expr, rate_interval), window)
+        except QueryError as err:
+            found[f"{where} [{legend}]"] = f"query error {err}: {expr}"
+            continue
+        found[f"{where} [{legend}]"] = finite_points(series)
+    return found
+
+
+def missing_data(
+    prom: Prometheus, window: float, gaps: Mapping[str, str], rate_interval: str = RATE_INTERVAL
+) -> dict[str, str]:
+    """'panel [legend]' -> why it has no data, for every query outside `gaps` that returns none,
+    and for every query in `gaps` that returns some (its entry is stale)."""
+    failures = {}
+    for key, points in panel_points(prom, window, rate_interval).items():
+        panel = key.rsplit(" [", 1)[0]
+        if isinstance(points, str):
+            failures[key] = points
+        elif panel in gaps and points:
+            failures[key] = f"has data now, so its gap entry is stale ({gaps[panel]})"
+        elif panel not in gaps and not points:
+            failures[key] = "no data"
+    return failures
+
+
 WORDS = ("embedding", "fleets", "batch", "tokens", "by", "budget", "and", "reply", "in", "order")
 
 
@@ -160,10 +236,15 @@ def worker_metrics_targets(fleet: Fleet) -> list[str]:
 
 @dataclass
 class Load:
-    """Clients posting a mix of requests until stopped; counts answers by status code."""
+    """Clients posting a mix of requests until stopped; counts answers by status code and
+    honours Retry-After."""
 
     url: str
     clients: int = 2
+    mix: Callable[[int], list[object]] | None = None
+    """The bodies client `n` posts in turn; None: `requests` (valid, split, base64, invalid)."""
+    timeout: float = 60.0
+    """A request unanswered this long is abandoned (counted as 0) and the client goes on."""
     codes: Counter[int] = field(default_factory=Counter)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -180,15 +261,20 @@ class Load:
         ]
 
     def _run(self, seed: int) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as client:
+        bodies = self.mix or self.requests
+        with httpx.Client(base_url=self.url, timeout=self.timeout) as client:
             n = seed
             while not self._stop.is_set():
-                for body in self.requests(n):
+                for body in bodies(n):
                     try:
                         reply = client.post("/v1/embeddings", json=body)
-                        self.codes[reply.status_code] += 1
                     except httpx.HTTPError:
                         self.codes[0] += 1
+                        continue
+                    self.codes[reply.status_code] += 1
+                    # As a well-behaved client: back off as told (429, and 503 where it says so).
+                    if retry_after := reply.headers.get("retry-after"):
+                        self._stop.wait(float(retry_after))
                 n += self.clients
 
     def start(self) -> Load:
@@ -201,7 +287,7 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(60)
+            thread.join(self.timeout + 5)
 
 
 def start_prometheus(workdir: Path, jobs: dict[str, list[str]]) -> Prometheus:

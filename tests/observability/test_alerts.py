@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from .helpers import RULES, binary
+from .helpers import RULES, alert_names, binary
 
 TESTS = Path(__file__).with_name("alerts") / "embedfleet.rules.test.yaml"
 
@@ -31,12 +31,7 @@ def test_promtool_test_rules() -> None:
 
 
 def test_every_alert_has_a_unit_test() -> None:
-    alerts = {
-        rule["alert"]
-        for group in yaml.safe_load(RULES.read_text())["groups"]
-        for rule in group["rules"]
-        if "alert" in rule
-    }
+    alerts = alert_names()
     tested = {
         case["alertname"]
         for test in yaml.safe_load(TESTS.read_text())["tests"]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from embedfleet.common.settings import markdown_table
-from embedfleet.worker.metrics import WorkerMetrics, metric_rows
+from embedfleet.worker.metrics import GpuMemory, WorkerMetrics, metric_rows
 from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
 
 DOC = Path(__file__).resolve().parents[4] / "docs" / "worker.md"
@@ -23,7 +23,9 @@ def settings_table() -> str:
 
 def metrics_table() -> str:
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for name, kind, labels, help_text in metric_rows(WorkerMetrics()):
+    # As a CUDA worker exports them: a CPU worker has no GPU memory series at all.
+    cuda = WorkerMetrics(gpu_memory=lambda: GpuMemory(0, 0, 0))
+    for name, kind, labels, help_text in metric_rows(cuda):
         shown = f"`{labels}`" if labels else ""
         rows.append(f"| `{name}` | {kind} | {shown} | {help_text} |")
     return "\n".join(rows) + "\n"

@@ -25,7 +25,7 @@ from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_p
 from embedfleet.worker import memory, tracing
 from embedfleet.worker.contract import Engine, GraphCounters
 from embedfleet.worker.inflight import max_message_bytes, mib
-from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
 from embedfleet.worker.scheduler import Budget, FcfsQueue
@@ -166,8 +166,12 @@ async def serve(settings: WorkerSettings) -> int:
         log.error("bad settings: %s", exc)
         return 2
     model = load_model_dir(resolve_model_path(settings.model), settings.task)
-    # The metrics thread reads the engine's counters at scrape time, once there is an engine.
-    metrics = WorkerMetrics(lambda: state.engine.counters() if state.engine else GraphCounters())
+    # The metrics thread reads the engine's counters and GPU memory at scrape time, once there is
+    # an engine.
+    metrics = WorkerMetrics(
+        lambda: state.engine.counters() if state.engine else GraphCounters(),
+        lambda: engine_gpu_memory(state.engine),
+    )
     tracer = tracing.from_settings(settings)
     state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics, tracer=tracer)
     server = grpc.aio.server(

@@ -6,12 +6,13 @@ docs/worker.md lists them; `metric_rows` renders that list from the registry, so
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from embedfleet.worker.contract import GraphCounters
+from embedfleet.worker.contract import Engine, GraphCounters
 
 _PREFIX = "embedfleet_worker_"
 _SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -69,8 +70,78 @@ class _GraphCollector(Collector):
         return _GraphCollector(GraphCounters).collect()
 
 
+@dataclass(frozen=True, slots=True)
+class GpuMemory:
+    """The CUDA memory of the engine's device, in bytes."""
+
+    allocated: int
+    """Held by live tensors (weights, activations, graph pools in use)."""
+    reserved: int
+    """Held by torch's caching allocator: allocated plus cached free blocks; what other processes
+    on the GPU cannot have."""
+    total: int
+    """The device's memory."""
+
+
+def no_gpu() -> GpuMemory | None:
+    return None
+
+
+def cuda_memory(device: str) -> GpuMemory:
+    """Torch's allocator counters: host-side reads, no CUDA call, so they are safe from the
+    metrics thread while the engine thread launches or captures graphs."""
+    import torch  # the metrics module loads without torch (docs, stub workers)
+
+    return GpuMemory(
+        allocated=torch.cuda.memory_allocated(device),
+        reserved=torch.cuda.memory_reserved(device),
+        total=torch.cuda.get_device_properties(device).total_memory,
+    )
+
+
+def engine_gpu_memory(engine: Engine | None) -> GpuMemory | None:
+    """The GPU memory of a CUDA engine; None (no series at all) before the engine exists and on
+    CPU, where a 0 would read as "uses no memory" rather than "has no GPU"."""
+    if engine is None or not engine.info.device.startswith("cuda"):
+        return None
+    return cuda_memory(engine.info.device)
+
+
+class _GpuMemoryCollector(Collector):
+    """Samples GPU memory at scrape time: the value is current, and a CPU worker exports none."""
+
+    def __init__(self, read: Callable[[], GpuMemory | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        memory = self._read()
+        if memory is None:
+            return
+        used = GaugeMetricFamily(
+            _PREFIX + "gpu_memory_bytes",
+            "GPU memory of the engine's device by kind: allocated (live tensors) or reserved "
+            "(torch's caching allocator, allocated included). Absent on CPU.",
+            labels=("kind",),
+        )
+        used.add_metric(("allocated",), memory.allocated)
+        used.add_metric(("reserved",), memory.reserved)
+        yield used
+        yield GaugeMetricFamily(
+            _PREFIX + "gpu_memory_total_bytes",
+            "Memory of the engine's GPU. Absent on CPU.",
+            value=memory.total,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return _GpuMemoryCollector(lambda: GpuMemory(0, 0, 0)).collect()
+
+
 class WorkerMetrics:
-    def __init__(self, engine_counters: Callable[[], GraphCounters] = GraphCounters) -> None:
+    def __init__(
+        self,
+        engine_counters: Callable[[], GraphCounters] = GraphCounters,
+        gpu_memory: Callable[[], GpuMemory | None] = no_gpu,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.tokens = Counter(
@@ -146,6 +217,7 @@ class WorkerMetrics:
         for rpc in ("Embed", "Score", "Info"):
             self.requests.labels(rpc, "OK")
         r.register(_GraphCollector(engine_counters))
+        r.register(_GpuMemoryCollector(gpu_memory))
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
