@@ -287,3 +287,14 @@ def test_worker_threads_follow_the_pods_cpu_share(
     data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
     # "0" keeps torch's default: a pod with no CPU figure may use the node's cores.
     assert data["EMBEDFLEET_WORKER_THREADS"] == (threads or "0")
+
+
+def test_a_fleet_that_may_scale_to_zero_has_gateways_that_hold_requests() -> None:
+    """With minReplicas 0 the gateway must stay Ready and hold requests, or nothing wakes it."""
+    raw = _example("minilm.yaml")
+    hold = "EMBEDFLEET_GATEWAY_HOLD_REQUESTS"
+    assert child_objects(raw)["ConfigMap/minilm-config"]["data"][hold] == "0"
+    raw["autoscaling"] = {"enabled": True, "minReplicas": 0, "maxReplicas": 3}
+    assert int(child_objects(raw)["ConfigMap/minilm-config"]["data"][hold]) > 0
+    raw["autoscaling"]["minReplicas"] = 1
+    assert child_objects(raw)["ConfigMap/minilm-config"]["data"][hold] == "0"

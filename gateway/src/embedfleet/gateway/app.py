@@ -22,6 +22,7 @@ from embedfleet.gateway import errors, openapi
 from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.hold import Hold
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
 from embedfleet.gateway.racing import finished_first
@@ -116,8 +117,9 @@ class Gateway:
         s = self.settings
         self.pool = WorkerPool(self.balancer, s.probe_seconds)
         dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds)
+        hold = Hold(self.pool, self.metrics, s.hold_requests, s.hold_seconds, s.retry_after_seconds)
         self.service = Service(
-            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics
+            s, self.model, self.tokenization, self.pool, dispatcher, self.metrics, hold
         )
         self._posts = {
             "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
@@ -251,7 +253,10 @@ class Gateway:
         if route == "/health":
             await _respond(send, 200, b'{"status":"ok"}')
         elif route == "/ready":
-            ready = self.pool is not None and self.pool.ready()
+            # Holding requests (scale from zero), the gateway is ready without a ready worker.
+            ready = self.service is not None and (
+                self.service.hold.keeps_ready or self.service.pool.ready()
+            )
             status = 200 if ready else 503
             await _respond(send, status, b'{"ready":true}' if ready else b'{"ready":false}')
             return status

@@ -14,6 +14,7 @@ from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import errors
 from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.hold import Hold
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import Worker, WorkerPool
 from embedfleet.gateway.schemas import (
@@ -72,6 +73,7 @@ class Service:
         pool: WorkerPool,
         dispatcher: Dispatcher,
         metrics: Metrics,
+        hold: Hold,
     ) -> None:
         self.settings = settings
         self.model = model
@@ -79,6 +81,7 @@ class Service:
         self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.hold = hold
         self.name = settings.served_model_name or model.name
         self.created = int(time.time())
 
@@ -111,6 +114,12 @@ class Service:
                 param=param,
             )
         self.metrics.input_tokens.inc(total)
+
+    def _admit(self) -> None:
+        """Refuse early what cannot be served; a request to be held (no worker ready yet) is
+        let through, so it is tokenized and counted as demand before it waits."""
+        if not self.hold.will_hold():
+            self.dispatcher.admit()
 
     @property
     def dimensions(self) -> int:
@@ -157,12 +166,13 @@ class Service:
         self, pairs: list[tuple[str, str]], truncate: bool, side: TruncationSide, param: str
     ) -> tuple[FloatArray, int]:
         """Relevance of each pair: the cross-encoder's own score, else embedding cosine."""
-        self.dispatcher.admit()
+        self._admit()
         if self.model.task == "score":
             start = time.perf_counter()
             batch = await self.tokenization.pairs(pairs, truncate, side)
             self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
             self._check_tokens(batch, param)
+            await self.hold.until_ready(batch.total)
             return await self._score(batch), batch.total
         firsts = list(dict.fromkeys(a for a, _ in pairs))
         seconds = list(dict.fromkeys(b for _, b in pairs))
@@ -170,6 +180,7 @@ class Service:
         right = await self._tokenize_texts(seconds, "document", truncate, side)
         both = Batch(ids=left.ids + right.ids)
         self._check_tokens(both, param)
+        await self.hold.until_ready(both.total)
         rows = await self._embed(both, 0)
         where_a = {t: i for i, t in enumerate(firsts)}
         where_b = {t: len(firsts) + i for i, t in enumerate(seconds)}
@@ -200,7 +211,7 @@ class Service:
                 f"'dimensions' must be between 1 and {dims} for this model; got {req.dimensions}.",
                 param="dimensions",
             )
-        self.dispatcher.admit()
+        self._admit()
         if isinstance(raw[0], str):
             texts: list[str] = raw
             _check_texts(texts, "input")
@@ -211,6 +222,7 @@ class Service:
             seqs = cast(list[list[int]], raw)
             batch = self.tokenization.token_ids(seqs, req.truncate, req.truncation_side)
         self._check_tokens(batch, "input")
+        await self.hold.until_ready(batch.total)
         requested = req.dimensions if req.dimensions is not None and req.dimensions < dims else 0
         rows = await self._embed(batch, requested)
         if req.encoding_format == "base64":

@@ -69,7 +69,21 @@ class GatewaySettings:
         "Backpressure: when every ready worker has more tokens outstanding than this, new "
         "requests get 429 with Retry-After.",
     )
-    retry_after_seconds: int = setting(1, "Retry-After value sent with 429.")
+    retry_after_seconds: int = setting(
+        1, "Retry-After value sent with 429, and with 503 when a held request is refused."
+    )
+    hold_requests: int = setting(
+        0,
+        "Scale from zero: while no worker is ready, hold up to this many requests until one is "
+        "(their count and tokens are gauges the autoscaler reads as demand), and keep /ready OK so "
+        "the gateway stays in its Service. More get 503 with Retry-After. 0: no hold; no ready "
+        "worker means 503 at once and /ready fails.",
+    )
+    hold_seconds: float = setting(
+        120.0,
+        "Longest a request is held waiting for a ready worker; then 503 with Retry-After. Cover "
+        "a worker's cold start (pod start, weights, warm-up, self-check).",
+    )
     eject_seconds: float = setting(
         5.0,
         "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",

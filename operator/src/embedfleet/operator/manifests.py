@@ -41,6 +41,9 @@ METRICS_PORTS = {"worker": ("metrics", WORKER_METRICS_PORT), "gateway": ("http",
 on its one HTTP port."""
 MODEL_DIR = "/models"
 PRESTOP_SECONDS = 5
+#: Requests a gateway holds while its fleet has no ready worker, when the fleet may scale to zero
+#: (gateway `hold_requests`); more get 503 with Retry-After until a worker is up.
+HOLD_REQUESTS = 256
 """Before SIGTERM: time for the endpoint removal to reach the gateways, so no new work arrives."""
 GRACE_MARGIN_SECONDS = 10
 RUN_AS = 65532
@@ -218,10 +221,17 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
             "max_request_tokens": gateway.max_request_tokens,
             "chunk_tokens": gateway.chunk_tokens,
             "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
+            # Zero workers by design: the gateway stays Ready and holds the first requests, whose
+            # count and tokens on its /metrics wake the fleet (the autoscaler scrapes them).
+            "hold_requests": HOLD_REQUESTS if _scales_to_zero(spec) else 0,
             "host": "0.0.0.0",
             "port": GATEWAY_PORT,
         },
     )
+
+
+def _scales_to_zero(spec: Spec) -> bool:
+    return spec.autoscaling.enabled and spec.autoscaling.min_replicas == 0
 
 
 def config_hash(values: Mapping[str, str]) -> str:
