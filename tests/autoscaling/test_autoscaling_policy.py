@@ -222,7 +222,9 @@ def test_held_requests_keep_the_last_worker_and_count_as_backlog() -> None:
                   1000.0).replicas == 0  # fmt: skip
     # Held tokens are demand drained over the stable window, like a worker's queue.
     big = Observation(0.0, None, CAP, 0.0, 0, held_requests=100, held_tokens=60 * 24_000)
-    assert decide(PolicyState(), big, spec, 2, 1000.0).replicas == 3
+    d = decide(PolicyState(), big, spec, 2, 1000.0)
+    assert d.replicas == 3
+    assert "100 requests held" in d.message
 
 
 def test_recovers_after_clock_steps_back() -> None:

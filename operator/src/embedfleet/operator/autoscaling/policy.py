@@ -216,6 +216,7 @@ def decide(
         demand=(stable_rate, panic_rate),
         per_replica=per_replica,
         p99=p99,
+        held_requests=observation.held_requests,
     )
     new_state = PolicyState(
         load=load,
@@ -240,6 +241,7 @@ def _explain(
     demand: tuple[float, float],
     per_replica: float,
     p99: float | None,
+    held_requests: float = 0.0,
 ) -> tuple[Reason, str]:
     stable_rate, panic_rate = demand
     latency = "n/a" if p99 is None else f"{p99 * 1000:.0f}ms"
@@ -249,6 +251,8 @@ def _explain(
         f"target {per_replica:.0f} tokens/s per replica; p99 {latency} "
         f"(SLO {_slo(spec) * 1000:.0f}ms)"
     )
+    if held_requests > 0:
+        facts += f"; {held_requests:.0f} requests held at the gateways for a ready worker"
     if not spec.min_replicas <= current <= spec.max_replicas and final == clamp(
         current, spec.min_replicas, spec.max_replicas
     ):
