@@ -145,7 +145,8 @@ class Timeline:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for load in self.loads:
-                assert load.proc.poll() is None, "a load generator died"
+                # A stopped load has its report; any other must still be running.
+                assert load.report is not None or load.proc.poll() is None, "a load generator died"
             self.sample()
             time.sleep(0.25)
 
