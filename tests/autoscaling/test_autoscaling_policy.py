@@ -198,6 +198,35 @@ def test_remembers_capacity_while_no_worker_reports_one() -> None:
     assert (d.replicas, d.reason) == (1, Reason.SCALE_UP_FOR_LOAD)
 
 
+def test_requests_held_at_zero_wake_the_fleet_without_any_capacity_measured() -> None:
+    # A fleet that started at zero never measured a capacity; the gateways hold two requests.
+    spec = replace(SPEC, min_replicas=0, max_replicas=4)
+    held = Observation(0.0, None, None, 0.0, 0, held_requests=2, held_tokens=30)
+    d = decide(PolicyState(), held, spec, 0, 1000.0)
+    assert (d.replicas, d.reason) == (1, Reason.SCALE_UP_FOR_LOAD)
+    assert "held" in d.message
+    # Nothing held, nothing measured: the fleet stays at zero.
+    d = decide(PolicyState(), Observation(0.0), spec, 0, 1000.0)
+    assert d.replicas == 0
+    # Bounded by maxReplicas like every decision.
+    d = decide(PolicyState(), held, replace(spec, max_replicas=0), 0, 1000.0)
+    assert d.replicas == 0
+
+
+def test_held_requests_keep_the_last_worker_and_count_as_backlog() -> None:
+    spec = replace(SPEC, min_replicas=0, scale_down_stabilization_seconds=0)
+    # The one worker went unready while requests wait for it: never scale it away.
+    held = Observation(0.0, None, CAP, 0.0, 0, held_requests=1, held_tokens=10)
+    assert decide(PolicyState(), held, spec, 1, 1000.0).replicas == 1
+    assert decide(PolicyState(), replace(held, held_requests=0, held_tokens=0), spec, 1,
+                  1000.0).replicas == 0  # fmt: skip
+    # Held tokens are demand drained over the stable window, like a worker's queue.
+    big = Observation(0.0, None, CAP, 0.0, 0, held_requests=100, held_tokens=60 * 24_000)
+    d = decide(PolicyState(), big, spec, 2, 1000.0)
+    assert d.replicas == 3
+    assert "100 requests held" in d.message
+
+
 def test_recovers_after_clock_steps_back() -> None:
     ds = run([obs(40_000)] * 5, 5)
     state = ds[-1].state

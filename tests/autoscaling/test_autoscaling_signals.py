@@ -136,6 +136,28 @@ def test_observe_prefers_gateway_load_and_latency() -> None:
     assert no_workers.capacity_tokens_per_second is None
 
 
+def test_held_requests_at_the_gateways_are_seen_from_the_first_scrape() -> None:
+    m = gateway_metrics()
+    m.held_requests.inc(3)
+    m.held_tokens.inc(42)
+    text = exposition(m)
+    s = signals.parse_gateway(text, 1.0)
+    assert (s.held_requests, s.held_tokens) == (3, 42)
+    # A gauge needs no earlier round: the operator's first look at a fleet at zero sees them.
+    o = signals.observe(({}, {}), ({}, {"a": s, "b": signals.parse_gateway(text, 1.0)}), 0)
+    assert o is not None
+    assert (o.held_requests, o.held_tokens, o.tokens_per_second) == (6, 84, 0)
+    values = {"held_requests": 2.0, "held_tokens": 20.0}
+    from_prometheus = signals.observation_from_prometheus(values, 0)
+    assert from_prometheus is not None
+    assert (from_prometheus.held_requests, from_prometheus.held_tokens) == (2, 20)
+    queries = signals.prometheus_queries("ns", "w-.*", "g-.*", "1m")
+    assert (
+        queries["held_requests"]
+        == 'sum(embedfleet_gateway_held_requests{namespace="ns",pod=~"g-.*"})'
+    )
+
+
 def test_capacity_ignores_workers_still_warming_up() -> None:
     previous = {"a": Scrape(0, 0, {}), "b": Scrape(0, 0, {})}
     current = {"a": Scrape(1, 10, {}, 0, 8_000), "b": Scrape(1, 10, {}, 0, 0)}

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -165,11 +166,15 @@ class Fleet:
         return self.node.netns_argv(argv)
 
     @contextmanager
-    def load(self, name: str, *, streams: int = 3, seconds: float = 150.0) -> Iterator[Load]:
-        """Steady load through the gateway Service's ClusterIP for the block's duration."""
+    def load(
+        self, name: str, *, streams: int = 3, seconds: float = 150.0, rate: float = 8.0
+    ) -> Iterator[Load]:
+        """Steady load through the gateway Service's ClusterIP for the block's duration:
+        `streams` closed loops of at most `rate` requests a second each."""
         out = self.work / f"load-{name}.json"
         argv = [sys.executable, str(LOADGEN), "load", "--url", f"http://{self.cluster_ip()}/v1"]
         argv += ["--out", str(out), "--streams", str(streams), "--seconds", str(seconds)]
+        argv += ["--rate", str(rate)]
         log = (self.work / f"load-{name}.log").open("w")
         proc = subprocess.Popen(self.in_node(argv), stdout=log, stderr=subprocess.STDOUT)
         load = Load(proc, out)
@@ -178,6 +183,15 @@ class Fleet:
         finally:
             load.finish()
             log.close()
+
+    def embed_ok(self, pod: dict[str, Any]) -> int:
+        """Embed RPCs a worker pod answered OK, from its /metrics (the host routes to pod IPs)."""
+        url = f"http://{pod['status']['podIP']}:9090/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+        pattern = r'^embedfleet_worker_requests_total\{code="OK",rpc="Embed"\} ([0-9.e+]+)$'
+        match = re.search(pattern, text, re.MULTILINE)
+        return int(float(match.group(1))) if match else 0
 
     def embed_in_node(self, url: str, texts: list[str]) -> list[list[float]]:
         argv = self.in_node([sys.executable, str(LOADGEN), "embed", "--url", url])

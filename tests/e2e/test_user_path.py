@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import time
-import urllib.request
 from typing import Any
 
 import numpy as np
@@ -48,16 +47,6 @@ def _cosines(got: list[list[float]], want: np.ndarray) -> list[float]:
     ref = np.asarray(want, dtype=np.float64)
     dots = (rows * ref).sum(axis=1)
     return list(dots / (np.linalg.norm(rows, axis=1) * np.linalg.norm(ref, axis=1)))
-
-
-def _embed_ok(pod: dict[str, Any]) -> int:
-    """Embed RPCs a worker pod answered OK, from its /metrics (the host routes to pod IPs)."""
-    url = f"http://{pod['status']['podIP']}:9090/metrics"
-    with urllib.request.urlopen(url, timeout=5) as reply:
-        text = reply.read().decode()
-    pattern = r'^embedfleet_worker_requests_total\{code="OK",rpc="Embed"\} ([0-9.e+]+)$'
-    match = re.search(pattern, text, re.MULTILINE)
-    return int(float(match.group(1))) if match else 0
 
 
 def _lossless(fleet: Fleet, name: str, report: Report) -> None:
@@ -183,7 +172,7 @@ def test_deleting_a_worker_pod_loses_no_request(applied: Applied) -> None:
     with fleet.load("worker-delete") as load:
         load.wait_running(4)
         victim = fleet.ready_pods("worker")[0]
-        assert _embed_ok(victim) > 0, "the load never reached the worker about to be deleted"
+        assert fleet.embed_ok(victim) > 0, "the load never reached the worker about to be deleted"
         started = time.monotonic()
         fleet.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
         gone = victim["metadata"]["uid"]
@@ -236,7 +225,7 @@ def test_scaling_to_three_sends_traffic_to_the_new_worker(applied: Applied) -> N
 
         pod = fleet.wait("the third worker ready", new_ready, timeout=240)
         ready_at = time.monotonic()
-        fleet.wait("the third worker's first request", lambda: _embed_ok(pod) > 0, timeout=30)
+        fleet.wait("the third worker's first request", lambda: fleet.embed_ok(pod) > 0, timeout=30)
         seconds = round(time.monotonic() - ready_at, 2)
         FIGURES["scaled to 3: Ready to first request on the new worker (s)"] = seconds
         load.wait_running(2)

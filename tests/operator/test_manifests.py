@@ -271,8 +271,12 @@ def test_worker_start_up_may_take_minutes_and_readiness_follows_it_soon() -> Non
     (container,) = dep["spec"]["template"]["spec"]["containers"]
     startup = container["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
-    # Readiness is probed only after start-up succeeded: at most these seconds after SERVING.
-    assert startup["periodSeconds"] + container["readinessProbe"]["periodSeconds"] <= 7
+    # Readiness is probed only after start-up succeeded: at most these seconds after SERVING
+    # (the cold start from zero waits on it: docs/autoscaling.md).
+    readiness = container["readinessProbe"]
+    assert startup["periodSeconds"] + readiness["periodSeconds"] <= 2
+    # As slow to give up as before: 10 s of failed probes before a worker leaves the Service.
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] >= 10
 
 
 def test_grace_periods_cover_the_pre_stop_sleep_and_the_drain() -> None:
@@ -504,3 +508,14 @@ def test_no_tracing_endpoint_renders_no_tracing_settings() -> None:
         spec = parse_spec(raw)
         env = {**worker_env(spec), **gateway_env(OWNER, spec)}
         assert not [k for k in env if "TRACING" in k]
+
+
+def test_a_fleet_that_may_scale_to_zero_has_gateways_that_hold_requests() -> None:
+    """With minReplicas 0 the gateway must stay Ready and hold requests, or nothing wakes it."""
+    raw = _example("minilm.yaml")
+    hold = "EMBEDFLEET_GATEWAY_HOLD_REQUESTS"
+    assert child_objects(raw)["ConfigMap/minilm-config"]["data"][hold] == "0"
+    raw["autoscaling"] = {"enabled": True, "minReplicas": 0, "maxReplicas": 3}
+    assert int(child_objects(raw)["ConfigMap/minilm-config"]["data"][hold]) > 0
+    raw["autoscaling"]["minReplicas"] = 1
+    assert child_objects(raw)["ConfigMap/minilm-config"]["data"][hold] == "0"

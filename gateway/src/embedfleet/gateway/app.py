@@ -33,6 +33,7 @@ from embedfleet.gateway.balancer import Balancer
 from embedfleet.gateway.client import WorkerClient
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.hold import Hold
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
 from embedfleet.gateway.quantization import find_calibration
@@ -156,6 +157,9 @@ class Gateway:
             dispatcher,
             self.metrics,
             self.calibration,
+            hold=Hold(
+                self.pool, self.metrics, s.hold_requests, s.hold_seconds, s.retry_after_seconds
+            ),
             tracer=self.tracer,
         )
         if self.keys is not None:
@@ -346,7 +350,10 @@ class Gateway:
         if route == "/health":
             await _respond(send, 200, b'{"status":"ok"}')
         elif route == "/ready":
-            ready = self.pool is not None and self.pool.ready()
+            # Holding requests (scale from zero), the gateway is ready without a ready worker.
+            ready = self.service is not None and (
+                self.service.hold.keeps_ready or self.service.pool.ready()
+            )
             status = 200 if ready else 503
             await _respond(send, status, b'{"ready":true}' if ready else b'{"ready":false}')
             return status

@@ -134,4 +134,27 @@ class Metrics:
             ["key", "route"],
             registry=r,
         )
+        # Scale from zero (hold.py): the autoscaler reads these as demand while no worker is up.
+        self.held_requests = Gauge(
+            "embedfleet_gateway_held_requests",
+            "Requests waiting for a worker to become ready (the fleet is at zero or starting).",
+            registry=r,
+        )
+        self.held_tokens = Gauge(
+            "embedfleet_gateway_held_tokens",
+            "Tokens of the requests waiting for a worker to become ready.",
+            registry=r,
+        )
+        self.hold_seconds = Histogram(
+            "embedfleet_gateway_hold_seconds",
+            "Time a request waited for a worker to become ready (held requests only).",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 300),
+            registry=r,
+        )
+        self.hold_refused = Counter(
+            "embedfleet_gateway_hold_refused",
+            "Requests answered 503 while waiting for a worker: the hold was full, or timed out.",
+            ["reason"],
+            registry=r,
+        )
         r.register(_WorkerCollector(balancer))

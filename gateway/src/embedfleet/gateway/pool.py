@@ -113,6 +113,8 @@ class WorkerPool:
         #: set when a worker's probe fails, giving up the calls in flight there (Lease.guard)
         self._hung: dict[str, asyncio.Event] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        #: set while ready() holds, for wait_ready (requests held while the fleet is at zero)
+        self._any_ready = asyncio.Event()
 
     def update(self, addresses: Collection[str]) -> None:
         added, removed = self._balancer.set_addresses(addresses)
@@ -129,6 +131,7 @@ class WorkerPool:
             self._workers[address] = self._connect(address)
             self._hung[address] = asyncio.Event()
             self._probes[address] = asyncio.create_task(self._probe_loop(address))
+        self._sync_ready()
         if added or removed:
             log.info(
                 "workers changed",
@@ -157,6 +160,17 @@ class WorkerPool:
     def ready(self) -> bool:
         """At least one worker says it is ready (ejected ones too: ejection is advice)."""
         return any(e.ready for e in self._balancer.endpoints.values())
+
+    async def wait_ready(self) -> None:
+        """Returns once ready() holds (at once if it does now)."""
+        while not self.ready():
+            await self._any_ready.wait()
+
+    def _sync_ready(self) -> None:
+        if self.ready():
+            self._any_ready.set()
+        else:
+            self._any_ready.clear()
 
     def usable_workers(self) -> int:
         """How many workers take new chunks now: ready and not ejected."""
@@ -190,6 +204,7 @@ class WorkerPool:
                 self._hung[address].set()
                 self._hung[address] = asyncio.Event()
             endpoint.ready = False
+            self._sync_ready()
             return
         was = endpoint.ready
         endpoint.ready = info.ready and not info.draining
@@ -197,6 +212,7 @@ class WorkerPool:
         endpoint.queued_elsewhere = max(0, endpoint.queued_tokens - endpoint.outstanding_tokens)
         endpoint.capacity = info.capacity_tokens_per_second
         self._infos[address] = info
+        self._sync_ready()
         if endpoint.ready != was:
             log.info("worker readiness", extra={"worker": address, "ready": endpoint.ready})
             if endpoint.ready:

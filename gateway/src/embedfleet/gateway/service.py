@@ -15,6 +15,7 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.tracing import OFF, SpanLike, Tracer
 from embedfleet.gateway import admission, errors
 from embedfleet.gateway.dispatcher import Dispatcher
+from embedfleet.gateway.hold import Hold
 from embedfleet.gateway.long_inputs import merge, split
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import Worker, WorkerPool
@@ -96,6 +97,8 @@ class Service:
         dispatcher: Dispatcher,
         metrics: Metrics,
         calibration: Calibration | None = None,
+        *,
+        hold: Hold,
         tracer: Tracer = OFF,
     ) -> None:
         self.settings = settings
@@ -106,6 +109,7 @@ class Service:
         self.pool = pool
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.hold = hold
         self.name = settings.served_model_name or model.name
         self.created = int(time.time())
 
@@ -139,6 +143,12 @@ class Service:
             )
         self.metrics.input_tokens.inc(total)
         admission.tokenized(batch.lengths)
+
+    def _admit(self) -> None:
+        """Refuse early what cannot be served; a request to be held (no worker ready yet) is
+        let through, so it is tokenized and counted as demand before it waits."""
+        if not self.hold.will_hold():
+            self.dispatcher.admit()
 
     @property
     def dimensions(self) -> int:
@@ -218,7 +228,7 @@ class Service:
             # A flat list of token ids is one input, however long: `truncate` decides its fate.
             raw = [raw]
         self._check_count(len(raw), "input")
-        self.dispatcher.admit()
+        self._admit()
         if isinstance(raw[0], str):
             texts: list[str] = raw
             _check_texts(texts, "input")
@@ -233,6 +243,7 @@ class Service:
             batch = self.tokenization.token_ids(seqs, truncate, side, windowed)
         if batch.ends is None:
             self._check_tokens(batch, "input")
+        await self.hold.until_ready(batch.total)
         return batch
 
     async def _pair_scores(
@@ -254,7 +265,7 @@ class Service:
             )
         if instruction is not None and not instruction:
             raise errors.invalid("'instruction' must not be empty.", param="instruction")
-        self.dispatcher.admit()
+        self._admit()
         if self.model.task == "score":
             start = time.perf_counter()
             with self.tracer.span("tokenize") as span:
@@ -266,6 +277,7 @@ class Service:
                     _tokenized(span, batch)
             self.metrics.tokenize_seconds.observe(time.perf_counter() - start)
             self._check_tokens(batch, param)
+            await self.hold.until_ready(batch.total)
             return await self._score(batch), batch.total
         firsts = list(dict.fromkeys(a for a, _ in pairs))
         seconds = list(dict.fromkeys(b for _, b in pairs))
@@ -273,6 +285,7 @@ class Service:
         right = await self._tokenize_texts(seconds, "document", truncate, side)
         both = Batch(ids=left.ids + right.ids)
         self._check_tokens(both, param)
+        await self.hold.until_ready(both.total)
         rows = await self._embed(both, 0)
         where_a = {t: i for i, t in enumerate(firsts)}
         where_b = {t: len(firsts) + i for i, t in enumerate(seconds)}
@@ -403,9 +416,10 @@ class Service:
         texts = [req.input] if isinstance(req.input, str) else list(req.input)
         self._check_count(len(texts), "input")
         _check_texts(texts, "input")
-        self.dispatcher.admit()
+        self._admit()
         batch = await self._tokenize_texts(texts, None, req.truncate, req.truncation_side)
         self._check_tokens(batch, "input")
+        await self.hold.until_ready(batch.total)
         timeout = self.settings.upstream_timeout_seconds
         activate = not req.raw_scores
 

@@ -113,6 +113,18 @@ class GatewaySettings:
         "Least Retry-After sent with 429 (a shed request is told the seconds until the queue is "
         "back within --max-queue-seconds, when that is more).",
     )
+    hold_requests: int = setting(
+        0,
+        "Scale from zero: while no worker is ready, hold up to this many requests until one is "
+        "(their count and tokens are gauges the autoscaler reads as demand), and keep /ready OK so "
+        "the gateway stays in its Service. More get 503 with Retry-After. 0: no hold; no ready "
+        "worker means 503 at once and /ready fails.",
+    )
+    hold_seconds: float = setting(
+        120.0,
+        "Longest a request is held waiting for a ready worker; then 503 with Retry-After. Cover "
+        "a worker's cold start (pod start, weights, warm-up, self-check).",
+    )
     eject_seconds: float = setting(
         5.0,
         "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",

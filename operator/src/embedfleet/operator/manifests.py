@@ -46,6 +46,9 @@ QUANTIZATION_DIR = "/etc/embedfleet/quantization"
 API_KEYS_FILE = f"{API_KEYS_DIR}/api-keys"
 QUANTIZATION_FILE = f"{QUANTIZATION_DIR}/embedfleet_quantization.json"
 PRESTOP_SECONDS = 5
+#: Requests a gateway holds while its fleet has no ready worker, when the fleet may scale to zero
+#: (gateway `hold_requests`); more get 503 with Retry-After until a worker is up.
+HOLD_REQUESTS = 256
 """Before SIGTERM: time for the endpoint removal to reach the gateways, so no new work arrives."""
 GRACE_MARGIN_SECONDS = 10
 RUN_AS = 65532
@@ -284,10 +287,17 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
             "api_keys_file": API_KEYS_FILE if gateway.auth.secret else "",
             "api_key_metrics": gateway.auth.per_key_metrics,
             "quantization_file": QUANTIZATION_FILE if gateway.quantization else "",
+            # Zero workers by design: the gateway stays Ready and holds the first requests, whose
+            # count and tokens on its /metrics wake the fleet (the autoscaler scrapes them).
+            "hold_requests": HOLD_REQUESTS if _scales_to_zero(spec) else 0,
             "host": "0.0.0.0",
             "port": GATEWAY_PORT,
         },
     ) | tracing_env(GATEWAY_PREFIX, spec, "embedfleet-gateway")
+
+
+def _scales_to_zero(spec: Spec) -> bool:
+    return spec.autoscaling.enabled and spec.autoscaling.min_replicas == 0
 
 
 def config_hash(values: Mapping[str, str]) -> str:
@@ -468,8 +478,11 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
         ],
         # Loading weights, warm-up and the self-check may take minutes on a cold node (15 at
         # most); a short period lets readiness (checked only after start-up) follow SERVING soon.
-        "startupProbe": _grpc_probe(period=2, failures=450),
-        "readinessProbe": _grpc_probe(period=5, failures=2),
+        # Period 1 s: a worker woken from zero is answering requests within about a second of
+        # SERVING (the gateway only sees it once the pod is Ready); the failure counts keep
+        # the old windows (15 minutes to start, 10 s of failures to leave the Service).
+        "startupProbe": _grpc_probe(period=1, failures=900),
+        "readinessProbe": _grpc_probe(period=1, failures=10),
         "livenessProbe": _grpc_probe(period=10, failures=6),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "securityContext": _container_security(),

@@ -64,6 +64,9 @@ class Observation:
     #: tokens waiting in the workers' queues
     queued_tokens: float = 0.0
     ready_replicas: int = 0
+    #: requests the gateways hold because no worker is ready (scale from zero), and their tokens
+    held_requests: float = 0.0
+    held_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +133,11 @@ def decide(
     # starting, and draining it faster would buy replicas that are idle once they are ready.
     demand = (
         max(observation.tokens_per_second, 0.0)
-        + max(observation.queued_tokens, 0.0) / spec.stable_window_seconds
+        + max(observation.queued_tokens + observation.held_tokens, 0.0) / spec.stable_window_seconds
     )
+    # Requests held at a gateway wait for a ready worker: at least one must exist, whatever the
+    # capacity figure (none was ever measured for a fleet that started at zero).
+    waiting = observation.held_requests > 0
     load = (*_window(state.load, now, spec.stable_window_seconds), (now, demand))
     latency = _window(state.latency, now, spec.panic_window_seconds)
     if observation.p99_seconds is not None and observation.tokens_per_second > 0:
@@ -139,6 +145,11 @@ def decide(
     capacity = _usable(observation.capacity_tokens_per_second) or state.capacity
     state = replace(state, load=load, latency=latency, capacity=capacity)
     per_replica = per_replica_target(spec, capacity)
+    if per_replica is None and waiting and current == 0:
+        final = clamp(1, spec.min_replicas, spec.max_replicas)
+        state = replace(state, last_scale_time=now if final != current else state.last_scale_time)
+        why = f"{observation.held_requests:.0f} requests held at the gateways, no capacity known"
+        return Decision(final, current, Reason.SCALE_UP_FOR_LOAD, f"0 -> {final}: {why}", state)
     if per_replica is None:
         return _hold(
             state, spec, current, now, Reason.CAPACITY_UNKNOWN, "no capacity measurement yet"
@@ -152,7 +163,7 @@ def decide(
         panic_rate = max(panic_rate, demand)
     want_stable = _want(stable_rate, per_replica, current, spec.tolerance)
     want_panic = _want(panic_rate, per_replica, current, spec.tolerance)
-    want = max(want_stable, want_panic)
+    want = max(want_stable, want_panic, 1 if waiting else 0)
     panic_until = state.panic_until if state.panic_until and state.panic_until > now else None
     burst = want_panic > current and want_panic > want_stable
     if burst:
@@ -205,6 +216,7 @@ def decide(
         demand=(stable_rate, panic_rate),
         per_replica=per_replica,
         p99=p99,
+        held_requests=observation.held_requests,
     )
     new_state = PolicyState(
         load=load,
@@ -229,6 +241,7 @@ def _explain(
     demand: tuple[float, float],
     per_replica: float,
     p99: float | None,
+    held_requests: float = 0.0,
 ) -> tuple[Reason, str]:
     stable_rate, panic_rate = demand
     latency = "n/a" if p99 is None else f"{p99 * 1000:.0f}ms"
@@ -238,6 +251,8 @@ def _explain(
         f"target {per_replica:.0f} tokens/s per replica; p99 {latency} "
         f"(SLO {_slo(spec) * 1000:.0f}ms)"
     )
+    if held_requests > 0:
+        facts += f"; {held_requests:.0f} requests held at the gateways for a ready worker"
     if not spec.min_replicas <= current <= spec.max_replicas and final == clamp(
         current, spec.min_replicas, spec.max_replicas
     ):

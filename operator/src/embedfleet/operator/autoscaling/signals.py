@@ -26,6 +26,8 @@ WORKER_QUEUED = "embedfleet_worker_queued_tokens"
 WORKER_CAPACITY = "embedfleet_worker_capacity_tokens_per_second"
 GATEWAY_TOKENS = "embedfleet_gateway_input_tokens_total"
 GATEWAY_LATENCY = "embedfleet_gateway_request_seconds"
+GATEWAY_HELD_REQUESTS = "embedfleet_gateway_held_requests"
+GATEWAY_HELD_TOKENS = "embedfleet_gateway_held_tokens"
 
 #: Pod annotation naming the full metrics URL, for pods whose metrics are not at podIP:port
 #: (port-forwarded development clusters, proxies, and KWOK test fleets whose pods are fake).
@@ -43,6 +45,9 @@ class Scrape:
     buckets: Mapping[float, float]
     queued_tokens: float = 0.0
     capacity_tokens_per_second: float = 0.0
+    #: a gateway's requests waiting for a ready worker (scale from zero), and their tokens
+    held_requests: float = 0.0
+    held_tokens: float = 0.0
 
 
 def parse_worker(text: str, time: float) -> Scrape:
@@ -54,7 +59,7 @@ def parse_gateway(text: str, time: float) -> Scrape:
 
 
 def _parse(text: str, time: float, tokens_name: str, latency_name: str) -> Scrape:
-    tokens = queued = capacity = 0.0
+    tokens = queued = capacity = held_requests = held_tokens = 0.0
     buckets: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -68,7 +73,11 @@ def _parse(text: str, time: float, tokens_name: str, latency_name: str) -> Scrap
                 queued += sample.value
             elif sample.name == WORKER_CAPACITY:
                 capacity = max(capacity, sample.value)
-    return Scrape(time, tokens, buckets, queued, capacity)
+            elif sample.name == GATEWAY_HELD_REQUESTS:
+                held_requests += sample.value
+            elif sample.name == GATEWAY_HELD_TOKENS:
+                held_tokens += sample.value
+    return Scrape(time, tokens, buckets, queued, capacity, held_requests, held_tokens)
 
 
 def counter_delta(previous: float, current: float) -> float:
@@ -145,7 +154,9 @@ def observe(
     """One Observation from (previous, current) scrape rounds of the workers and gateways."""
     worker = rates(*workers)
     gateway = rates(*gateways)
-    if worker is None and gateway is None:
+    held = gateways[1].values()
+    held_requests = sum(s.held_requests for s in held)
+    if worker is None and gateway is None and not held_requests:
         return None
     tokens = 0.0 if worker is None else worker.tokens_per_second
     latency: Mapping[float, float] = {} if worker is None else worker.buckets
@@ -163,6 +174,8 @@ def observe(
         capacity_tokens_per_second=sum(capacities) / len(capacities) if capacities else None,
         queued_tokens=sum(s.queued_tokens for s in current),
         ready_replicas=ready_replicas,
+        held_requests=held_requests,
+        held_tokens=sum(s.held_tokens for s in held),
     )
 
 
@@ -256,6 +269,8 @@ def prometheus_queries(
         ),
         "queued": f"sum({WORKER_QUEUED}{{{w}}})",
         "capacity": f"avg({WORKER_CAPACITY}{{{w}}} > 0)",
+        "held_requests": f"sum({GATEWAY_HELD_REQUESTS}{{{g}}})",
+        "held_tokens": f"sum({GATEWAY_HELD_TOKENS}{{{g}}})",
     }
 
 
@@ -290,7 +305,8 @@ def observation_from_prometheus(
 ) -> Observation | None:
     worker = values.get("worker_tokens")
     gateway = values.get("gateway_tokens")
-    if worker is None and gateway is None:
+    held_requests = values.get("held_requests") or 0.0
+    if worker is None and gateway is None and not held_requests:
         return None
     p99 = values.get("gateway_p99")
     if p99 is None:
@@ -301,4 +317,6 @@ def observation_from_prometheus(
         capacity_tokens_per_second=values.get("capacity"),
         queued_tokens=values.get("queued") or 0.0,
         ready_replicas=ready_replicas,
+        held_requests=held_requests,
+        held_tokens=values.get("held_tokens") or 0.0,
     )

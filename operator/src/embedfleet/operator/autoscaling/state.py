@@ -59,6 +59,7 @@ def status_patch(decision: Decision, observation: Observation | None) -> dict[st
     if observation is not None:
         patch["observedTokensPerSecond"] = round(observation.tokens_per_second, 1)
         patch["queuedTokens"] = round(observation.queued_tokens, 1)
+        patch["heldRequests"] = round(observation.held_requests)
         patch["p99LatencyMilliseconds"] = (
             None if observation.p99_seconds is None else round(observation.p99_seconds * 1000, 1)
         )
