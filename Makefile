@@ -66,7 +66,9 @@ images: install image-tools
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
-test: install tools node prometheus image-tools lint
+# Images first (reused when their content key is cached): a build inside a test would count
+# against that test's timeout.
+test: install tools node prometheus images lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: install
