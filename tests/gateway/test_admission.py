@@ -26,7 +26,13 @@ from embedfleet.gateway.admission import (
     work_of,
 )
 from embedfleet.gateway.errors import ApiError
-from embedfleet.gateway.schemas import EmbeddingRequest, RerankRequest, ScoreRequest
+from embedfleet.gateway.schemas import (
+    ClassifyRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ScoreRequest,
+    SparseEmbeddingRequest,
+)
 
 # --- decide ---------------------------------------------------------------------------------------
 
@@ -106,6 +112,15 @@ def test_work_of_each_request_shape(minilm: ModelDir) -> None:
     assert work_of(rerank, minilm, 256) == Work(chars=(2, 2, 1))
     score = ScoreRequest.model_validate({"text_1": "xyz", "text_2": ["a", "bb"]})
     assert work_of(score, minilm, 256) == Work(chars=(3, 1, 2))
+    # Every route's request has a shape (a classify request once crashed admission with a 500).
+    sparse = SparseEmbeddingRequest.model_validate({"input": ["ab", "cde"]})
+    assert work_of(sparse, minilm, 256) == Work(chars=(2, 3))
+    assert work_of(SparseEmbeddingRequest.model_validate({"input": [1, 2]}), minilm, 256) == Work(
+        tokens=2
+    )
+    classify = ClassifyRequest.model_validate({"input": ["good", "bad"]})
+    assert work_of(classify, minilm, 256) == Work(chars=(4, 3))
+    assert work_of(ClassifyRequest.model_validate({"input": "ok"}), minilm, 256) == Work(chars=(2,))
 
 
 # --- the state ------------------------------------------------------------------------------------

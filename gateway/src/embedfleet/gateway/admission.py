@@ -34,10 +34,12 @@ from dataclasses import dataclass
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway import errors
 from embedfleet.gateway.schemas import (
+    ClassifyRequest,
     Document,
     EmbeddingRequest,
     RerankRequest,
     ScoreRequest,
+    SparseEmbeddingRequest,
 )
 from embedfleet.gateway.tokenization import prompt_for
 
@@ -152,10 +154,19 @@ def learned_chars_per_token(
 
 
 def work_of(
-    request: EmbeddingRequest | RerankRequest | ScoreRequest, model: ModelDir, max_tokens: int
+    request: EmbeddingRequest
+    | SparseEmbeddingRequest
+    | ClassifyRequest
+    | RerankRequest
+    | ScoreRequest,
+    model: ModelDir,
+    max_tokens: int,
 ) -> Work:
     """What a validated request asks for, in the shape the service will tokenize it."""
-    if isinstance(request, EmbeddingRequest):
+    if isinstance(request, ClassifyRequest):
+        texts = [request.input] if isinstance(request.input, str) else request.input
+        return Work(chars=tuple(len(t) for t in texts))
+    if isinstance(request, EmbeddingRequest | SparseEmbeddingRequest):
         raw = request.input
         if isinstance(raw, str):
             raw = [raw]
@@ -287,7 +298,14 @@ class Admission:
         specials = self._pair_specials if work.pairs else self._specials
         return estimate_tokens(work, self.chars_per_token, self._max_tokens, specials)
 
-    def admit(self, request: EmbeddingRequest | RerankRequest | ScoreRequest) -> Ticket:
+    def admit(
+        self,
+        request: EmbeddingRequest
+        | SparseEmbeddingRequest
+        | ClassifyRequest
+        | RerankRequest
+        | ScoreRequest,
+    ) -> Ticket:
         """A ticket for the request, or 429 (`errors.overloaded`) when the queue is past its
         bound. The caller releases the ticket when the request ends, however it ends."""
         self._sample()
