@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,18 @@ import pytest
 
 from embedfleet.testing.cluster import CommandError
 
-from .e2efleet import CHART, EXAMPLE, FIGURES, RELEASE, SYSTEM, Applied, Fleet, condition, is_ready
+from .e2efleet import (
+    CHART,
+    EXAMPLE,
+    FIGURES,
+    NAMESPACE,
+    RELEASE,
+    SYSTEM,
+    Applied,
+    Fleet,
+    condition,
+    is_ready,
+)
 
 if TYPE_CHECKING:
     from embedfleet.testing.node import RealNode
@@ -41,8 +53,10 @@ def fleet(k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
-def installed(fleet: Fleet) -> Fleet:
-    """`helm install` with the chart's defaults: the operator pod runs under the chart's RBAC."""
+def installed(fleet: Fleet) -> Iterator[Fleet]:
+    """`helm install` with the chart's defaults: the operator pod runs under the chart's RBAC.
+    Each module installs its own release and removes it after, with the fleets it made: the node
+    is the session's, so the next module must find it as the first one did."""
     started = time.monotonic()
     try:
         fleet.node.cluster.helm(
@@ -52,7 +66,19 @@ def installed(fleet: Fleet) -> Fleet:
     except CommandError as err:
         raise AssertionError(f"{err}\n{fleet.describe(SYSTEM)}") from err
     FIGURES["helm install to operator Ready (s)"] = round(time.monotonic() - started, 1)
-    return fleet
+    yield fleet
+    # The operator is still up, so its finalizers run; then every child pod must be gone before
+    # the release goes (a next module's fleet of the same name must not meet terminating ones).
+    fleet.kubectl("delete", "embeddingdeployments", "--all", "-n", NAMESPACE, "--wait=true",
+                  "--timeout=180s", timeout=200)  # fmt: skip
+    fleet.wait(
+        f"every pod in {NAMESPACE} gone",
+        lambda: not fleet.get("pods", "-n", NAMESPACE)["items"] or None,
+        timeout=180,
+    )
+    fleet.node.cluster.helm(
+        "uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout", "120s", timeout=140
+    )
 
 
 @pytest.fixture(scope="module")
