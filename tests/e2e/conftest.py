@@ -67,18 +67,7 @@ def installed(fleet: Fleet) -> Iterator[Fleet]:
         raise AssertionError(f"{err}\n{fleet.describe(SYSTEM)}") from err
     FIGURES["helm install to operator Ready (s)"] = round(time.monotonic() - started, 1)
     yield fleet
-    # The operator is still up, so its finalizers run; then every child pod must be gone before
-    # the release goes (a next module's fleet of the same name must not meet terminating ones).
-    fleet.kubectl("delete", "embeddingdeployments", "--all", "-n", NAMESPACE, "--wait=true",
-                  "--timeout=180s", timeout=200)  # fmt: skip
-    fleet.wait(
-        f"every pod in {NAMESPACE} gone",
-        lambda: not fleet.get("pods", "-n", NAMESPACE)["items"] or None,
-        timeout=180,
-    )
-    fleet.node.cluster.helm(
-        "uninstall", RELEASE, "--namespace", SYSTEM, "--wait", "--timeout", "120s", timeout=140
-    )
+    fleet.node.cluster.remove_release(RELEASE, SYSTEM, NAMESPACE)
 
 
 @pytest.fixture(scope="module")

@@ -144,7 +144,7 @@ def fleet_archives() -> list[Path]:
 @pytest.fixture(scope="module")
 def node_fleet(
     fleet_archives: list[Path], k8s_real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
-) -> RealFleet:
+) -> Iterator[RealFleet]:
     for archive in fleet_archives:
         k8s_real_node.import_image(archive)
     node_fleet = RealFleet(k8s_real_node, tmp_path_factory.mktemp("real-prometheus"))
@@ -161,7 +161,8 @@ def node_fleet(
     node_fleet.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(emb))
     node_fleet.settled(2, timeout=420)
     node_fleet.wait("a ready gateway", lambda: node_fleet.ready("gateway"), timeout=120)
-    return node_fleet
+    yield node_fleet
+    k8s_real_node.cluster.remove_release(RELEASE, SYSTEM, NAMESPACE)
 
 
 def monitors(node_fleet: RealFleet) -> list[dict[str, Any]]:

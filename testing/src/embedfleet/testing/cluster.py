@@ -211,6 +211,22 @@ class Cluster:
         """Runs our helm against this cluster; raises CommandError on failure if `check`."""
         return self._run("helm", args, input, check, timeout)
 
+    def remove_release(self, release: str, namespace: str, fleets_namespace: str) -> None:
+        """Undoes a test's `helm install`: its EmbeddingDeployments first (the operator still runs
+        their finalizers), then every pod they made, then the release. A session's node is shared
+        by test modules; the next one's install must find it as the first one did."""
+        self.kubectl(
+            "delete", "embeddingdeployments", "--all", "-n", fleets_namespace,
+            "--wait=true", "--timeout=180s", timeout=200,
+        )  # fmt: skip
+
+        def no_pods() -> bool:
+            return not self.api.get(f"/api/v1/namespaces/{fleets_namespace}/pods")["items"]
+
+        wait_for(f"every pod in {fleets_namespace} gone", no_pods, timeout=180, interval=0.5)
+        self.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s",
+                  timeout=140)  # fmt: skip
+
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         """Creates a namespace and returns once pods can be created in it."""
         meta: dict[str, Any] = {"name": name}
