@@ -224,8 +224,9 @@ class Cluster:
             return not self.api.get(f"/api/v1/namespaces/{fleets_namespace}/pods")["items"]
 
         wait_for(f"every pod in {fleets_namespace} gone", no_pods, timeout=180, interval=0.5)
-        self.helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s",
-                  timeout=140)  # fmt: skip
+        # A test may have uninstalled it itself (the user path's last test does).
+        self.helm("uninstall", release, "--namespace", namespace, "--ignore-not-found", "--wait",
+                  "--timeout", "120s", timeout=140)  # fmt: skip
 
     def create_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         """Creates a namespace and returns once pods can be created in it."""
