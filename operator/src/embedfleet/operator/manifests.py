@@ -479,10 +479,12 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
         # Loading weights, warm-up and the self-check may take minutes on a cold node (15 at
         # most); a short period lets readiness (checked only after start-up) follow SERVING soon.
         # Period 1 s: a worker woken from zero is answering requests within about a second of
-        # SERVING (the gateway only sees it once the pod is Ready); the failure counts keep
-        # the old windows (15 minutes to start, 10 s of failures to leave the Service).
+        # SERVING (the gateway only sees it once the pod is Ready). kubelet runs one probe at a
+        # time, so a silent worker fails one probe per timeout (5 s), not per period: two
+        # failures take a hung worker out of the Service after ~10 s, well before liveness
+        # restarts it (60 s); a refused or NOT_SERVING answer fails at once.
         "startupProbe": _grpc_probe(period=1, failures=900),
-        "readinessProbe": _grpc_probe(period=1, failures=10),
+        "readinessProbe": _grpc_probe(period=1, failures=2),
         "livenessProbe": _grpc_probe(period=10, failures=6),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "securityContext": _container_security(),
