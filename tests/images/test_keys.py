@@ -197,3 +197,15 @@ def test_wheel_prefixes_and_the_disk_a_build_needs() -> None:
     assert not "torch-2.15.1-cp311-cp311-manylinux_2_28_x86_64.whl".startswith(prefixes)
     # Three unpacked copies at the peak: the container, the committed layer, the archive.
     assert disk_needed(1_000_000_000) == 5_100_000_000
+
+
+def test_an_image_carries_its_extras_and_names_only_declared_ones() -> None:
+    gateway = SPECS["gateway"]
+    names = {requirement_name(r) for r in declared_dependencies(REPO_ROOT, gateway)}
+    assert "opentelemetry-sdk" in names
+    plain = ImageSpec("x", "gateway", lock="x")
+    assert "opentelemetry-sdk" not in {
+        requirement_name(r) for r in declared_dependencies(REPO_ROOT, plain)
+    }
+    with pytest.raises(ValueError, match="no extra"):
+        declared_dependencies(REPO_ROOT, ImageSpec("x", "operator", lock="x", extras=("tracing",)))

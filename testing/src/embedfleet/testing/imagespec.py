@@ -55,6 +55,9 @@ class ImageSpec:
     """Installed besides the component's own dependencies (huggingface_hub provides `hf`)."""
     without_dependencies: tuple[str, ...] = NO_DEPENDENCIES
     """Locked alone, not with what they require."""
+    extras: tuple[str, ...] = ()
+    """The component's optional extras the image carries (`tracing`: OpenTelemetry, imported
+    only when a process is started with a tracing endpoint)."""
 
     @property
     def dockerfile(self) -> str:
@@ -72,7 +75,13 @@ SPECS = {
     spec.name: spec
     for spec in (
         ImageSpec("operator", "operator", lock="operator"),
-        ImageSpec("gateway", "gateway", lock="gateway", extra_requirements=("huggingface_hub",)),
+        ImageSpec(
+            "gateway",
+            "gateway",
+            lock="gateway",
+            extra_requirements=("huggingface_hub",),
+            extras=("tracing",),
+        ),
         ImageSpec(
             "worker-cpu",
             "worker",
@@ -80,8 +89,15 @@ SPECS = {
             suffix=CPU_SUFFIX,
             exclude=CPU_UNUSED,
             extra_requirements=("huggingface_hub",),
+            extras=("tracing",),
         ),
-        ImageSpec("worker", "worker", lock="worker", extra_requirements=("huggingface_hub",)),
+        ImageSpec(
+            "worker",
+            "worker",
+            lock="worker",
+            extra_requirements=("huggingface_hub",),
+            extras=("tracing",),
+        ),
     )
 }
 DEFAULT_IMAGES = ("operator", "gateway", "worker-cpu")
@@ -244,8 +260,14 @@ def component_version(root: Path, component: str) -> str:
 
 
 def declared_dependencies(root: Path, spec: ImageSpec) -> list[str]:
-    """The requirements that common's and the component's pyproject.toml declare."""
-    return [str(r) for source in spec.sources for r in _project(root, source)["dependencies"]]
+    """The requirements that common's and the component's pyproject.toml declare, with the
+    component's extras the image carries."""
+    declared = [str(r) for source in spec.sources for r in _project(root, source)["dependencies"]]
+    optional = _project(root, spec.component).get("optional-dependencies", {})
+    missing = [extra for extra in spec.extras if extra not in optional]
+    if missing:
+        raise ValueError(f"{spec.component}/pyproject.toml declares no extra {missing}")
+    return [*declared, *(str(r) for extra in spec.extras for r in optional[extra])]
 
 
 def image_key(root: Path, spec: ImageSpec, base_ref: str) -> str:
