@@ -170,7 +170,8 @@ def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequen
         ensure_wheels(root, lock, pool)
     _check_space(root, spec, pool, cache)
     _log(f"building {tags[-1]} ({spec.dockerfile}, {tags[0]})")
-    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet"]
+    # --force-rm: a failed build's working container (GBs for the worker) is removed too.
+    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet", "--force-rm"]
     argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
     for name, value in build_args(spec, base_ref).items():
         argv += ["--build-arg", f"{name}={value}"]
