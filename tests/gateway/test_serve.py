@@ -37,12 +37,13 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _serve(port: int, workers: int = 2) -> subprocess.Popen[str]:
+def _serve(port: int, workers: int = 2, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     script = Path(sys.executable).parent / "embedfleet"
     env = {
         **os.environ,
         "EMBEDFLEET_WORKER_ENGINE": "null",
         "EMBEDFLEET_WORKER_WARMUP_SECONDS": "0.2",
+        **(env or {}),
     }
     return subprocess.Popen(
         [str(script), "serve", "--workers", str(workers), "--port", str(port)],
@@ -189,6 +190,46 @@ def test_serve_restarts_a_killed_worker_and_routes_around_a_stopped_one() -> Non
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert all(start_ticks(pid) is None for pid in children)
+    finally:
+        _stop(proc)
+
+
+def _gateway_pid(serve: int) -> int:
+    (pid,) = [
+        pid
+        for pid in _children(serve)
+        if b"embedfleet.gateway.cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    return pid
+
+
+def test_a_request_in_flight_at_sigterm_finishes_within_its_deadline() -> None:
+    """The gateway pod's grace period covers a request's whole deadline; so must the gateway's
+    own shutdown, or SIGTERM cuts requests that were within it (it gave them 10 s)."""
+    (port,) = free_ports(1)
+    env = {
+        "EMBEDFLEET_WORKER_NULL_TOKENS_PER_SECOND": "100",
+        "EMBEDFLEET_GATEWAY_UPSTREAM_TIMEOUT_SECONDS": "40",
+    }
+    proc = _serve(port, workers=1, env=env)
+    try:
+        url = _url(proc)
+        texts = [" ".join(["word"] * 200)] * 6  # 6 x 202 tokens: ~12 s at 100 tokens/s
+        replies: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: replies.append(
+                httpx.post(url + "/v1/embeddings", json={"input": texts}, timeout=60)
+            )
+        )
+        sent = time.monotonic()
+        sender.start()
+        time.sleep(1.0)
+        os.kill(_gateway_pid(proc.pid), signal.SIGTERM)
+        sender.join(60)
+        (reply,) = replies
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["prompt_tokens"] == 6 * 202
+        assert time.monotonic() - sent > 12  # it really was in flight beyond the old 10 s
     finally:
         _stop(proc)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import resource
 from collections.abc import Sequence
 from typing import Literal
@@ -55,7 +56,9 @@ def server_config(
         log_config=None,
         server_header=False,
         date_header=False,
-        timeout_graceful_shutdown=10,
+        # After SIGTERM, requests in flight may run to their own deadline (admission keeps the
+        # queue within it); the pod's grace period covers this, the pre-stop sleep and a margin.
+        timeout_graceful_shutdown=math.ceil(settings.upstream_timeout_seconds),
     )
 
 
