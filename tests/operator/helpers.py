@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,7 @@ class OperatorProcess:
         self.starts += 1
         env = self.env()
         self.metrics_port = int(env["EMBEDFLEET_OPERATOR_METRICS_PORT"])
+        self.health_port = int(env["EMBEDFLEET_OPERATOR_HEALTH_PORT"])
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts}\n".encode())
             self.proc = subprocess.Popen(
@@ -105,6 +107,12 @@ class OperatorProcess:
         wait_for(
             f"{identity} to lead", lambda: self._leads(identity), timeout=timeout, interval=0.2
         )
+
+    def health(self) -> Any:
+        """The operator's /healthz answer (JSON)."""
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return json.loads(reply.read())
 
     def leads(self) -> bool:
         return self._leads(self.identity)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from embedfleet.testing.cluster import Cluster
+from embedfleet.testing.workers import metric_value, scrape
 
 from .helpers import (
     EXAMPLES,
@@ -108,6 +109,11 @@ def test_a_standby_replica_waits_and_takes_over_on_release(
         assert operator.leads()
         assert not standby.leads()
         assert "acquired the leader lease" not in standby.log.read_text()
+        # The waiting standby is alive and scraped (its probes pass; it is not restarted).
+        assert standby.health() == {"leader": False}
+        assert operator.health() == {"leader": True}
+        assert metric_value(scrape(standby.metrics_port), "embedfleet_operator_leader") == 0
+        assert metric_value(scrape(operator.metrics_port), "embedfleet_operator_leader") == 1
 
         assert operator.stop() == 0
         # A clean stop released the Lease (or the standby already took it): no wait for expiry.
@@ -118,6 +124,8 @@ def test_a_standby_replica_waits_and_takes_over_on_release(
         )
         assert lease["spec"].get("holderIdentity") in (None, "", "test-standby")
         standby.wait_leading(timeout=10)
+        wait_until("the standby to say it leads", lambda: standby.health()["leader"], standby)
+        assert metric_value(scrape(standby.metrics_port), "embedfleet_operator_leader") == 1
     finally:
         standby.stop()
         if operator.proc is None or operator.proc.poll() is not None:

@@ -29,12 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # kopf logs every handler call at INFO: one line per watch event of every child.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     memo = kopf.Memo(settings=settings, lost_leadership=False)
-    liveness = f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None
     kopf.run(
         clusterwide=not settings.namespace,
         namespaces=[settings.namespace] if settings.namespace else (),
         standalone=True,
-        liveness_endpoint=liveness,
         memo=memo,
     )
     return 1 if memo.get("lost_leadership") else 0

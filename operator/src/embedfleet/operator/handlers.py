@@ -22,9 +22,10 @@ import time
 from typing import Any
 
 import kopf
+from aiohttp import web
 from prometheus_client import start_http_server
 
-from embedfleet.operator import metrics, paths
+from embedfleet.operator import health, metrics, paths
 from embedfleet.operator.autoscaling import autoscaler
 from embedfleet.operator.informer import Bodies, Change, Informer
 from embedfleet.operator.kube import Kube, KubeError, in_daemon_thread
@@ -179,6 +180,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo["kube"] = kube
     tasks: list[asyncio.Task[None]] = []
     memo["tasks"] = tasks
+    # Health and metrics first: a standby waits below for the Lease, alive, Ready and scraped.
+    leading = {"leader": not op.leader_election}
+    if op.health_port:
+        memo["health"] = await health.serve(op.health_port, leading)
+    if op.metrics_port:
+        start_http_server(op.metrics_port)
+    metrics.LEADER.set(leading["leader"])
     if op.leader_election:
         identity = op.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}"
         elector = LeaderElector(
@@ -186,9 +194,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         )
         memo["elector"] = elector
         await _acquire(elector, logger)
+        leading["leader"] = True
+        metrics.LEADER.set(1)
         tasks.append(asyncio.create_task(_keep_leadership(elector, memo)))
-    if op.metrics_port:
-        start_http_server(op.metrics_port)
     images = Images(op.worker_image, op.gateway_image, worker_cpu=cpu_worker_image(op))
     holder: list[Reconciler] = []
     queue = Queue(
@@ -242,6 +250,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         informer.stop()
     if isinstance(kube := memo.get("kube"), Kube):
         kube.close()
+    if isinstance(runner := memo.get("health"), web.AppRunner):
+        await runner.cleanup()
     # Nothing of ours is left to finish. kopf still gives tasks of its own up to 5 s to end by
     # themselves (its discovery of the API, started before this run's stop, retries on the closed
     # session), so a stop during that discovery would cost 5 s on every rollout: bound it.

@@ -30,6 +30,10 @@ RECONCILE_SKIPPED_APPLIES = Counter(
     "embedfleet_operator_skipped_applies_total",
     "Children not applied because they already matched the desired state (desired.py).",
 )
+LEADER = Gauge(
+    "embedfleet_operator_leader",
+    "1 while this replica holds the leader Lease (or leader election is off), 0 on a standby.",
+)
 DESIRED_REPLICAS = Gauge(
     "embedfleet_operator_desired_replicas",
     "Worker replicas the operator asks for, per EmbeddingDeployment.",

@@ -50,7 +50,9 @@ class OperatorSettings:
     )
     metrics_port: int = setting(8080, "Prometheus /metrics port; 0 disables it.")
     health_port: int = setting(
-        8081, "kopf's liveness endpoint (http://0.0.0.0:PORT/healthz); 0 disables it."
+        8081,
+        "Health endpoint (http://0.0.0.0:PORT/healthz, for the liveness and readiness probes), "
+        "served from start-up, by a standby replica too; 0 disables it.",
     )
     leader_election: bool = setting(
         True,
