@@ -6,8 +6,8 @@
 The JSON lands twice: dashboards/*.json (what users import by hand) and
 charts/embedfleet/dashboards/*.json (what the chart ships as ConfigMaps; Helm can only read files
 inside the chart). Every panel query is run against a real Prometheus by
-tests/observability/test_prometheus_loop.py (a local fleet) and test_prometheus_real_node.py (pods on
-the real node), so a renamed metric fails there by panel name.
+tests/observability/test_prometheus_loop.py (a local fleet) and test_prometheus_real_node.py
+(pods on the real node), so a renamed metric fails there by panel name.
 
 Queries use two template variables, `$namespace` (a regex, `.*` for all) and Grafana's
 `$__rate_interval`; a Prometheus without Grafana needs both substituted (see `substitute`).

@@ -527,3 +527,29 @@ def test_a_fleet_that_may_scale_to_zero_has_gateways_that_hold_requests() -> Non
     assert int(child_objects(raw)["ConfigMap/minilm-config"]["data"][hold]) > 0
     raw["autoscaling"]["minReplicas"] = 1
     assert child_objects(raw)["ConfigMap/minilm-config"]["data"][hold] == "0"
+
+
+def test_worker_memory_settings_reach_the_worker() -> None:
+    raw = {
+        "model": {"source": "file:///m"},
+        "worker": {
+            "memory": {
+                "maxInflightBytes": 1 << 30,
+                "libraryCacheCapacity": 0,
+                "mallocTrimSeconds": 0.5,
+            }
+        },
+    }
+    data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_MAX_INFLIGHT_BYTES"] == str(1 << 30)
+    assert data["EMBEDFLEET_WORKER_LIBRARY_CACHE_CAPACITY"] == "0"
+    assert data["EMBEDFLEET_WORKER_MALLOC_TRIM_SECONDS"] == "0.5"
+    # Unset, they are the worker's own defaults.
+    from embedfleet.common.settings import load
+    from embedfleet.worker.settings import ENV_PREFIX
+
+    defaults = load(WorkerSettings, ENV_PREFIX, [])
+    plain = child_objects({"model": {"source": "file:///m"}})["ConfigMap/minilm-config"]["data"]
+    assert plain["EMBEDFLEET_WORKER_MAX_INFLIGHT_BYTES"] == str(defaults.max_inflight_bytes)
+    assert plain["EMBEDFLEET_WORKER_LIBRARY_CACHE_CAPACITY"] == str(defaults.library_cache_capacity)
+    assert float(plain["EMBEDFLEET_WORKER_MALLOC_TRIM_SECONDS"]) == defaults.malloc_trim_seconds

@@ -155,6 +155,23 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         _with("monitoring.tracing.sampleRatio", 1.5),
         "spec.monitoring.tracing.sampleRatio: Invalid value: 1.5",
     ),
+    (
+        "inflight-under-a-batch",
+        "bad",
+        _with(
+            "worker.memory.maxInflightBytes",
+            2 << 20,
+            _with("worker.engine.maxBatchTokens", 1 << 18),
+        ),
+        "at least 9 bytes per token of worker.engine.maxBatchTokens",
+    ),
+    (
+        "inflight-under-a-default-batch",
+        "bad",
+        _with("worker.memory.maxInflightBytes", 100_000),
+        "spec.worker.memory.maxInflightBytes: Invalid value: 100000",
+    ),
+    ("trim-negative", "bad", _with("worker.memory.mallocTrimSeconds", -1), "mallocTrimSeconds"),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]

@@ -262,6 +262,9 @@ def worker_env(spec: Spec) -> dict[str, str]:
             "port": GRPC_PORT,
             "metrics_port": WORKER_METRICS_PORT,
             "drain_seconds": spec.worker.drain_seconds,
+            "max_inflight_bytes": spec.worker.memory.max_inflight_bytes,
+            "library_cache_capacity": spec.worker.memory.library_cache_capacity,
+            "malloc_trim_seconds": spec.worker.memory.malloc_trim_seconds,
         },
     ) | tracing_env(WORKER_PREFIX, spec, "embedfleet-worker")
 

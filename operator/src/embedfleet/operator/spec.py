@@ -94,6 +94,13 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Memory:
+    max_inflight_bytes: int = 128 << 20
+    library_cache_capacity: int = 64
+    malloc_trim_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
 class Resources:
     requests: Mapping[str, str] = field(default_factory=dict)
     limits: Mapping[str, str] = field(default_factory=dict)
@@ -117,6 +124,7 @@ class Worker:
     resources: Resources = field(default_factory=Resources)
     drain_seconds: int = 30
     engine: Engine = field(default_factory=Engine)
+    memory: Memory = field(default_factory=Memory)
     scheduling: Scheduling = field(default_factory=Scheduling)
 
 
@@ -258,6 +266,7 @@ def _model(raw: Mapping[str, Any]) -> Model:
 def _worker(raw: Mapping[str, Any]) -> Worker:
     d = Worker()
     engine, sched, e = _obj(raw, "engine"), _obj(raw, "scheduling"), Engine()
+    memory, m = _obj(raw, "memory"), Memory()
     return Worker(
         replicas=int(raw.get("replicas", d.replicas)),
         image=str(raw.get("image", "")),
@@ -284,6 +293,13 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
             graph_buckets=tuple(int(b) for b in engine.get("graphBuckets") or ()),
             cuda_graphs=str(engine.get("cudaGraphs", e.cuda_graphs)),
             attention=str(engine.get("attention", e.attention)),
+        ),
+        memory=Memory(
+            max_inflight_bytes=int(memory.get("maxInflightBytes", m.max_inflight_bytes)),
+            library_cache_capacity=int(
+                memory.get("libraryCacheCapacity", m.library_cache_capacity)
+            ),
+            malloc_trim_seconds=float(memory.get("mallocTrimSeconds", m.malloc_trim_seconds)),
         ),
         scheduling=Scheduling(
             node_selector=_strings(sched, "nodeSelector"),
