@@ -117,6 +117,7 @@ class RealNode:
         self.milestones: dict[str, float] = {}
         self._began = time.monotonic()
         self._stopped = False
+        self._imported: set[tuple[Path, int, int]] = set()
 
     @property
     def name(self) -> str:
@@ -292,7 +293,13 @@ class RealNode:
 
     def import_image(self, archive: Path, timeout: float = 600.0) -> None:
         """Imports a docker-archive or OCI tar into the node's containerd, where kubelet finds
-        it (use `imagePullPolicy: Never` or `IfNotPresent`: this node pulls from nowhere)."""
+        it (use `imagePullPolicy: Never` or `IfNotPresent`: this node pulls from nowhere).
+        An archive this node already imported, unchanged since, is not imported again: every
+        test module of a session shares the node, and the worker's takes most of a minute."""
+        stat = archive.stat()
+        seen = (archive.resolve(), stat.st_size, stat.st_mtime_ns)
+        if seen in self._imported:
+            return
         # Unpacked layers are all a node runs; keeping the archive's blobs too would double the
         # disk an image takes (GBs for the worker).
         self.ctr(
@@ -303,6 +310,7 @@ class RealNode:
             str(archive),
             timeout=timeout,
         )
+        self._imported.add(seen)
 
     def images(self) -> list[str]:
         """References of the images the node's kubelet can run."""
