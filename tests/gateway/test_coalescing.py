@@ -1,0 +1,197 @@
+"""Merging Embed calls to a busy worker: who waits, what travels together, what each chunk gets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from embedfleet.common.arrays import FloatArray
+from embedfleet.common.codec import pack_tokens, unpack_tokens
+from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.gateway.client import UpstreamError
+from embedfleet.gateway.coalescing import Coalescer, cut
+
+BAD = 999  # a token id the fake worker refuses
+
+
+class FakeWorker:
+    """Answers each call when released; row i is [first token id of sequence i]."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []  # first ids of each call's sequences
+        self.gate = asyncio.Event()
+        self.cancelled = 0
+
+    async def send(
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None
+    ) -> tuple[FloatArray, int]:
+        tokens = unpack_tokens(batch)
+        firsts = [int(s[0]) for s in tokens.sequences()]
+        self.calls.append(firsts)
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if BAD in tokens.ids.tolist():
+            raise UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, "token id outside vocab")
+        rows = np.asarray(firsts, dtype=np.float32).reshape(-1, 1)
+        return rows, tokens.total
+
+
+def batch(*firsts: int, length: int = 3) -> pb.TokenBatch:
+    return pack_tokens([[f] + [1] * (length - 1) for f in firsts])
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_cut_is_consecutive_blocks() -> None:
+    rows = np.arange(6, dtype=np.float32).reshape(6, 1)
+    parts = cut(rows, [1, 3, 2])
+    assert [p[:, 0].tolist() for p in parts] == [[0.0], [1.0, 2.0, 3.0], [4.0, 5.0]]
+
+
+async def test_below_the_limit_each_chunk_goes_alone_at_once() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=2, max_tokens=8192, max_sequences=256)
+    a = asyncio.ensure_future(c.embed(batch(10), 0, 5.0, None))
+    b = asyncio.ensure_future(c.embed(batch(20), 0, 5.0, None))
+    await _settle()
+    assert worker.calls == [[10], [20]]
+    worker.gate.set()
+    (ra, ta), (rb, _) = await asyncio.gather(a, b)
+    assert ra[:, 0].tolist() == [10.0]
+    assert rb[:, 0].tolist() == [20.0]
+    assert ta == 3
+
+
+async def test_chunks_behind_a_busy_worker_travel_in_one_message_and_get_their_own_rows() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
+    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    waiting = [asyncio.ensure_future(c.embed(batch(10 * i, 10 * i + 1), 0, 5.0, None))
+               for i in range(1, 4)]  # fmt: skip
+    await _settle()
+    assert worker.calls == [[1]]  # the others wait for the call in flight
+    worker.gate.set()
+    results = await asyncio.gather(first, *waiting)
+    assert worker.calls == [[1], [10, 11, 20, 21, 30, 31]]
+    assert [r[:, 0].tolist() for r, _ in results] == [
+        [1.0],
+        [10.0, 11.0],
+        [20.0, 21.0],
+        [30.0, 31.0],
+    ]
+    assert [t for _, t in results] == [3, 6, 6, 6]
+
+
+async def test_a_message_stays_within_the_chunk_budget_and_options_never_mix() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=6, max_sequences=256)
+    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    rest = [
+        asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None)),
+        asyncio.ensure_future(c.embed(batch(3), 0, 5.0, None)),
+        asyncio.ensure_future(c.embed(batch(4), 0, 5.0, None)),  # 9 tokens > 6: next message
+        asyncio.ensure_future(c.embed(batch(5), 8, 5.0, None)),  # other dimensions: its own
+    ]
+    await _settle()
+    worker.gate.set()
+    await asyncio.gather(first, *rest)
+    assert worker.calls == [[1], [2, 3], [4], [5]]
+
+
+async def test_a_large_chunk_never_waits_nor_holds_small_ones_up() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256, small_tokens=8)
+    large = [asyncio.ensure_future(c.embed(batch(i, length=8), 0, 5.0, None)) for i in (1, 2)]
+    await _settle()
+    small = asyncio.ensure_future(c.embed(batch(3), 0, 5.0, None))
+    await _settle()
+    assert worker.calls == [[1], [2], [3]]  # all at once: the large ones take no slot
+    worker.gate.set()
+    await asyncio.gather(*large, small)
+
+
+async def test_an_invalid_chunk_fails_alone_the_others_of_its_message_succeed() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
+    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    good = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    bad = asyncio.ensure_future(c.embed(batch(BAD), 0, 5.0, None))
+    await _settle()
+    worker.gate.set()
+    await first
+    rows, _ = await good
+    assert rows[:, 0].tolist() == [2.0]
+    with pytest.raises(UpstreamError) as err:
+        await bad
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert worker.calls == [[1], [2, BAD], [2], [BAD]]
+
+
+async def test_a_failed_message_fails_each_chunk_retryably() -> None:
+    async def unavailable(*_: object) -> tuple[FloatArray, int]:
+        await asyncio.sleep(0)
+        raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "connection reset")
+
+    c = Coalescer(unavailable, max_inflight=1, max_tokens=8192, max_sequences=256)
+    calls = [asyncio.ensure_future(c.embed(batch(i), 0, 5.0, None)) for i in range(3)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(o, UpstreamError) and o.retryable for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 3  # each chunk its own error object
+
+
+async def test_a_waiting_chunk_whose_caller_left_is_not_sent() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
+    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    gone = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    await _settle()
+    gone.cancel()
+    await _settle()
+    worker.gate.set()
+    await first
+    await _settle()
+    assert worker.calls == [[1]]
+    assert c.inflight == 0
+
+
+async def test_a_merged_call_nobody_waits_for_is_cancelled_and_frees_its_slot() -> None:
+    worker = FakeWorker()  # never answers
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
+    head = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    tail = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    await _settle()
+    head.cancel()  # its own call, in its own task: cancelled; the slot goes to tail's message
+    await _settle()
+    assert worker.calls == [[1], [2]]
+    tail.cancel()
+    await _settle()
+    assert worker.cancelled == 2
+    assert c.inflight == 0
+
+
+async def test_close_fails_waiting_chunks_retryably() -> None:
+    worker = FakeWorker()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
+    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
+    await _settle()
+    waiting = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    await _settle()
+    c.close()
+    with pytest.raises(UpstreamError) as err:
+        await waiting
+    assert err.value.retryable
+    first.cancel()
