@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import pack_tokens, unpack_tokens
+from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.coalescing import Coalescer, cut
+from embedfleet.gateway.settings import GatewaySettings
+
+from .fakes import FakeWorker
+from .helpers import GatewayThread, wait_until
 
 BAD = 999  # a token id the fake worker refuses
 
 
-class FakeWorker:
+class HeldSend:
     """Answers each call when released; row i is [first token id of sequence i]."""
 
     def __init__(self) -> None:
@@ -58,7 +65,7 @@ def test_cut_is_consecutive_blocks() -> None:
 
 
 async def test_below_the_limit_each_chunk_goes_alone_at_once() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=2, max_tokens=8192, max_sequences=256)
     a = asyncio.ensure_future(c.embed(batch(10), 0, 5.0, None))
     b = asyncio.ensure_future(c.embed(batch(20), 0, 5.0, None))
@@ -72,7 +79,7 @@ async def test_below_the_limit_each_chunk_goes_alone_at_once() -> None:
 
 
 async def test_chunks_behind_a_busy_worker_travel_in_one_message_and_get_their_own_rows() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
     first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -93,7 +100,7 @@ async def test_chunks_behind_a_busy_worker_travel_in_one_message_and_get_their_o
 
 
 async def test_a_message_stays_within_the_chunk_budget_and_options_never_mix() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=6, max_sequences=256)
     first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -110,7 +117,7 @@ async def test_a_message_stays_within_the_chunk_budget_and_options_never_mix() -
 
 
 async def test_a_large_chunk_never_waits_nor_holds_small_ones_up() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256, small_tokens=8)
     large = [asyncio.ensure_future(c.embed(batch(i, length=8), 0, 5.0, None)) for i in (1, 2)]
     await _settle()
@@ -122,7 +129,7 @@ async def test_a_large_chunk_never_waits_nor_holds_small_ones_up() -> None:
 
 
 async def test_an_invalid_chunk_fails_alone_the_others_of_its_message_succeed() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
     first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -152,7 +159,7 @@ async def test_a_failed_message_fails_each_chunk_retryably() -> None:
 
 
 async def test_a_waiting_chunk_whose_caller_left_is_not_sent() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
     first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -168,7 +175,7 @@ async def test_a_waiting_chunk_whose_caller_left_is_not_sent() -> None:
 
 
 async def test_a_merged_call_nobody_waits_for_is_cancelled_and_frees_its_slot() -> None:
-    worker = FakeWorker()  # never answers
+    worker = HeldSend()  # never answers
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
     head = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -184,7 +191,7 @@ async def test_a_merged_call_nobody_waits_for_is_cancelled_and_frees_its_slot() 
 
 
 async def test_close_fails_waiting_chunks_retryably() -> None:
-    worker = FakeWorker()
+    worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
     first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
     await _settle()
@@ -195,3 +202,39 @@ async def test_close_fails_waiting_chunks_retryably() -> None:
         await waiting
     assert err.value.retryable
     first.cancel()
+
+
+# --- through the real gateway, in front of a fake gRPC worker ------------------------------------
+
+
+@pytest.mark.parametrize("inflight", [2, 0])
+def test_concurrent_queries_share_calls_and_each_gets_its_own_row(
+    minilm: ModelDir, inflight: int
+) -> None:
+    worker = FakeWorker(0, delay=0.3).start()
+    settings = GatewaySettings(
+        workers=(worker.address,), probe_seconds=0.1, coalesce_inflight=inflight
+    )
+    gw = GatewayThread(settings, minilm).start()
+    try:
+        wait_until("worker ready", lambda: len(gw.app.balancer.usable()) == 1)
+        # n words -> n + 2 tokens: each reply's row says whose input it embedded (fakes._rows)
+        texts = [" ".join(["word"] * n) for n in range(1, 11)]
+
+        def post(text: str) -> list[float]:
+            reply = httpx.post(gw.url + "/v1/embeddings", json={"input": text}, timeout=30)
+            assert reply.status_code == 200, reply.text
+            embedding: list[float] = reply.json()["data"][0]["embedding"]
+            return embedding
+
+        with ThreadPoolExecutor(len(texts)) as pool:
+            rows = list(pool.map(post, texts))
+        assert [int(r[2]) for r in rows] == [n + 2 for n in range(1, 11)]
+        if inflight:
+            assert len(worker.calls) < len(texts)  # merged while the first calls were held
+            assert sum(worker.calls) == len(texts)
+        else:
+            assert worker.calls == [1] * len(texts)
+    finally:
+        gw.stop()
+        worker.stop()
