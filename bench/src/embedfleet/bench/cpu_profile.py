@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import pstats
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ENV = "EMBEDFLEET_BENCH_PROFILE"
@@ -95,30 +95,31 @@ def stage_of(where: str) -> str:
     return "other Python"
 
 
+def _entries(paths: Sequence[Path]) -> Iterator[tuple[str, int, str, float]]:
+    """(file, line, function, own seconds) of every profiled function in `paths`."""
+    for path in paths:
+        table: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
+        table = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+        for (file, line, func), (_, _, own, _, _) in table.items():
+            yield file, line, func, own
+
+
 def stages(paths: Sequence[Path]) -> dict[str, float]:
     """Own CPU seconds per stage, summed over the profiles in `paths`, largest first."""
     total: dict[str, float] = {}
-    for path in paths:
-        stats = pstats.Stats(str(path))
-        table: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
-        table = stats.stats  # type: ignore[attr-defined]
-        for (file, _, func), (_, _, own, _, _) in table.items():
-            stage = stage_of(f"{file}:{func}")
-            total[stage] = total.get(stage, 0.0) + own
+    for file, _, func, own in _entries(paths):
+        stage = stage_of(f"{file}:{func}")
+        total[stage] = total.get(stage, 0.0) + own
     return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 def top_functions(paths: Sequence[Path], n: int = 12) -> list[tuple[str, float]]:
     """The `n` functions of most own time, as ("file:line(function)", seconds)."""
     own: dict[str, float] = {}
-    for path in paths:
-        stats = pstats.Stats(str(path))
-        table: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
-        table = stats.stats  # type: ignore[attr-defined]
-        for (file, line, func), (_, _, seconds, _, _) in table.items():
-            short = "/".join(Path(file).parts[-2:]) if file != "~" else ""
-            key = f"{short}:{line}({func})" if short else func
-            own[key] = own.get(key, 0.0) + seconds
+    for file, line, func, seconds in _entries(paths):
+        short = "/".join(Path(file).parts[-2:]) if file != "~" else ""
+        key = f"{short}:{line}({func})" if short else func
+        own[key] = own.get(key, 0.0) + seconds
     return sorted(own.items(), key=lambda kv: -kv[1])[:n]
 
 
