@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import grpc
 import httpx
@@ -58,6 +59,19 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _busy(max_tokens: int = 8192) -> tuple[HeldSend, Coalescer, asyncio.Future[Any]]:
+    """A coalescer with one slot, taken by a held call of chunk [1]."""
+    worker = HeldSend()
+    c = Coalescer(worker.send, max_inflight=1, max_tokens=max_tokens, max_sequences=256)
+    first = _embed(c, 1)
+    await _settle()
+    return worker, c, first
+
+
+def _embed(c: Coalescer, *firsts: int, dimensions: int = 0) -> asyncio.Future[Any]:
+    return asyncio.ensure_future(c.embed(batch(*firsts), dimensions, 5.0, None))
+
+
 def test_cut_is_consecutive_blocks() -> None:
     rows = np.arange(6, dtype=np.float32).reshape(6, 1)
     parts = cut(rows, [1, 3, 2])
@@ -67,8 +81,8 @@ def test_cut_is_consecutive_blocks() -> None:
 async def test_below_the_limit_each_chunk_goes_alone_at_once() -> None:
     worker = HeldSend()
     c = Coalescer(worker.send, max_inflight=2, max_tokens=8192, max_sequences=256)
-    a = asyncio.ensure_future(c.embed(batch(10), 0, 5.0, None))
-    b = asyncio.ensure_future(c.embed(batch(20), 0, 5.0, None))
+    a = _embed(c, 10)
+    b = _embed(c, 20)
     await _settle()
     assert worker.calls == [[10], [20]]
     worker.gate.set()
@@ -79,10 +93,7 @@ async def test_below_the_limit_each_chunk_goes_alone_at_once() -> None:
 
 
 async def test_chunks_behind_a_busy_worker_travel_in_one_message_and_get_their_own_rows() -> None:
-    worker = HeldSend()
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
-    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
+    worker, c, first = await _busy()
     waiting = [asyncio.ensure_future(c.embed(batch(10 * i, 10 * i + 1), 0, 5.0, None))
                for i in range(1, 4)]  # fmt: skip
     await _settle()
@@ -100,14 +111,11 @@ async def test_chunks_behind_a_busy_worker_travel_in_one_message_and_get_their_o
 
 
 async def test_a_message_stays_within_the_chunk_budget_and_options_never_mix() -> None:
-    worker = HeldSend()
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=6, max_sequences=256)
-    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
+    worker, c, first = await _busy(max_tokens=6)
     rest = [
-        asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None)),
-        asyncio.ensure_future(c.embed(batch(3), 0, 5.0, None)),
-        asyncio.ensure_future(c.embed(batch(4), 0, 5.0, None)),  # 9 tokens > 6: next message
+        _embed(c, 2),
+        _embed(c, 3),
+        _embed(c, 4),  # 9 tokens > 6: next message
         asyncio.ensure_future(c.embed(batch(5), 8, 5.0, None)),  # other dimensions: its own
     ]
     await _settle()
@@ -121,7 +129,7 @@ async def test_a_large_chunk_never_waits_nor_holds_small_ones_up() -> None:
     c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256, small_tokens=8)
     large = [asyncio.ensure_future(c.embed(batch(i, length=8), 0, 5.0, None)) for i in (1, 2)]
     await _settle()
-    small = asyncio.ensure_future(c.embed(batch(3), 0, 5.0, None))
+    small = _embed(c, 3)
     await _settle()
     assert worker.calls == [[1], [2], [3]]  # all at once: the large ones take no slot
     worker.gate.set()
@@ -129,12 +137,9 @@ async def test_a_large_chunk_never_waits_nor_holds_small_ones_up() -> None:
 
 
 async def test_an_invalid_chunk_fails_alone_the_others_of_its_message_succeed() -> None:
-    worker = HeldSend()
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
-    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
-    good = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
-    bad = asyncio.ensure_future(c.embed(batch(BAD), 0, 5.0, None))
+    worker, c, first = await _busy()
+    good = _embed(c, 2)
+    bad = _embed(c, BAD)
     await _settle()
     worker.gate.set()
     await first
@@ -152,18 +157,15 @@ async def test_a_failed_message_fails_each_chunk_retryably() -> None:
         raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "connection reset")
 
     c = Coalescer(unavailable, max_inflight=1, max_tokens=8192, max_sequences=256)
-    calls = [asyncio.ensure_future(c.embed(batch(i), 0, 5.0, None)) for i in range(3)]
+    calls = [_embed(c, i) for i in range(3)]
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(o, UpstreamError) and o.retryable for o in outcomes)
     assert len({id(o) for o in outcomes}) == 3  # each chunk its own error object
 
 
 async def test_a_waiting_chunk_whose_caller_left_is_not_sent() -> None:
-    worker = HeldSend()
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
-    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
-    gone = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    worker, c, first = await _busy()
+    gone = _embed(c, 2)
     await _settle()
     gone.cancel()
     await _settle()
@@ -175,11 +177,8 @@ async def test_a_waiting_chunk_whose_caller_left_is_not_sent() -> None:
 
 
 async def test_a_merged_call_nobody_waits_for_is_cancelled_and_frees_its_slot() -> None:
-    worker = HeldSend()  # never answers
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
-    head = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
-    tail = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    worker, c, head = await _busy()  # never answered
+    tail = _embed(c, 2)
     await _settle()
     head.cancel()  # its own call, in its own task: cancelled; the slot goes to tail's message
     await _settle()
@@ -191,11 +190,8 @@ async def test_a_merged_call_nobody_waits_for_is_cancelled_and_frees_its_slot() 
 
 
 async def test_close_fails_waiting_chunks_retryably() -> None:
-    worker = HeldSend()
-    c = Coalescer(worker.send, max_inflight=1, max_tokens=8192, max_sequences=256)
-    first = asyncio.ensure_future(c.embed(batch(1), 0, 5.0, None))
-    await _settle()
-    waiting = asyncio.ensure_future(c.embed(batch(2), 0, 5.0, None))
+    _, c, first = await _busy()
+    waiting = _embed(c, 2)
     await _settle()
     c.close()
     with pytest.raises(UpstreamError) as err:
