@@ -1,7 +1,9 @@
 """Gateway benchmarks: harness overhead with the null engine, the concurrency suite against the
 worker alone, and the HTTP server candidates behind the same app.
 
-Run: ``python -m embedfleet.bench.gateway [--suites overhead,concurrency,servers] [--engine null]``.
+Run: ``python -m embedfleet.bench.gateway [--suites overhead,concurrency,servers,cpu,scaling]
+[--engine null] [--profile]``; the `cpu` and `scaling` suites (server CPU per request, gateway and
+worker apart, and one against two gateway processes) are gateway_cpu.py's.
 Every system runs in this process tree on the same inputs; ratios are printed side by side. The
 client is a minimal keep-alive HTTP/1.1 client on asyncio streams, so its own cost stays small next
 to the gateway's (httpx costs a few hundred microseconds per request by itself).
@@ -212,7 +214,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
         worker, gateway = fleet.worker_children[0], fleet.children[-1]
         assert worker.process is not None
         assert gateway.process is not None
-        levels = (1,) if suites == {"overhead"} else CONCURRENCY
+        levels = (1,) if "concurrency" not in suites else CONCURRENCY
         for clients in levels if suites & {"overhead", "concurrency"} else ():
             wcall, channel = worker_call(worker.address, batch)
             name = "worker alone (gRPC)"
@@ -275,17 +277,56 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_cpu_suites(args: argparse.Namespace) -> str:
+    """The CPU suites (gateway_cpu.py) as markdown: tables and, with --profile, the stages."""
+    from embedfleet.bench import gateway_cpu as cpu  # it imports this module's client parts
+
+    suites = set(args.suites.split(","))
+    logs = Path(tempfile.mkdtemp(prefix="bench-gateway-cpu-"))
+    out = []
+    if "cpu" in suites:
+        shapes = args.shapes.split(",")
+        rows = asyncio.run(cpu.run_cpu(args.engine, args.seconds, args.baseline_src, shapes, logs))
+        out.append(cpu.cpu_table(rows))
+        if args.json:
+            Path(args.json).with_suffix(".cpu.json").write_text(
+                json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+            )
+    if "scaling" in suites:
+        out.append(cpu.scaling_table(asyncio.run(cpu.run_scaling(args.seconds, logs))))
+    if args.profile:
+        for shape, clients in cpu.PROFILED:
+            profile = cpu.run_profile(args.engine, args.seconds, logs, shape, clients)
+            out.append(asyncio.run(profile))
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.gateway")
-    parser.add_argument("--suites", default="overhead,concurrency,servers")
+    parser.add_argument("--suites", default="overhead,concurrency,servers,cpu,scaling")
+    parser.add_argument("--shapes", default="1x20,16x20,100x512", help="cpu suite's shapes")
+    parser.add_argument(
+        "--baseline-src",
+        default="",
+        help="cpu suite: also run a gateway from this PYTHONPATH (another tree's */src)",
+    )
+    parser.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="profile a gateway and a worker at 1x20 x16 clients and 100x512 x1 (cProfile stages)",
+    )
     parser.add_argument("--engine", default="null", help="worker engine: null (harness) or torch")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
     parser.add_argument("--json", default="", help="also write the rows here")
     args = parser.parse_args(argv)
-    rows = asyncio.run(run(args))
-    print(table(rows))
-    if args.json:
+    wanted = set(args.suites.split(","))
+    rows = asyncio.run(run(args)) if wanted & {"overhead", "concurrency", "servers"} else []
+    if rows:
+        print(table(rows))
+    print(run_cpu_suites(args))
+    if args.json and rows:
         Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return 0
 

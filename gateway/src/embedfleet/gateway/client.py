@@ -82,22 +82,54 @@ async def _call(call: Awaitable[T]) -> T:
         raise UpstreamError(grpc.StatusCode.CANCELLED, "the worker's channel closed") from None
 
 
+@dataclass(frozen=True)
+class Coalescing:
+    """When Embed calls to a worker are merged (coalescing.py); `max_inflight` 0: never."""
+
+    max_inflight: int = 0
+    max_tokens: int = 8192
+    max_sequences: int = 256
+    #: chunks of at least this many tokens are never merged
+    small_tokens: int = 512
+
+
 class WorkerClient:
     def __init__(
-        self, address: str, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()
+        self,
+        address: str,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        coalescing: Coalescing = Coalescing(),
     ) -> None:
+        # imported here: coalescing.py builds on this module's UpstreamError
+        from embedfleet.gateway.coalescing import Coalescer
+
         self.address = address
         # Interceptors only when tracing is on (tracing.py): an empty list adds no per-call cost.
         self._channel = grpc.aio.insecure_channel(
             address, options=_OPTIONS, interceptors=list(interceptors) or None
         )
         self._stub = pb_grpc.WorkerStub(self._channel)  # type: ignore[no-untyped-call]
+        c = coalescing
+        self._coalescer = (
+            Coalescer(self._embed, c.max_inflight, c.max_tokens, c.max_sequences, c.small_tokens)
+            if c.max_inflight > 0
+            else None
+        )
 
     async def close(self) -> None:
+        if self._coalescer is not None:
+            self._coalescer.close()
         await self._channel.close(grace=None)
 
     async def embed(
         self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None = None
+    ) -> tuple[FloatArray, int]:
+        if self._coalescer is not None:
+            return await self._coalescer.embed(batch, dimensions, timeout, normalize)
+        return await self._embed(batch, dimensions, timeout, normalize)
+
+    async def _embed(
+        self, batch: pb.TokenBatch, dimensions: int, timeout: float, normalize: bool | None
     ) -> tuple[FloatArray, int]:
         request = pb.EmbedRequest(batch=batch, dimensions=dimensions, normalize=normalize)
         reply: pb.EmbedResponse = await _call(self._stub.Embed(request, timeout=timeout))

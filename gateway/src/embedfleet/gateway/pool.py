@@ -74,7 +74,7 @@ class Lease:
     __slots__ = ("_balancer", "_endpoint", "_hung", "worker")
 
     def __init__(
-        self, worker: Worker, endpoint: Endpoint, balancer: Balancer, hung: asyncio.Event
+        self, worker: Worker, endpoint: Endpoint, balancer: Balancer, hung: asyncio.Future[None]
     ) -> None:
         self.worker = worker
         self._endpoint = endpoint
@@ -94,7 +94,7 @@ class Lease:
         worker hung (its probe timed out): a stopped process never answers, and its connection
         can look alive for as long as the kernel keeps it."""
         work = asyncio.ensure_future(call)
-        if not await finished_first(work, self._hung.wait()):
+        if not await finished_first(work, self._hung):
             raise UpstreamError(grpc.StatusCode.UNAVAILABLE, "the worker stopped answering")
         result: T = work.result()
         return result
@@ -111,7 +111,8 @@ class WorkerPool:
         self._infos: dict[str, pb.InfoResponse] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         #: set when a worker's probe fails, giving up the calls in flight there (Lease.guard)
-        self._hung: dict[str, asyncio.Event] = {}
+        #: (a future, not an Event: awaiting it needs no task of its own per call)
+        self._hung: dict[str, asyncio.Future[None]] = {}
         self._closing: set[asyncio.Task[None]] = set()
         #: set while ready() holds, for wait_ready (requests held while the fleet is at zero)
         self._any_ready = asyncio.Event()
@@ -129,7 +130,7 @@ class WorkerPool:
             task.add_done_callback(self._closing.discard)
         for address in added:
             self._workers[address] = self._connect(address)
-            self._hung[address] = asyncio.Event()
+            self._hung[address] = asyncio.get_running_loop().create_future()
             self._probes[address] = asyncio.create_task(self._probe_loop(address))
         self._sync_ready()
         if added or removed:
@@ -201,8 +202,8 @@ class WorkerPool:
                     "worker not answering", extra={"worker": address, "code": exc.code.name}
                 )
                 # Its calls in flight go elsewhere; later leases wait on a fresh event.
-                self._hung[address].set()
-                self._hung[address] = asyncio.Event()
+                self._hung[address].set_result(None)
+                self._hung[address] = asyncio.get_running_loop().create_future()
             endpoint.ready = False
             self._sync_ready()
             return

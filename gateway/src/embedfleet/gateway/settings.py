@@ -130,6 +130,14 @@ class GatewaySettings:
         "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",
     )
     upstream_timeout_seconds: float = setting(60.0, "Deadline of one chunk's call to a worker.")
+    coalesce_inflight: int = setting(
+        2,
+        "Embed calls of small chunks (under --min-chunk-tokens) in flight to one worker before "
+        "the next small chunks wait and travel merged into one message (up to --chunk-tokens and "
+        "--chunk-sequences), so under load short queries pay gRPC's per-call CPU once per "
+        'message, not once each (docs/gateway.md, "Coalescing"). Below it a chunk is sent at '
+        "once; larger chunks always are. 0: every chunk is its own call.",
+    )
     probe_seconds: float = setting(
         2.0, "How often each worker's Info (readiness, queue, model facts) is polled."
     )

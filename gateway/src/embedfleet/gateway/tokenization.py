@@ -207,8 +207,8 @@ class Tokenization:
         if truncate:
             return
         for i, enc in enumerate(encodings):
-            if len(enc.ids) > self.max_tokens:
-                raise too_long(i, len(enc.ids), self.max_tokens, param)
+            if len(enc) > self.max_tokens:  # len(enc.ids) would build the id list to count it
+                raise too_long(i, len(enc), self.max_tokens, param)
 
     async def texts(
         self, texts: Sequence[str], input_type: str | None, truncate: bool, side: Side

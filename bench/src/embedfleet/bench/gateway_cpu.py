@@ -1,0 +1,361 @@
+"""The gateway benchmark's CPU suites: server CPU µs per request, gateway and worker front apart.
+
+`python -m embedfleet.bench.gateway --suites cpu,scaling [--engine null|torch] [--profile]`
+
+- `cpu`: 1-text ~20-token queries, 16-text batches of them, and 100-text batches of 512 tokens,
+  at 1 and 16 clients, through each gateway variant in turn against the same worker. For each point
+  it reads the gateway's and the worker's own utime+stime (/proc) before and after, so each figure
+  is one process's CPU per answered request; req/s per core is 10^6 / (gateway + worker µs).
+  `worker alone` is the same batches sent straight to the worker over gRPC (no gateway).
+- `scaling`: the same 1x20 queries from 16 clients through one gateway process, then through two
+  (8 clients each, one worker behind both): the gateway keeps no state, so a second one adds req/s.
+- `--profile` (on by default): a fresh worker and gateway run the `PROFILED` points under
+  cProfile (cpu_profile.py) and the stage tables say where each process's CPU went.
+
+Variants: this tree's gateway as it runs by default and with each option under test switched off
+(`VARIANTS`), plus `--baseline-src` (a PYTHONPATH of another source tree, e.g. main's, unpacked
+with `git archive`) for a before/after in one run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from embedfleet.bench import corpus, cpu_profile
+from embedfleet.bench.gateway import (
+    RawHttp,
+    _spawn_gateway,
+    tree_cpu_seconds,
+    worker_call,
+)
+from embedfleet.bench.http_load import Call, Measurement, run_point
+from embedfleet.common.codec import pack_tokens
+from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.common.net import free_ports
+from embedfleet.gateway.fleet import Fleet
+
+#: shape name -> (texts per request, tokens per text including [CLS]/[SEP])
+SHAPES: dict[str, tuple[int, int]] = {"1x20": (1, 20), "16x20": (16, 20), "100x512": (100, 512)}
+#: shape -> client counts, per engine (the real engine on a CPU runs 100x512 in seconds)
+CLIENTS: dict[str, dict[str, tuple[int, ...]]] = {
+    "null": {"1x20": (1, 16), "16x20": (1, 16), "100x512": (1, 4)},
+    "torch": {"1x20": (1, 16), "16x20": (1, 16), "100x512": (1,)},
+}
+#: the points --profile runs: (shape, clients)
+PROFILED = (("1x20", 16), ("100x512", 1))
+#: MiniLM's sentence-transformers limit is 256 tokens; its positions allow 512 (the 100x512 shape)
+LIMIT = ["--max-input-tokens", "512"]
+#: bodies per shape, cycled: requests differ without the client encoding anything while measured
+POOL = 32
+
+#: gateway variant -> its extra flags (this tree's gateway with an option under test)
+VARIANTS: dict[str, list[str]] = {
+    "gateway, no coalescing": ["--coalesce-inflight", "0"],
+    "gateway (default)": [],
+    "gateway, coalescing past 1 call": ["--coalesce-inflight", "1"],
+}
+
+
+@dataclass(frozen=True)
+class CpuRow:
+    system: str
+    engine: str
+    shape: str
+    clients: int
+    requests: int
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    gateway_cpu_us: float
+    worker_cpu_us: float
+    errors: int
+
+    @property
+    def total_cpu_us(self) -> float:
+        return self.gateway_cpu_us + self.worker_cpu_us
+
+    @property
+    def per_core(self) -> float:
+        """Requests one core serves at this CPU cost (10^6 µs / server µs per request)."""
+        return 1e6 / self.total_cpu_us if self.total_cpu_us > 0 else float("inf")
+
+
+def exact_texts(length: int, n: int) -> list[str]:
+    """`n` corpus passages of exactly `length` tokens ([CLS] and [SEP] included): the corpus's
+    own lengths, or its 32-token passages cut at a token boundary for shorter ones."""
+    texts = corpus.load()
+    if length in texts.texts:
+        return texts.take(length, n)
+    tok = load_model_dir(default_model_path()).tokenizer()
+    out: list[str] = []
+    for text in texts.take(32, n):
+        enc = tok.encode(text)
+        # offsets of the content token that ends the cut ([CLS] is token 0)
+        end = enc.offsets[length - 2][1]
+        cut = text[:end]
+        assert len(tok.encode(cut).ids) == length, cut
+        out.append(cut)
+    return out
+
+
+@dataclass(frozen=True)
+class Inputs:
+    bodies: list[bytes]
+    token_ids: list[list[list[int]]]
+
+
+def inputs(shape: str) -> Inputs:
+    batch, length = SHAPES[shape]
+    texts = exact_texts(length, POOL * batch if length != 512 else 256)
+    tok = load_model_dir(default_model_path()).tokenizer()
+    bodies, ids = [], []
+    for i in range(POOL):
+        chosen = [texts[(i * batch + j) % len(texts)] for j in range(batch)]
+        body = {"input": chosen[0] if batch == 1 else chosen}
+        bodies.append(orjson.dumps(body))
+        ids.append([e.ids for e in tok.encode_batch(chosen)])
+    return Inputs(bodies, ids)
+
+
+def http_call(
+    ports: Sequence[int], clients: int, bodies: list[bytes]
+) -> tuple[Call, list[RawHttp]]:
+    """Client i talks to gateway ports[i % len(ports)] and sends the pool's bodies in turn."""
+    conns = [RawHttp("127.0.0.1", ports[i % len(ports)]) for i in range(clients)]
+
+    async def call(index: int, n: int) -> None:
+        await conns[index].post("/v1/embeddings", bodies[(index * 7 + n) % len(bodies)])
+
+    return call, conns
+
+
+async def measure(
+    call: Call, clients: int, seconds: float, gateways: Sequence[int], worker: int
+) -> tuple[Measurement, float, float]:
+    """(measurement, gateway CPU µs/request, worker CPU µs/request) over one point."""
+    await run_point(call, clients, min(1.0, seconds / 3), 0, 0, 1)
+    g0 = sum(tree_cpu_seconds(p) for p in gateways)
+    w0 = tree_cpu_seconds(worker)
+    m = await run_point(call, clients, seconds, 0, 0, 1, min_requests=3)
+    n = max(1, m.requests)
+    g = (sum(tree_cpu_seconds(p) for p in gateways) - g0) / n * 1e6
+    w = (tree_cpu_seconds(worker) - w0) / n * 1e6
+    return m, g, w
+
+
+@dataclass
+class Gateways:
+    """Gateway processes by variant name, all in front of the same workers."""
+
+    ports: dict[str, int]
+    pids: dict[str, int]
+
+
+@contextmanager
+def gateways(
+    workers: str, variants: dict[str, tuple[list[str], dict[str, str]]], log: Path
+) -> Iterator[Gateways]:
+    procs = []
+    out = Gateways({}, {})
+    try:
+        for name, (flags, env) in variants.items():
+            (port,) = free_ports(1)
+            argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
+            argv += ["--workers", workers, "--log-level", "warning", *LIMIT, *flags]
+            proc = _spawn_gateway(argv, env, port, log)
+            procs.append(proc)
+            out.ports[name], out.pids[name] = port, proc.pid
+        yield out
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(20)
+
+
+def systems(baseline_src: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    chosen: dict[str, tuple[list[str], dict[str, str]]] = {
+        name: (flags, {}) for name, flags in VARIANTS.items()
+    }
+    if baseline_src:
+        chosen = {"baseline gateway": ([], {"PYTHONPATH": baseline_src}), **chosen}
+    return chosen
+
+
+async def run_cpu(
+    engine: str, seconds: float, baseline_src: str, shapes: Sequence[str], log_dir: Path
+) -> list[CpuRow]:
+    rows: list[CpuRow] = []
+    worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
+    (gw_port,) = free_ports(1)
+    with Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet:
+        worker = fleet.worker_children[0]
+        assert worker.process is not None
+        wpid = worker.process.pid
+        # The fleet's own gateway idles; ours are started with the variants' flags.
+        with gateways(worker.address, systems(baseline_src), log_dir / "gateways.log") as gws:
+            for shape in shapes:
+                data = inputs(shape)
+                for clients in CLIENTS[engine][shape]:
+                    batch = pack_tokens(data.token_ids[0])
+                    wcall, channel = worker_call(worker.address, batch)
+                    m, _, w = await measure(wcall, clients, seconds, [], wpid)
+                    await channel.close(None)
+                    rows.append(_row("worker alone (gRPC)", engine, shape, m, 0.0, w))
+                    _print(rows[-1])
+                    for name, port in gws.ports.items():
+                        call, conns = http_call([port], clients, data.bodies)
+                        m, g, w = await measure(call, clients, seconds, [gws.pids[name]], wpid)
+                        for c in conns:
+                            c.close()
+                        rows.append(_row(name, engine, shape, m, g, w))
+                        _print(rows[-1])
+    return rows
+
+
+async def run_scaling(seconds: float, log_dir: Path, clients: int = 16) -> list[CpuRow]:
+    """1x20 queries from `clients` clients via one gateway, then split over two."""
+    rows: list[CpuRow] = []
+    worker_args = ["--engine", "null", "--warmup-seconds", "0.5", *LIMIT]
+    (gw_port,) = free_ports(1)
+    data = inputs("1x20")
+    with Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet:
+        worker = fleet.worker_children[0]
+        assert worker.process is not None
+        two: dict[str, tuple[list[str], dict[str, str]]] = {"a": ([], {}), "b": ([], {})}
+        with gateways(worker.address, two, log_dir / "scaling.log") as gws:
+            for n in (1, 2):
+                ports = list(gws.ports.values())[:n]
+                pids = list(gws.pids.values())[:n]
+                call, conns = http_call(ports, clients, data.bodies)
+                m, g, w = await measure(call, clients, seconds, pids, worker.process.pid)
+                for c in conns:
+                    c.close()
+                rows.append(_row(f"{n} gateway process(es)", "null", "1x20", m, g, w))
+                _print(rows[-1])
+    return rows
+
+
+async def run_profile(
+    engine: str, seconds: float, log_dir: Path, shape: str = "1x20", clients: int = 16
+) -> str:
+    """Stage tables of a profiled gateway and worker serving `shape` from `clients` clients."""
+    prof = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    hook = cpu_profile.hook_dir(prof / "hook")
+    saved = dict(os.environ)
+    os.environ[cpu_profile.ENV] = str(prof)
+    os.environ["PYTHONPATH"] = f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    data = inputs(shape)
+    try:
+        (gw_port,) = free_ports(1)
+        worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
+        fleet = Fleet(
+            workers=1, port=gw_port, worker_args=worker_args, gateway_args=LIMIT, log_dir=log_dir
+        )
+        with fleet:
+            pids = [c.process.pid for c in fleet.children if c.process is not None]
+            call, conns = http_call([gw_port], clients, data.bodies)
+            await run_point(call, clients, 0.5, 0, 0, 1)
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR1)
+            m = await run_point(call, clients, seconds, 0, 0, 1, min_requests=3)
+            for pid in pids:
+                os.kill(pid, signal.SIGUSR2)
+            for c in conns:
+                c.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    requests = m.requests
+    gateway = sorted(prof.glob("gateway-cli-*.prof"))
+    worker = sorted(p for p in prof.glob("*.prof") if p not in gateway)
+    head = f"Profiled: {engine} engine, {shape}, {clients} clients, {m.requests} requests.\n\n"
+    return (
+        head
+        + cpu_profile.table("gateway", gateway, requests)
+        + "\n"
+        + (cpu_profile.table("worker", worker, requests))
+    )
+
+
+def _row(name: str, engine: str, shape: str, m: Measurement, g: float, w: float) -> CpuRow:
+    return CpuRow(
+        name, engine, shape, m.clients, m.requests, m.requests_per_second,
+        m.p50_ms, m.p99_ms, g, w, m.errors,
+    )  # fmt: skip
+
+
+def _print(r: CpuRow) -> None:
+    print(
+        f"  {r.system:28s} {r.engine:5s} {r.shape:8s} x{r.clients:<3d} {r.requests_per_second:8.0f}"
+        f" req/s  gateway {r.gateway_cpu_us:6.0f} µs  worker {r.worker_cpu_us:6.0f} µs",
+        flush=True,
+    )
+
+
+def cpu_table(rows: Sequence[CpuRow]) -> str:
+    lines = [
+        "| engine | shape | clients | system | req/s | p50 ms | gateway CPU µs/req | "
+        "worker CPU µs/req | total µs/req | req/s per core | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.engine} | {r.shape} | {r.clients} | {r.system} | {r.requests_per_second:.0f} | "
+            f"{r.p50_ms:.2f} | {r.gateway_cpu_us:.0f} | {r.worker_cpu_us:.0f} | "
+            f"{r.total_cpu_us:.0f} | {r.per_core:.0f} | {r.errors} |"
+        )
+    ratios = _ratios(rows)
+    if ratios:
+        lines += ["", *ratios]
+    return "\n".join(lines) + "\n"
+
+
+def _ratios(rows: Sequence[CpuRow]) -> list[str]:
+    """Each variant's total CPU per request against the first gateway system of its point."""
+    points: dict[tuple[str, str, int], list[CpuRow]] = {}
+    for r in rows:
+        if r.system != "worker alone (gRPC)":
+            points.setdefault((r.engine, r.shape, r.clients), []).append(r)
+    out = []
+    for (engine, shape, clients), group in points.items():
+        if len(group) < 2:
+            continue
+        base = group[0]
+        for r in group[1:]:
+            out.append(
+                f"| {engine} | {shape} | {clients} | {r.system} / {base.system} | "
+                f"{r.total_cpu_us / max(base.total_cpu_us, 1e-9):.2f} | "
+                f"{r.gateway_cpu_us / max(base.gateway_cpu_us, 1e-9):.2f} | "
+                f"{r.requests_per_second / max(base.requests_per_second, 1e-9):.2f} |"
+            )
+    if not out:
+        return []
+    head = [
+        "| engine | shape | clients | ratio | total CPU/req | gateway CPU/req | req/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    return head + out
+
+
+def scaling_table(rows: Sequence[CpuRow]) -> str:
+    lines = [
+        "| gateways | clients | req/s | gateway CPU µs/req | worker CPU µs/req | vs 1 gateway |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    first = rows[0].requests_per_second if rows else 1.0
+    for r in rows:
+        lines.append(
+            f"| {r.system} | {r.clients} | {r.requests_per_second:.0f} | {r.gateway_cpu_us:.0f} |"
+            f" {r.worker_cpu_us:.0f} | {r.requests_per_second / max(first, 1e-9):.2f} |"
+        )
+    return "\n".join(lines) + "\n"
