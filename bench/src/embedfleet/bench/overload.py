@@ -36,6 +36,7 @@ from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.overload import (
+    NORMAL_INTERVAL,
     closed_loop,
     mixed_bodies,
     short_requests,
@@ -183,7 +184,8 @@ def slowloris(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 async def _both(a: int, b: int, seconds: float, body: bytes) -> list[tuple[list[float], list[str]]]:
     return list(
         await asyncio.gather(
-            short_requests(a, 4, seconds, body), short_requests(b, 4, seconds, body)
+            short_requests(a, 4, seconds, body, interval=NORMAL_INTERVAL),
+            short_requests(b, 4, seconds, body, interval=NORMAL_INTERVAL),
         )
     )
 
