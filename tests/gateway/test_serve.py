@@ -181,9 +181,10 @@ def test_serve_restarts_a_killed_worker_and_routes_around_a_stopped_one() -> Non
               f"stopped {worst:.2f}s over {len(stalled)} requests")  # fmt: skip
         assert load.failures == []
         assert len(load.latencies) > served_before
-        # The restart backoff (0.5 s), a worker's start-up, then the gateway's channel reconnects
-        # (its reconnect backoff is capped at 2 s, client.py) and the next 0.2 s probe sees it.
-        assert restart < startup + 0.5 + 2.0 + 0.2 + 1.0
+        # No restart backoff the first time, a worker's start-up, then the gateway's channel
+        # reconnects (its reconnect backoff is capped at 2 s, client.py) and the next 0.2 s probe
+        # sees it.
+        assert restart < startup + 2.0 + 0.2 + 1.0
         assert any("worker-" in line and "exited with -9" in line for line in lines), lines
         assert worst < 6.0
         children = _children(proc.pid)
@@ -234,12 +235,12 @@ def test_a_request_in_flight_at_sigterm_finishes_within_its_deadline() -> None:
         _stop(proc)
 
 
-def test_backoff_doubles_per_quick_failure_up_to_its_cap() -> None:
+def test_backoff_restarts_at_once_then_doubles_per_quick_failure_up_to_its_cap() -> None:
     backoff = Backoff(first_seconds=0.5, max_seconds=4.0)
-    assert [backoff.delay(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert [backoff.delay(n) for n in range(1, 8)] == [0.0, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
 
 
-def test_supervise_restarts_an_exited_child_after_its_backoff() -> None:
+def test_supervise_restarts_an_exited_child_at_once_then_after_its_backoff() -> None:
     fleet = Fleet(backoff=Backoff(first_seconds=1.0, max_seconds=8.0, stable_seconds=60.0))
     child = Child("worker-0", [sys.executable, "-c", "import time; time.sleep(60)"], 0)
     fleet.children.append(child)
@@ -250,17 +251,28 @@ def test_supervise_restarts_an_exited_child_after_its_backoff() -> None:
         first = child.process
         first.kill()
         first.wait()
-        now = child.started_at + 1.0  # a quick failure
+        now = child.started_at + 1.0  # a quick failure, the streak's first: no wait
+        exited, restarted = fleet.supervise(now)  # both in one step
+        assert exited == "worker-0 exited with -9; restarting in 0.0s"
+        assert restarted.startswith("worker-0 restarted (pid ")
+        assert child.process is not first
+        assert child.process.poll() is None
+        second = child.process
+        second.kill()
+        second.wait()
+        # The second quick failure waits first_seconds.
+        now = child.started_at + 1.0
         assert fleet.supervise(now) == ["worker-0 exited with -9; restarting in 1.0s"]
         assert fleet.supervise(now + 0.9) == []
         assert fleet.supervise(now + 1.0)[0].startswith("worker-0 restarted (pid ")
-        assert child.process is not first
-        assert child.process.poll() is None
+        assert child.process is not second
         child.process.kill()
         child.process.wait()
-        # A second quick failure waits twice as long; one after a stable run starts over.
+        # A third waits twice as long; one after a stable run starts a new streak.
         assert fleet.supervise(child.started_at + 1.0)[0].endswith("restarting in 2.0s")
         child.restart_at = None
-        assert fleet.supervise(child.started_at + 61.0)[0].endswith("restarting in 1.0s")
+        assert fleet.supervise(child.started_at + 61.0)[0].endswith("restarting in 0.0s")
+        assert child.process is not None
+        assert child.process.poll() is None
     finally:
         fleet.stop()

@@ -15,6 +15,7 @@ import pytest
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.cli import connection_cap
+from embedfleet.gateway.connection import SPREAD
 from embedfleet.gateway.settings import GatewaySettings
 
 from .fakes import FakeWorker
@@ -128,7 +129,7 @@ def test_stalled_connections_are_closed_after_the_header_bound_while_others_are_
     assert prober.failures == []
     assert len(prober.latencies) > 10
     last = max(t for _, t in closed) - opened
-    assert min(t for _, t in closed) - opened >= HEADER_SECONDS * 0.9
+    assert min(t for _, t in closed) - opened >= HEADER_SECONDS * (1 - SPREAD)
     assert last < HEADER_SECONDS + 3.0, last
     assert all(b"408 Request Timeout" in got for got, _ in closed)
     worst = max(prober.latencies)
@@ -159,7 +160,7 @@ def test_an_idle_kept_alive_connection_is_closed(gateway: GatewayThread) -> None
     sock.close()
     assert got.startswith(b"HTTP/1.1 200 ")
     assert b"408" not in got  # idle after a response is the keep-alive bound, not a slow request
-    assert KEEP_ALIVE_SECONDS * 0.9 <= closed - start < KEEP_ALIVE_SECONDS + 3.0
+    assert KEEP_ALIVE_SECONDS * (1 - SPREAD) <= closed - start < KEEP_ALIVE_SECONDS + 3.0
 
 
 def test_connections_past_the_cap_are_refused_cleanly(

@@ -6,7 +6,9 @@ worker processes on 127.0.0.1), the benchmark side of tests/stress/.
 - overload: N clients (64) for S seconds (30) of mixed sizes (1-100 texts of 5-500 words),
   honouring Retry-After; goodput (tokens/s answered, first request to last answer) against the
   capacity the workers measured at warm-up in the same run, the 429 count, the work in flight when
-  each 429 came, 5xx, timeouts, admitted latency, worker deadline drops.
+  each 429 came, 5xx, timeouts, admitted latency, worker deadline drops; and where goodput went
+  against that figure: the workers' busy fraction, computed tokens not answered, their rate while
+  computing (`busy_capacity`) and the CPU they, the gateway and the load generator got.
 - batch: issue 18's indexing load, 4 clients x 100 texts of 512 tokens on ONE worker, with the
   gateway's defaults: how many were queued and answered, how many refused.
 - slowloris: short-query p50/p99 under 5,000 stalled connections from a process of their own,
@@ -24,7 +26,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.overload import (
+    NORMAL_INTERVAL,
     closed_loop,
     mixed_bodies,
     short_requests,
@@ -74,6 +77,45 @@ def _capacity(fleet: Fleet) -> float:
     return worker_sum(fleet, "embedfleet_worker_capacity_tokens_per_second")
 
 
+@dataclass(frozen=True)
+class WorkerWork:
+    """What one worker computed in a run: tokens, seconds of compute, CPU seconds (its tree)."""
+
+    tokens: float
+    compute_seconds: float
+    cpu_seconds: float
+
+    def __sub__(self, other: WorkerWork) -> WorkerWork:
+        return WorkerWork(
+            self.tokens - other.tokens,
+            self.compute_seconds - other.compute_seconds,
+            self.cpu_seconds - other.cpu_seconds,
+        )
+
+
+def _work(fleet: Fleet) -> list[WorkerWork]:
+    out = []
+    for child in fleet.worker_children:
+        text = scrape(int(child.argv[child.argv.index("--metrics-port") + 1]))
+        pid = child.process.pid if child.process else 0
+        out.append(
+            WorkerWork(
+                metric_value(text, "embedfleet_worker_tokens_total"),
+                metric_value(text, "embedfleet_worker_compute_seconds_sum"),
+                tree_cpu_seconds(pid) if pid else 0.0,
+            )
+        )
+    return out
+
+
+def busy_capacity(work: Sequence[WorkerWork]) -> float:
+    """Tokens/s the workers computed while computing, together: their capacity in the run's own
+    seconds, on whatever share of the machine they had then. Goodput against it leaves out what
+    the machine's other jobs took and keeps what overload can waste: idle workers, and work
+    computed for requests that were not answered."""
+    return sum(w.tokens / w.compute_seconds for w in work if w.compute_seconds > 0)
+
+
 def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     words = words_of(list(load_model_dir(default_model_path()).tokenizer().get_vocab()))
     bodies = mixed_bodies(words, seed=args.seed, count=300)
@@ -84,11 +126,25 @@ def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         gateway += ["--upstream-timeout-seconds", str(args.upstream_timeout_seconds)]
     with _fleet(args.workers, worker_args(args.engine, args.pace), gateway, log_dir) as fleet:
         capacity = _capacity(fleet)
+        gateway_pid = fleet.children[-1].process.pid if fleet.children[-1].process else 0
+        before, gateway_cpu, own_cpu = (
+            _work(fleet),
+            tree_cpu_seconds(gateway_pid),
+            time.process_time(),
+        )
+        start = time.monotonic()
         outcomes = asyncio.run(
             closed_loop("127.0.0.1", fleet.port, args.clients, args.seconds, bodies, timeout=180)
         )
+        wall = time.monotonic() - start
+        work = [b - a for a, b in zip(before, _work(fleet), strict=True)]
+        gateway_cpu = (tree_cpu_seconds(gateway_pid) - gateway_cpu) / wall
+        own_cpu = (time.process_time() - own_cpu) / wall
         drops = worker_sum(fleet, "embedfleet_worker_dropped_requests_total", reason="deadline")
     s = summarize(outcomes, capacity)
+    busy = busy_capacity(work)
+    answered = sum(o.tokens for o in outcomes if o.status == 200)
+    computed = sum(w.tokens for w in work)
     print(
         f"overload: {args.clients} clients x {args.seconds:.0f}s, {args.workers} {args.engine} "
         f"worker(s): {s.requests} requests, {s.ok} answered, {s.shed} shed (429, "
@@ -99,9 +155,27 @@ def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         f"{s.least_seconds_ahead_of_a_429:.2f}s; worker deadline drops {drops:.0f}",
         flush=True,
     )
+    # Where goodput went, against the warm-up figure: the workers' idle time, work computed and
+    # not answered, and their rate while computing (the machine's share: their CPU, the
+    # gateway's, this load generator's).
+    print(
+        f"overload, where it went: workers busy "
+        f"{', '.join(f'{w.compute_seconds / wall:.2f}' for w in work)} of the {wall:.0f}s; "
+        f"{answered} of {computed:.0f} computed tokens answered; while computing "
+        f"{busy:.0f} tokens/s = {busy / capacity if capacity else 0:.3f} x the warm-up "
+        f"figure, on CPU s/s {', '.join(f'{w.cpu_seconds / wall:.2f}' for w in work)} "
+        f"(gateway {gateway_cpu:.2f}, load generator {own_cpu:.2f}); goodput "
+        f"{s.goodput / busy if busy else 0:.3f} x the workers' rate while computing",
+        flush=True,
+    )
     doc = asdict(s)
     doc.pop("shed_at")
-    return {**doc, "goodput_ratio": s.goodput_ratio, "deadline_drops": drops}
+    return {**doc, "goodput_ratio": s.goodput_ratio, "deadline_drops": drops,
+            "busy_capacity": busy, "goodput_ratio_busy": s.goodput / busy if busy else 0.0,
+            "worker_busy": [w.compute_seconds / wall for w in work],
+            "worker_cpu": [w.cpu_seconds / wall for w in work], "gateway_cpu": gateway_cpu,
+            "load_generator_cpu": own_cpu, "computed_tokens": computed,
+            "answered_tokens": answered}  # fmt: skip
 
 
 def batch(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
@@ -183,7 +257,8 @@ def slowloris(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 async def _both(a: int, b: int, seconds: float, body: bytes) -> list[tuple[list[float], list[str]]]:
     return list(
         await asyncio.gather(
-            short_requests(a, 4, seconds, body), short_requests(b, 4, seconds, body)
+            short_requests(a, 4, seconds, body, interval=NORMAL_INTERVAL),
+            short_requests(b, 4, seconds, body, interval=NORMAL_INTERVAL),
         )
     )
 

@@ -2,8 +2,9 @@
 
 The children run in their own sessions so a terminal's Ctrl-C reaches only this process, which then
 stops them in order (gateway first, so nothing new reaches a stopping worker) and waits for them.
-While serving, `Fleet.supervise` restarts a child that exited, on the same port, after a backoff
-that doubles with each quick failure; the gateway routes around a missing worker meanwhile.
+While serving, `Fleet.supervise` restarts a child that exited, on the same port: at once the first
+time, then after a backoff that doubles with each further quick failure; the gateway routes around
+a missing worker meanwhile.
 """
 
 from __future__ import annotations
@@ -32,16 +33,23 @@ SUPERVISE_SECONDS = 0.1
 
 @dataclass(frozen=True)
 class Backoff:
-    """How long to wait before restarting a child that exited."""
+    """How long to wait before restarting a child that exited.
+
+    The first exit of a streak is restarted at once: a wait there only lengthens the outage (it
+    was half a second of every measured restart), and a child that keeps exiting is what a backoff
+    is for. From the second quick exit on, `first_seconds`, doubling up to `max_seconds`.
+    """
 
     first_seconds: float = 0.5
     max_seconds: float = 30.0
-    #: a child that ran at least this long before exiting starts over at `first_seconds`
+    #: a child that ran at least this long before exiting starts a new streak
     stable_seconds: float = 60.0
 
     def delay(self, failures: int) -> float:
         """The wait before restart number `failures` (1-based) of a quick-failure streak."""
-        return min(self.max_seconds, self.first_seconds * 2.0 ** max(0, failures - 1))
+        if failures <= 1:
+            return 0.0
+        return min(self.max_seconds, self.first_seconds * 2.0 ** (failures - 2))
 
 
 class FleetError(RuntimeError):
@@ -206,7 +214,8 @@ class Fleet:
                     f"{child.name} exited with {child.process.returncode}; "
                     f"restarting in {wait:.1f}s"
                 )
-            elif child.restart_at is not None and now >= child.restart_at:
+            # In the same step when it is due at once: a step later is a poll interval lost.
+            if child.restart_at is not None and now >= child.restart_at:
                 child.restart_at = None
                 child.restarts += 1
                 self._spawn(child)
