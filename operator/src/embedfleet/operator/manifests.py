@@ -29,6 +29,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_OWNER = "embedfleet.dev/deployment"
 """On every child: the owning EmbeddingDeployment's name, so a child's event finds its owner."""
 LABEL_TASK = "embedfleet.dev/task"
+LABEL_SHARED = "embedfleet.dev/shared-gateway"
+"""On every object of a shared gateway (shared_gateway.py): its name."""
 CONFIG_HASH = "embedfleet.dev/config-hash"
 
 WORKER_PREFIX = "EMBEDFLEET_WORKER_"
@@ -153,13 +155,14 @@ def _env(prefix: str, values: Mapping[str, object]) -> dict[str, str]:
     return {prefix + key.upper(): text(value) for key, value in values.items()}
 
 
-def model_path(source: ModelSource) -> str:
-    """Where the model directory is inside the worker and gateway containers."""
+def model_path(source: ModelSource, root: str = MODEL_DIR) -> str:
+    """Where the model directory is inside the worker and gateway containers (`root`: where
+    its volume is mounted; a shared gateway mounts each fleet's at a root of its own)."""
     if source.kind == "hf":
         org, name = source.repo.split("/", 1)
-        return f"{MODEL_DIR}/{org}--{name}/{source.revision or 'default'}"
+        return f"{root}/{org}--{name}/{source.revision or 'default'}"
     if source.kind == "pvc":
-        return f"{MODEL_DIR}/{source.path}"
+        return f"{root}/{source.path}"
     return source.path
 
 
@@ -357,42 +360,45 @@ class ModelMount:
     init_containers: list[dict[str, Any]]
 
 
-def model_mount(spec: Spec, image: str, pull_policy: str) -> ModelMount:
-    """Volumes, mounts and init containers that put the model directory at model_path()."""
+def model_mount(
+    spec: Spec, image: str, pull_policy: str, root: str = MODEL_DIR, volume_name: str = "model"
+) -> ModelMount:
+    """Volumes, mounts and init containers that put the model directory at model_path(source,
+    root); `volume_name` also names the init container that fetches an hf:// model."""
     source = spec.model.source
     if source.kind == "file":
         return ModelMount([], [], [])
     if source.kind == "pvc":
         claim = {"claimName": source.claim, "readOnly": True}
-        volume = {"name": "model", "persistentVolumeClaim": claim}
-        mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        volume = {"name": volume_name, "persistentVolumeClaim": claim}
+        mount = {"name": volume_name, "mountPath": root, "readOnly": True}
         return ModelMount([volume], [mount], [])
     cache = spec.model.cache
     if cache.claim_name:
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": cache.claim_name}}
+        volume = {"name": volume_name, "persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
-        volume = {"name": "model", "emptyDir": {"sizeLimit": cache.size_limit}}
-    argv = ["hf", "download", source.repo, "--local-dir", model_path(source)]
+        volume = {"name": volume_name, "emptyDir": {"sizeLimit": cache.size_limit}}
+    argv = ["hf", "download", source.repo, "--local-dir", model_path(source, root)]
     if source.revision:
         argv += ["--revision", source.revision]
     fetch = {
-        "name": "fetch-model",
+        "name": f"fetch-{volume_name}",
         "image": image,
         "imagePullPolicy": pull_policy,
         "command": argv,
         "env": [
             # hf keeps its locks and metadata under HF_HOME; the root FS is read-only.
-            {"name": "HF_HOME", "value": f"{MODEL_DIR}/.hf"},
+            {"name": "HF_HOME", "value": f"{root}/.hf"},
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
             {"name": "HOME", "value": "/tmp"},
         ],
         "volumeMounts": [
-            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": volume_name, "mountPath": root},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": _container_security(),
     }
-    return ModelMount([volume], [{"name": "model", "mountPath": MODEL_DIR}], [fetch])
+    return ModelMount([volume], [{"name": volume_name, "mountPath": root}], [fetch])
 
 
 def _pod_spec(
