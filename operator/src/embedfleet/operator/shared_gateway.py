@@ -281,7 +281,8 @@ def deployment(namespace: str, shared: str, served: list[Member], images: Images
         "command": ["embedfleet-gateway"],
         "env": [
             {"name": "HOME", "value": "/tmp"},
-            *({"name": k, "value": v} for k, v in sorted(env.items())),
+            # An empty value is each setting's default, and the API server would drop it anyway.
+            *({"name": k, "value": v} for k, v in sorted(env.items()) if v),
         ],
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
         "readinessProbe": {
