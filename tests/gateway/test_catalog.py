@@ -9,7 +9,9 @@ from embedfleet.gateway import errors
 from embedfleet.gateway.catalog import Catalog, CatalogError, parse_models
 from embedfleet.gateway.settings import GatewaySettings
 
-BASE = GatewaySettings(max_client_batch=64, upstream_timeout_seconds=7.0)
+BASE = GatewaySettings(
+    max_client_batch=64, upstream_timeout_seconds=7.0, workers=("127.0.0.1:9",), k8s_service="x"
+)
 
 
 def _file(*entries: dict[str, object]) -> str:
@@ -31,6 +33,8 @@ def test_each_entry_overrides_only_its_own_models_settings() -> None:
         BASE,
     )
     assert (a.served_model_name, a.model, a.k8s_service, a.workers) == ("a", "/m/a", "a-worker", ())
+    # The process's own --workers and --k8s-service belong to no model.
+    assert b.k8s_service == ""
     assert (b.workers, b.split_long_inputs, b.max_input_tokens) == (
         ("127.0.0.1:1", "127.0.0.1:2"),
         True,

@@ -93,7 +93,9 @@ def parse_models(text: str, base: GatewaySettings) -> list[GatewaySettings]:
         values = {k: _typed(k, v, defaults[k], where) for k, v in entry.items()}
         if not (values.get("workers") or values.get("workers_file") or values.get("k8s_service")):
             raise CatalogError(f"{where}: name its workers (workers, workers_file or k8s_service)")
-        out.append(dataclasses.replace(base, **values))
+        # Each model's workers are its entry's alone: a --workers of the process joins none.
+        found = {"workers": (), "workers_file": "", "k8s_service": "", **values}
+        out.append(dataclasses.replace(base, **found))
     return out
 
 
