@@ -13,11 +13,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from embedfleet.operator.spec import API_VERSION, KIND, Gateway, ModelSource, Resources, Spec
+from embedfleet.operator.spec import (
+    API_VERSION,
+    KIND,
+    Gateway,
+    GatewayService,
+    ModelSource,
+    Resources,
+    Spec,
+)
 
 Manifest = dict[str, Any]
 
@@ -557,20 +565,9 @@ def gateway_files(gateway: Gateway) -> tuple[list[dict[str, Any]], list[dict[str
     return volumes, mounts
 
 
-def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
-    gateway = spec.gateway
-    image = gateway.image or images.gateway
-    env = gateway_env(owner, spec)
-    names = Names.of(owner.name)
-    http = {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}
-    container: dict[str, Any] = {
-        "name": "gateway",
-        "image": image,
-        "imagePullPolicy": gateway.image_pull_policy,
-        "command": ["embedfleet-gateway"],
-        "envFrom": [{"configMapRef": {"name": names.config}}],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "ports": [http],
+def gateway_probes() -> dict[str, Any]:
+    """A gateway container's probes and preStop (a fleet's gateway and a shared one alike)."""
+    return {
         # The default 1 s timeout is too short for a busy node: one slow answer under load would
         # take the gateway out of its Service (with one replica, the whole endpoint).
         "readinessProbe": {
@@ -586,6 +583,24 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
             "failureThreshold": 6,
         },
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+    }
+
+
+def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
+    gateway = spec.gateway
+    image = gateway.image or images.gateway
+    env = gateway_env(owner, spec)
+    names = Names.of(owner.name)
+    http = {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}
+    container: dict[str, Any] = {
+        "name": "gateway",
+        "image": image,
+        "imagePullPolicy": gateway.image_pull_policy,
+        "command": ["embedfleet-gateway"],
+        "envFrom": [{"configMapRef": {"name": names.config}}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [http],
+        **gateway_probes(),
         "securityContext": _container_security(),
     }
     if resources := _resources(gateway.resources):
@@ -647,8 +662,14 @@ def worker_service(owner: Owner, engines: int = 1) -> Manifest:
 
 
 def gateway_service(owner: Owner, spec: Spec) -> Manifest:
-    service = spec.gateway.service
     meta = _meta(owner, Names.of(owner.name).service, "gateway")
+    return http_service(meta, spec.gateway.service, selector_labels(owner, "gateway"))
+
+
+def http_service(
+    meta: dict[str, Any], service: GatewayService, selector: dict[str, str]
+) -> Manifest:
+    """A gateway's endpoint: `gateway.service`'s type, port and annotations, to port "http"."""
     if service.annotations:
         meta["annotations"] = dict(service.annotations)
     return {
@@ -657,7 +678,7 @@ def gateway_service(owner: Owner, spec: Spec) -> Manifest:
         "metadata": meta,
         "spec": {
             "type": service.type,
-            "selector": selector_labels(owner, "gateway"),
+            "selector": selector,
             "ports": [
                 {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"}
             ],
@@ -668,17 +689,23 @@ def gateway_service(owner: Owner, spec: Spec) -> Manifest:
 def gateway_rbac(owner: Owner) -> list[Manifest]:
     """The gateway's identity: read the EndpointSlices of its namespace, nothing else."""
     name = Names.of(owner.name).gateway
+    return slice_reader(name, owner.namespace, lambda: _meta(owner, name, "gateway"))
+
+
+def slice_reader(name: str, namespace: str, meta: Callable[[], dict[str, Any]]) -> list[Manifest]:
+    """ServiceAccount, Role and RoleBinding `name`: get/list/watch EndpointSlices in
+    `namespace`, nothing else (each object's metadata from `meta`)."""
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "automountServiceAccountToken": True,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "rules": [
                 {
                     "apiGroups": ["discovery.k8s.io"],
@@ -690,9 +717,9 @@ def gateway_rbac(owner: Owner) -> list[Manifest]:
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
     ]
 

@@ -50,9 +50,12 @@ from embedfleet.operator.manifests import (
     _pod_security,
     _resources,
     config_hash,
+    gateway_probes,
+    http_service,
     model_mount,
     model_path,
     served_task,
+    slice_reader,
     tracing_env,
 )
 from embedfleet.operator.spec import API_VERSION, KIND, Spec, SpecError, parse_spec
@@ -285,19 +288,7 @@ def deployment(namespace: str, shared: str, served: list[Member], images: Images
             *({"name": k, "value": v} for k, v in sorted(env.items()) if v),
         ],
         "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
-        "readinessProbe": {
-            "httpGet": {"path": "/ready", "port": "http"},
-            "periodSeconds": 5,
-            "timeoutSeconds": 5,
-            "failureThreshold": 2,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": "http"},
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 6,
-        },
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        **gateway_probes(),
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mount.mounts],
     }
@@ -344,52 +335,13 @@ def deployment(namespace: str, shared: str, served: list[Member], images: Images
 
 
 def service(namespace: str, shared: str, served: list[Member]) -> Manifest:
-    svc = served[0].spec.gateway.service
     meta = _meta(namespace, shared, served)
-    if svc.annotations:
-        meta["annotations"] = dict(svc.annotations)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "type": svc.type,
-            "selector": _selector(shared),
-            "ports": [{"name": "http", "port": svc.port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return http_service(meta, served[0].spec.gateway.service, _selector(shared))
 
 
 def rbac(namespace: str, shared: str, served: list[Member]) -> list[Manifest]:
     """Read the EndpointSlices of the namespace (each member's worker Service), nothing else."""
-    name = object_name(shared)
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": _meta(namespace, shared, served),
-            "automountServiceAccountToken": True,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(namespace, shared, served),
-            "rules": [
-                {
-                    "apiGroups": ["discovery.k8s.io"],
-                    "resources": ["endpointslices"],
-                    "verbs": ["get", "list", "watch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _meta(namespace, shared, served),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        },
-    ]
+    return slice_reader(object_name(shared), namespace, lambda: _meta(namespace, shared, served))
 
 
 def disruption_budget(namespace: str, shared: str, served: list[Member]) -> Manifest:
