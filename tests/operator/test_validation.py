@@ -172,6 +172,19 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "spec.worker.memory.maxInflightBytes: Invalid value: 100000",
     ),
     ("trim-negative", "bad", _with("worker.memory.mallocTrimSeconds", -1), "mallocTrimSeconds"),
+    (
+        "shared-name",
+        "bad",
+        _with("gateway.shared", "Search_1"),
+        "gateway.shared 'Search_1' must start with a letter",
+    ),
+    ("shared-dash-end", "bad", _with("gateway.shared", "search-"), "must start with a letter"),
+    (
+        "shared-long",
+        "bad",
+        _with("gateway.shared", "s" * 41),
+        "spec.gateway.shared: Too long: may not be",
+    ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]

@@ -8,7 +8,7 @@ disconnect and cancels the request's task, which cancels its chunks on the worke
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -19,34 +19,18 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.common.modeldir import (
-    DEFAULT_MODEL_NAME,
-    ModelDir,
-    load_model_dir,
-    resolve_model_path,
-)
-from embedfleet.common.tracing import NULL_SPAN, Tracer
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.common.tracing import NULL_SPAN
 from embedfleet.gateway import errors, openapi, tracing
 from embedfleet.gateway.admission import Admission, current_ticket
 from embedfleet.gateway.auth import KeyFile, bearer
-from embedfleet.gateway.balancer import Balancer
-from embedfleet.gateway.client import Coalescing, WorkerClient
+from embedfleet.gateway.catalog import Catalog, parse_models
 from embedfleet.gateway.discovery import Discovery
-from embedfleet.gateway.dispatcher import Dispatcher
-from embedfleet.gateway.hold import Hold
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
-from embedfleet.gateway.quantization import find_calibration
-from embedfleet.gateway.schemas import (
-    ClassifyRequest,
-    EmbeddingRequest,
-    RerankRequest,
-    ScoreRequest,
-    SparseEmbeddingRequest,
-)
+from embedfleet.gateway.served import Handler, ServedModel
 from embedfleet.gateway.service import Service
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.gateway.tokenization import Tokenization
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,6 +43,12 @@ VERSION = "0.1.0"
 CLIENT_GONE = 499  # nginx's "client closed request", for metrics: nobody reads this response
 _JSON = (b"content-type", b"application/json")
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
+#: the served name of the model a request went to, for its request metrics ("" until routed)
+_SERVED: contextvars.ContextVar[str] = contextvars.ContextVar("served", default="")
+#: the POST routes, each served by every model (ServedModel.posts)
+_POSTS = frozenset(
+    {"/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/classify", "/v1/sparse_embeddings"}
+)
 
 # What a wrong-typed top-level field should have been; pydantic's union errors are unreadable.
 _EXPECTED = {
@@ -109,26 +99,31 @@ class ClientGoneError(Exception):
 
 
 class Gateway:
-    """The ASGI app. Worker discovery starts with the ASGI lifespan (or `start()` in tests)."""
+    """The ASGI app. Worker discovery starts with the ASGI lifespan (or `start()` in tests).
+
+    One model (`settings`, or `model` given), or every model of `settings.models_file`; the
+    single-model attributes (`model`, `balancer`, `pool`, `service`, ...) are the first model's.
+    """
 
     def __init__(self, settings: GatewaySettings, model: ModelDir | None = None) -> None:
         self.settings = settings
-        self.model = model or load_model_dir(resolve_model_path(settings.model), settings.task)
-        max_tokens = self.model.max_input_tokens(settings.max_input_tokens or None)
-        self.max_tokens = max_tokens
-        self.balancer = Balancer(settings.eject_seconds)
-        self.metrics = Metrics(lambda: self.balancer)
-        self.tokenization = Tokenization(
-            self.model,
-            max_tokens,
-            settings.tokenize_threads,
-            settings.tokenize_inline_chars,
-            settings.tokenize_large_chars,
-        )
-        self.calibration = find_calibration(
-            settings.quantization_file,
-            self.model.path,
-            bundled=self.model.name == DEFAULT_MODEL_NAME,
+        if settings.models_file:
+            with open(settings.models_file) as f:
+                self.served = [ServedModel(each) for each in parse_models(f.read(), settings)]
+        else:
+            self.served = [ServedModel(settings, model)]
+        self.catalog = Catalog.of([m.name for m in self.served])
+        self.by_name = {m.name: m for m in self.served}
+        first = self.served[0]
+        self.model = first.model
+        self.max_tokens = first.max_tokens
+        self.balancer = first.balancer
+        self.tokenization = first.tokenization
+        self.calibration = first.calibration
+        several = len(self.served) > 1 or bool(settings.models_file)
+        self.metrics = Metrics(
+            lambda: self.balancer,
+            (lambda: {m.name: m.balancer for m in self.served}) if several else None,
         )
         self.keys = (
             KeyFile(Path(settings.api_keys_file), settings.api_keys_reload_seconds)
@@ -141,70 +136,24 @@ class Gateway:
         self.service: Service | None = None
         self.discovery: Discovery | None = None
         self._openapi = orjson.dumps(openapi.document(VERSION, auth=self.keys is not None))
-        self._posts: dict[str, tuple[type[BaseModel], Callable[[Any], Awaitable[Any]]]] = {}
+        self._posts: dict[str, Handler] = {}
 
     async def start(self) -> None:
-        s = self.settings
-        coalescing = Coalescing(
-            s.coalesce_inflight, s.chunk_tokens, s.chunk_sequences, s.min_chunk_tokens
-        )
-        connect = functools.partial(self._connect, self.tracer, coalescing)
-        self.pool = WorkerPool(self.balancer, s.probe_seconds, connect)
-        dispatcher = Dispatcher(self.pool, self.metrics, s.retry_after_seconds, self.tracer)
-        self.service = Service(
-            s,
-            self.model,
-            self.tokenization,
-            self.pool,
-            dispatcher,
-            self.metrics,
-            self.calibration,
-            hold=Hold(
-                self.pool, self.metrics, s.hold_requests, s.hold_seconds, s.retry_after_seconds
-            ),
-            tracer=self.tracer,
-        )
+        for served in self.served:
+            await served.start(self.metrics.for_model(served.name), self.tracer)
+        first = self.served[0]
+        self.pool, self.admission, self.service = first.pool, first.admission, first.service
+        self.discovery = first.discovery
+        self._posts = first.posts
         if self.keys is not None:
             self.keys.start()
-        self._posts = {
-            "/v1/embeddings": (EmbeddingRequest, self.service.embeddings),
-            "/v1/rerank": (RerankRequest, self.service.rerank),
-            "/v1/score": (ScoreRequest, self.service.score),
-            "/v1/classify": (ClassifyRequest, self.service.classify),
-            "/v1/sparse_embeddings": (SparseEmbeddingRequest, self.service.sparse_embeddings),
-        }
-        self.admission = self._admission(self.pool)
-        self.discovery = Discovery(s, self.pool.update)
-        await self.discovery.start()
-
-    def _admission(self, pool: WorkerPool) -> Admission:
-        s = self.settings
-        admission = Admission(
-            self.model,
-            self.max_tokens,
-            s.max_queue_seconds,
-            s.retry_after_seconds,
-            queued_elsewhere=pool.queued_elsewhere,
-            capacity=pool.capacity,
-            on_shed=self.metrics.shed.inc,
-        )
-        self.metrics.queued_seconds.set_function(admission.queued_seconds)
-        self.metrics.delivered_ratio.set_function(lambda: admission.delivered)
-        return admission
 
     async def stop(self) -> None:
         if self.keys is not None:
             await self.keys.stop()
-        if self.discovery:
-            await self.discovery.stop()
-        if self.pool:
-            await self.pool.close()
-        self.tokenization.close()
+        for served in self.served:
+            await served.stop()
         self.tracer.shutdown()
-
-    @staticmethod
-    def _connect(tracer: Tracer, coalescing: Coalescing, address: str) -> WorkerClient:
-        return WorkerClient(address, tracing.client_interceptors(tracer, address), coalescing)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -234,12 +183,13 @@ class Gateway:
         path: str = scope["path"]
         method: str = scope["method"]
         start = time.perf_counter()
-        route = path if path in self._posts or path in _GETS else "other"
+        route = path if path in _POSTS or path in _GETS else "other"
+        routed = _SERVED.set("")
         self.metrics.inflight.inc()
         status = 500
         try:
             # Only the API routes are traced: probes and scrapes of /ready and /metrics are not.
-            traced = self.tracer.enabled and route in self._posts
+            traced = self.tracer.enabled and route in _POSTS
             with (
                 self.tracer.server_span(f"{method} {route}", scope["headers"])
                 if traced
@@ -249,8 +199,10 @@ class Gateway:
                 span.set_attribute("http.response.status_code", status)
         finally:
             self.metrics.inflight.dec()
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+            model = self.metrics.model_labels(_SERVED.get())
+            _SERVED.reset(routed)
+            self.metrics.requests.labels(route, str(status), *model).inc()
+            self.metrics.request_seconds.labels(route, *model).observe(time.perf_counter() - start)
 
     async def _route(
         self, route: str, method: str, scope: Scope, receive: Receive, send: Send
@@ -258,7 +210,7 @@ class Gateway:
         try:
             if self.keys is not None and scope["path"].startswith("/v1/"):
                 self._authorize(route, scope)
-            if route in self._posts:
+            if route in _POSTS:
                 if method != "POST":
                     raise errors.not_allowed(f"Use POST for {route}.", b"POST")
                 return await self._post(route, scope, receive, send)
@@ -323,10 +275,15 @@ class Gateway:
 
     async def _post(self, route: str, scope: Scope, receive: Receive, send: Send) -> int:
         body = await self._read_body(scope, receive)
-        model, handler = self._posts[route]
-        request = parse(body, model)
-        assert self.admission is not None  # set with the routes
-        ticket = self.admission.admit(request)
+        if not self._posts:
+            raise errors.unavailable("Starting up.")
+        schema, _ = self._posts[route]  # every model's requests share the schemas
+        request = parse(body, schema)
+        served = self.by_name[self.catalog.pick(request.model)]
+        _SERVED.set(served.name)
+        _, handler = served.posts[route]
+        assert served.admission is not None  # set with the routes
+        ticket = served.admission.admit(request)
         # The service corrects the ticket once it tokenized (admission.tokenized).
         token = current_ticket.set(ticket)
         try:
@@ -351,9 +308,8 @@ class Gateway:
             await _respond(send, 200, b'{"status":"ok"}')
         elif route == "/ready":
             # Holding requests (scale from zero), the gateway is ready without a ready worker.
-            ready = self.service is not None and (
-                self.service.hold.keeps_ready or self.service.pool.ready()
-            )
+            # With several models: while any of them can answer.
+            ready = any(served.ready() for served in self.served)
             status = 200 if ready else 503
             await _respond(send, status, b'{"ready":true}' if ready else b'{"ready":false}')
             return status
@@ -365,7 +321,9 @@ class Gateway:
         elif route == "/v1/models":
             if self.service is None:
                 raise errors.unavailable("Starting up.")
-            await _respond(send, 200, orjson.dumps(self.service.models()))
+            models = [m.service.models()["data"] for m in self.served if m.service is not None]
+            doc = {"object": "list", "data": [entry for each in models for entry in each]}
+            await _respond(send, 200, orjson.dumps(doc))
         return 200
 
 

@@ -10,11 +10,13 @@ a missing worker meanwhile.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -92,12 +94,16 @@ class Fleet:
 
     workers: int = 2
     model: str = ""
+    #: several models, each `PATH` or `NAME=PATH` ("" the bundled one) on `workers` workers of
+    #: its own, behind one gateway routing by `model` (its --models-file); empty: `model` alone
+    models: Sequence[str] = ()
     port: int = 8080
     worker_args: Sequence[str] = ()
     gateway_args: Sequence[str] = ()
     log_dir: Path | None = None
     backoff: Backoff = field(default_factory=Backoff)
     children: list[Child] = field(default_factory=list)
+    _files: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
@@ -108,37 +114,42 @@ class Fleet:
         return [c for c in self.children if c.name.startswith("worker")]
 
     def _plan(self) -> None:
-        ports = free_ports(2 * self.workers)
-        model = ["--model", self.model] if self.model else []
+        served = [served_model(m) for m in self.models] or [("", self.model)]
+        count = self.workers * len(served)
+        ports = free_ports(2 * count)
         threads: list[str] = []
         if not any(a.startswith("--threads") for a in self.worker_args):
             # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
-            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // self.workers))]
-        for i in range(self.workers):
-            argv = [
-                _script("embedfleet-worker"),
-                *model,
-                "--port",
-                str(ports[2 * i]),
-                "--metrics-port",
-                str(ports[2 * i + 1]),
-                *threads,
-                *self.worker_args,
-            ]
-            self.children.append(Child(f"worker-{i}", argv, ports[2 * i]))
-        addresses = ",".join(c.address for c in self.children)
-        gateway = [
-            sys.executable,
-            "-m",
-            "embedfleet.gateway.cli",
-            *model,
-            "--port",
-            str(self.port),
-            "--workers",
-            addresses,
-            *self.gateway_args,
-        ]
-        self.children.append(Child("gateway", gateway, self.port))
+            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // count))]
+        entries = []
+        for m, (name, path) in enumerate(served):
+            model = ["--model", path] if path else []
+            mine = []
+            for i in range(m * self.workers, (m + 1) * self.workers):
+                argv = [
+                    _script("embedfleet-worker"),
+                    *model,
+                    "--port",
+                    str(ports[2 * i]),
+                    "--metrics-port",
+                    str(ports[2 * i + 1]),
+                    *threads,
+                    *self.worker_args,
+                ]
+                mine.append(Child(f"worker-{i}", argv, ports[2 * i]))
+            self.children += mine
+            entry = {"model": path, "workers": [c.address for c in mine]}
+            entries.append({**entry, "served_model_name": name} if name else entry)
+        gateway = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(self.port)]
+        if self.models:
+            self._files = tempfile.TemporaryDirectory(prefix="embedfleet-serve-")
+            models_file = Path(self._files.name) / "models.json"
+            models_file.write_text(json.dumps({"models": entries}))
+            gateway += ["--models-file", str(models_file)]
+        else:
+            model = ["--model", self.model] if self.model else []
+            gateway += [*model, "--workers", ",".join(c.address for c in self.children)]
+        self.children.append(Child("gateway", [*gateway, *self.gateway_args], self.port))
 
     def _spawn(self, child: Child) -> None:
         out: int | None = None
@@ -194,7 +205,13 @@ class Fleet:
         with urllib.request.urlopen(self.url + "/metrics", timeout=2) as reply:
             text = reply.read().decode()
         alive = sum(1 for c in self.worker_children if c.process and c.process.poll() is None)
-        return f'embedfleet_gateway_workers{{state="ready"}} {float(alive)}' in text
+        # One series, or one per model (labelled model=...) in a gateway of several.
+        ready = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("embedfleet_gateway_workers{") and 'state="ready"' in line
+        )
+        return ready == alive
 
     def supervise(self, now: float | None = None) -> list[str]:
         """One supervision step: plan a restart for each child that exited, start those due.
@@ -237,6 +254,9 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
+        if self._files is not None:
+            self._files.cleanup()
+            self._files = None
 
     def __enter__(self) -> Fleet:
         return self.start()
@@ -247,6 +267,12 @@ class Fleet:
         self.stop()
 
 
+def served_model(value: str) -> tuple[str, str]:
+    """`NAME=PATH` as (NAME, PATH); a bare PATH serves under the model's own name ("")."""
+    name, sep, path = value.partition("=")
+    return (name, path) if sep and "/" not in name else ("", value)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedfleet", description="embedfleet on this machine.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -254,7 +280,12 @@ def _parser() -> argparse.ArgumentParser:
         "serve", help="Run a gateway and N workers on 127.0.0.1 until Ctrl-C."
     )
     serve.add_argument(
-        "--model", default="", help="Model directory; default: the bundled all-MiniLM-L6-v2."
+        "--model",
+        action="append",
+        default=[],
+        help="Model directory; default: the bundled all-MiniLM-L6-v2. Repeat it to serve "
+        "several models behind one gateway, routed by the request's `model`, each as NAME=PATH "
+        "(or PATH, under the model's own name) on --workers workers of its own.",
     )
     serve.add_argument(
         "--task",
@@ -303,12 +334,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     keys = (
         ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
     )
+    several = len(args.model) > 1
+    name, path = served_model(args.model[0]) if len(args.model) == 1 else ("", "")
+    named = ("--served-model-name", name) if name else ()
     fleet = Fleet(
         workers=args.workers,
-        model=args.model,
+        model=path,
+        models=tuple(args.model) if several else (),
         port=args.port,
         worker_args=task,
-        gateway_args=(*task, *keys),
+        gateway_args=(*task, *keys, *named),
     )
     print(f"starting a gateway and {args.workers} workers ...", flush=True)
     try:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import copy
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -14,49 +15,88 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class _WorkerCollector(Collector):
-    """Per-worker state read at scrape time, so removed workers leave no stale series."""
+    """Per-worker state read at scrape time, so removed workers leave no stale series; with
+    several models, each series also names the model its workers serve."""
 
-    def __init__(self, balancer: Callable[[], Balancer]) -> None:
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer],
+        models: Callable[[], Mapping[str, Balancer]] | None = None,
+    ) -> None:
         self._balancer = balancer
+        self._models = models
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        balancer = self._balancer()
+        by_model = self._models() if self._models else {"": self._balancer()}
+        extra = ["model"] if self._models else []
         outstanding = GaugeMetricFamily(
             "embedfleet_gateway_worker_outstanding_tokens",
             "Tokens sent to a worker by this gateway and not yet answered.",
-            labels=["worker"],
+            labels=["worker", *extra],
         )
-        usable = {e.address for e in balancer.usable()}
         state = GaugeMetricFamily(
             "embedfleet_gateway_workers",
             "Known workers by state (ready: taking traffic; ejected: failing; unready).",
-            labels=["state"],
+            labels=["state", *extra],
         )
-        counts = {"ready": 0, "ejected": 0, "unready": 0}
-        for e in balancer.endpoints.values():
-            outstanding.add_metric([e.address], e.outstanding_tokens)
-            key = "ready" if e.address in usable else ("ejected" if e.ready else "unready")
-            counts[key] += 1
-        for key, value in counts.items():
-            state.add_metric([key], value)
+        for model, balancer in by_model.items():
+            named = [model] if self._models else []
+            usable = {e.address for e in balancer.usable()}
+            counts = {"ready": 0, "ejected": 0, "unready": 0}
+            for e in balancer.endpoints.values():
+                outstanding.add_metric([e.address, *named], e.outstanding_tokens)
+                key = "ready" if e.address in usable else ("ejected" if e.ready else "unready")
+                counts[key] += 1
+            for key, value in counts.items():
+                state.add_metric([key, *named], value)
         yield outstanding
         yield state
 
 
+#: the families that carry a `model` label in a gateway of several models (`Metrics.for_model`
+#: binds it); the served names are the only values, so the series stay few
+MODEL_LABELLED = (
+    "tokenize_seconds",
+    "upstream_seconds",
+    "input_tokens",
+    "chunks_per_request",
+    "retries",
+    "shed",
+    "queued_seconds",
+    "delivered_ratio",
+    "ejections",
+    "cancelled_calls",
+    "split_inputs",
+    "held_requests",
+    "held_tokens",
+    "hold_seconds",
+)
+
+
 class Metrics:
-    def __init__(self, balancer: Callable[[], Balancer]) -> None:
+    """With `models` (a gateway of several models: served name to balancer), the families of
+    MODEL_LABELLED and the request counts and durations carry a `model` label; without, no
+    family has one and the series are those of a one-model gateway."""
+
+    def __init__(
+        self,
+        balancer: Callable[[], Balancer],
+        models: Callable[[], Mapping[str, Balancer]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
+        self.per_model = models is not None
+        m = ["model"] if self.per_model else []
         r = self.registry
         self.requests = Counter(
             "embedfleet_gateway_requests",
             "HTTP requests by route and status code.",
-            ["route", "code"],
+            ["route", "code", *m],
             registry=r,
         )
         self.request_seconds = Histogram(
             "embedfleet_gateway_request_seconds",
             "Time from request start to the response being sent, by route.",
-            ["route"],
+            ["route", *m],
             buckets=_LATENCY,
             registry=r,
         )
@@ -64,36 +104,47 @@ class Metrics:
             "embedfleet_gateway_tokenize_seconds",
             "Time tokenizing one request (including the hop to the tokenizer threads).",
             buckets=_LATENCY,
+            labelnames=m,
             registry=r,
         )
         self.upstream_seconds = Histogram(
             "embedfleet_gateway_upstream_seconds",
             "Time of one chunk's call to a worker (queueing there plus compute), per attempt.",
             buckets=_LATENCY,
+            labelnames=m,
             registry=r,
         )
         self.input_tokens = Counter(
-            "embedfleet_gateway_input_tokens", "Tokens of accepted requests.", registry=r
+            "embedfleet_gateway_input_tokens",
+            "Tokens of accepted requests.",
+            labelnames=m,
+            registry=r,
         )
         self.chunks_per_request = Histogram(
             "embedfleet_gateway_chunks_per_request",
             "Chunks a request was split into.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            labelnames=m,
             registry=r,
         )
         self.retries = Counter(
-            "embedfleet_gateway_retries", "Chunks retried on another worker.", registry=r
+            "embedfleet_gateway_retries",
+            "Chunks retried on another worker.",
+            labelnames=m,
+            registry=r,
         )
         self.shed = Counter(
             "embedfleet_gateway_shed_requests",
             "Requests answered 429 before tokenization: the work queued ahead was past "
             "--max-queue-seconds.",
+            labelnames=m,
             registry=r,
         )
         self.queued_seconds = Gauge(
             "embedfleet_gateway_queued_work_seconds",
             "Seconds of work queued ahead of a request arriving now, at the usable workers' "
             "measured capacity (what admission compares with --max-queue-seconds).",
+            labelnames=m,
             registry=r,
         )
         self.delivered_ratio = Gauge(
@@ -101,6 +152,7 @@ class Metrics:
             "Tokens/s the fleet answered while this gateway's queue was deep, over what its "
             "workers measured at warm-up (1 until learned); admission's capacity is the "
             "measurement times this.",
+            labelnames=m,
             registry=r,
         )
         self.inflight = Gauge(
@@ -109,6 +161,7 @@ class Metrics:
         self.ejections = Counter(
             "embedfleet_gateway_worker_ejections",
             "Times a failing worker was taken out of rotation.",
+            labelnames=m,
             registry=r,
         )
         self.cancelled = Counter(
@@ -120,11 +173,13 @@ class Metrics:
             "embedfleet_gateway_cancelled_calls",
             "Chunk calls to workers the gateway cancelled: the client went away, or another chunk "
             "of the same request failed. A worker may never see one sent just before.",
+            labelnames=m,
             registry=r,
         )
         self.split_inputs = Counter(
             "embedfleet_gateway_split_inputs",
             "Inputs over the model's limit embedded as windows (split_long_inputs).",
+            labelnames=m,
             registry=r,
         )
         self.key_requests = Counter(
@@ -138,17 +193,20 @@ class Metrics:
         self.held_requests = Gauge(
             "embedfleet_gateway_held_requests",
             "Requests waiting for a worker to become ready (the fleet is at zero or starting).",
+            labelnames=m,
             registry=r,
         )
         self.held_tokens = Gauge(
             "embedfleet_gateway_held_tokens",
             "Tokens of the requests waiting for a worker to become ready.",
+            labelnames=m,
             registry=r,
         )
         self.hold_seconds = Histogram(
             "embedfleet_gateway_hold_seconds",
             "Time a request waited for a worker to become ready (held requests only).",
             buckets=(0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 300),
+            labelnames=m,
             registry=r,
         )
         self.hold_refused = Counter(
@@ -157,4 +215,19 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        r.register(_WorkerCollector(balancer))
+        r.register(_WorkerCollector(balancer, models))
+
+    def for_model(self, name: str) -> Metrics:
+        """These metrics as one model's parts see them: MODEL_LABELLED bound to `model=name`
+        (the same object when there is one model)."""
+        if not self.per_model:
+            return self
+        view = copy.copy(self)
+        for attr in MODEL_LABELLED:
+            setattr(view, attr, getattr(self, attr).labels(model=name))
+        return view
+
+    def model_labels(self, name: str) -> tuple[str, ...]:
+        """The trailing label values of the request counts and durations for a request that
+        model `name` served ("" when none did: a bad body, an unknown model, a GET)."""
+        return (name,) if self.per_model else ()

@@ -36,6 +36,12 @@ class GatewaySettings:
         "directory's embedfleet_quantization.json, else the bundled model's shipped ranges. "
         "Without ranges, int8 and uint8 requests are refused with 400.",
     )
+    models_file: str = setting(
+        "",
+        "Serve several models (a shared gateway): a JSON file listing each model's own settings "
+        '(model, served_model_name, its workers, ...; see docs/gateway.md "Several models"), '
+        "routed by the request's `model`. Empty: the one model of the settings above.",
+    )
     # --- long inputs -----------------------------------------------------------------------
     split_long_inputs: bool = setting(
         False,

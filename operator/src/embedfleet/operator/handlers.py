@@ -279,6 +279,10 @@ async def embedding_deployment_changed(
         metrics.forget(namespace or "", name)
         if isinstance(bodies, Bodies):
             bodies.forget((namespace or "", name))
+        shared = ((body.get("spec") or {}).get("gateway") or {}).get("shared")
+        if shared and namespace and (queue := _queue(memo)) is not None:
+            # Its reconcile finds it gone and takes its model out of the shared gateway.
+            queue.trigger((namespace, name), FLEET_CHANGED)
         return
     change = Change.SPEC
     if isinstance(bodies, Bodies):

@@ -25,7 +25,7 @@ from typing import Any
 from embedfleet.operator import paths
 from embedfleet.operator.desired import HASH_ANNOTATION
 from embedfleet.operator.kube import Kube, KubeClosedError
-from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, MANAGER
+from embedfleet.operator.manifests import LABEL_MANAGED_BY, LABEL_OWNER, LABEL_SHARED, MANAGER
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,11 @@ def trim(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
             "namespace": meta.get("namespace", ""),
             "resourceVersion": meta.get("resourceVersion", ""),
             "generation": meta.get("generation", 0),
-            "labels": {LABEL_OWNER: (meta.get("labels") or {}).get(LABEL_OWNER, "")},
+            "labels": {
+                LABEL_OWNER: (meta.get("labels") or {}).get(LABEL_OWNER, ""),
+                # A shared gateway's objects have no one owner: this finds them (reconciler.py).
+                **{k: v for k, v in (meta.get("labels") or {}).items() if k == LABEL_SHARED},
+            },
             "annotations": (
                 {HASH_ANNOTATION: annotations[HASH_ANNOTATION]}
                 if HASH_ANNOTATION in annotations
@@ -131,6 +135,10 @@ class Bodies:
     def __len__(self) -> int:
         return len(self._bodies)
 
+    def in_namespace(self, namespace: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [b for (ns, _), b in self._bodies.items() if ns == namespace]
+
 
 class Informer:
     def __init__(
@@ -157,6 +165,17 @@ class Informer:
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self._objects.get((kind, namespace, name))
+
+    def shared_gateways(self, namespace: str) -> set[str]:
+        """The shared gateways of `namespace` that have a ConfigMap, members or not."""
+        with self._lock:
+            return {
+                str(obj["metadata"]["labels"][LABEL_SHARED])
+                for (kind, ns, _), obj in self._objects.items()
+                if kind == "ConfigMap"
+                and ns == namespace
+                and LABEL_SHARED in obj["metadata"]["labels"]
+            }
 
     def informs(self, kind: str) -> bool:
         return kind in self._synced

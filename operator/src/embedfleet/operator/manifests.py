@@ -13,11 +13,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from embedfleet.operator.spec import API_VERSION, KIND, Gateway, ModelSource, Resources, Spec
+from embedfleet.operator.spec import (
+    API_VERSION,
+    KIND,
+    Gateway,
+    GatewayService,
+    ModelSource,
+    Resources,
+    Spec,
+)
 
 Manifest = dict[str, Any]
 
@@ -29,6 +37,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_OWNER = "embedfleet.dev/deployment"
 """On every child: the owning EmbeddingDeployment's name, so a child's event finds its owner."""
 LABEL_TASK = "embedfleet.dev/task"
+LABEL_SHARED = "embedfleet.dev/shared-gateway"
+"""On every object of a shared gateway (shared_gateway.py): its name."""
 CONFIG_HASH = "embedfleet.dev/config-hash"
 
 WORKER_PREFIX = "EMBEDFLEET_WORKER_"
@@ -153,13 +163,14 @@ def _env(prefix: str, values: Mapping[str, object]) -> dict[str, str]:
     return {prefix + key.upper(): text(value) for key, value in values.items()}
 
 
-def model_path(source: ModelSource) -> str:
-    """Where the model directory is inside the worker and gateway containers."""
+def model_path(source: ModelSource, root: str = MODEL_DIR) -> str:
+    """Where the model directory is inside the worker and gateway containers (`root`: where
+    its volume is mounted; a shared gateway mounts each fleet's at a root of its own)."""
     if source.kind == "hf":
         org, name = source.repo.split("/", 1)
-        return f"{MODEL_DIR}/{org}--{name}/{source.revision or 'default'}"
+        return f"{root}/{org}--{name}/{source.revision or 'default'}"
     if source.kind == "pvc":
-        return f"{MODEL_DIR}/{source.path}"
+        return f"{root}/{source.path}"
     return source.path
 
 
@@ -360,42 +371,45 @@ class ModelMount:
     init_containers: list[dict[str, Any]]
 
 
-def model_mount(spec: Spec, image: str, pull_policy: str) -> ModelMount:
-    """Volumes, mounts and init containers that put the model directory at model_path()."""
+def model_mount(
+    spec: Spec, image: str, pull_policy: str, root: str = MODEL_DIR, volume_name: str = "model"
+) -> ModelMount:
+    """Volumes, mounts and init containers that put the model directory at model_path(source,
+    root); `volume_name` also names the init container that fetches an hf:// model."""
     source = spec.model.source
     if source.kind == "file":
         return ModelMount([], [], [])
     if source.kind == "pvc":
         claim = {"claimName": source.claim, "readOnly": True}
-        volume = {"name": "model", "persistentVolumeClaim": claim}
-        mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        volume = {"name": volume_name, "persistentVolumeClaim": claim}
+        mount = {"name": volume_name, "mountPath": root, "readOnly": True}
         return ModelMount([volume], [mount], [])
     cache = spec.model.cache
     if cache.claim_name:
-        volume = {"name": "model", "persistentVolumeClaim": {"claimName": cache.claim_name}}
+        volume = {"name": volume_name, "persistentVolumeClaim": {"claimName": cache.claim_name}}
     else:
-        volume = {"name": "model", "emptyDir": {"sizeLimit": cache.size_limit}}
-    argv = ["hf", "download", source.repo, "--local-dir", model_path(source)]
+        volume = {"name": volume_name, "emptyDir": {"sizeLimit": cache.size_limit}}
+    argv = ["hf", "download", source.repo, "--local-dir", model_path(source, root)]
     if source.revision:
         argv += ["--revision", source.revision]
     fetch = {
-        "name": "fetch-model",
+        "name": f"fetch-{volume_name}",
         "image": image,
         "imagePullPolicy": pull_policy,
         "command": argv,
         "env": [
             # hf keeps its locks and metadata under HF_HOME; the root FS is read-only.
-            {"name": "HF_HOME", "value": f"{MODEL_DIR}/.hf"},
+            {"name": "HF_HOME", "value": f"{root}/.hf"},
             {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
             {"name": "HOME", "value": "/tmp"},
         ],
         "volumeMounts": [
-            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": volume_name, "mountPath": root},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": _container_security(),
     }
-    return ModelMount([volume], [{"name": "model", "mountPath": MODEL_DIR}], [fetch])
+    return ModelMount([volume], [{"name": volume_name, "mountPath": root}], [fetch])
 
 
 def _pod_spec(
@@ -554,20 +568,9 @@ def gateway_files(gateway: Gateway) -> tuple[list[dict[str, Any]], list[dict[str
     return volumes, mounts
 
 
-def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
-    gateway = spec.gateway
-    image = gateway.image or images.gateway
-    env = gateway_env(owner, spec)
-    names = Names.of(owner.name)
-    http = {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}
-    container: dict[str, Any] = {
-        "name": "gateway",
-        "image": image,
-        "imagePullPolicy": gateway.image_pull_policy,
-        "command": ["embedfleet-gateway"],
-        "envFrom": [{"configMapRef": {"name": names.config}}],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "ports": [http],
+def gateway_probes() -> dict[str, Any]:
+    """A gateway container's probes and preStop (a fleet's gateway and a shared one alike)."""
+    return {
         # The default 1 s timeout is too short for a busy node: one slow answer under load would
         # take the gateway out of its Service (with one replica, the whole endpoint).
         "readinessProbe": {
@@ -583,6 +586,24 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
             "failureThreshold": 6,
         },
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+    }
+
+
+def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
+    gateway = spec.gateway
+    image = gateway.image or images.gateway
+    env = gateway_env(owner, spec)
+    names = Names.of(owner.name)
+    http = {"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}
+    container: dict[str, Any] = {
+        "name": "gateway",
+        "image": image,
+        "imagePullPolicy": gateway.image_pull_policy,
+        "command": ["embedfleet-gateway"],
+        "envFrom": [{"configMapRef": {"name": names.config}}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [http],
+        **gateway_probes(),
         "securityContext": _container_security(),
     }
     if resources := _resources(gateway.resources):
@@ -644,8 +665,14 @@ def worker_service(owner: Owner, engines: int = 1) -> Manifest:
 
 
 def gateway_service(owner: Owner, spec: Spec) -> Manifest:
-    service = spec.gateway.service
     meta = _meta(owner, Names.of(owner.name).service, "gateway")
+    return http_service(meta, spec.gateway.service, selector_labels(owner, "gateway"))
+
+
+def http_service(
+    meta: dict[str, Any], service: GatewayService, selector: dict[str, str]
+) -> Manifest:
+    """A gateway's endpoint: `gateway.service`'s type, port and annotations, to port "http"."""
     if service.annotations:
         meta["annotations"] = dict(service.annotations)
     return {
@@ -654,7 +681,7 @@ def gateway_service(owner: Owner, spec: Spec) -> Manifest:
         "metadata": meta,
         "spec": {
             "type": service.type,
-            "selector": selector_labels(owner, "gateway"),
+            "selector": selector,
             "ports": [
                 {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"}
             ],
@@ -665,17 +692,23 @@ def gateway_service(owner: Owner, spec: Spec) -> Manifest:
 def gateway_rbac(owner: Owner) -> list[Manifest]:
     """The gateway's identity: read the EndpointSlices of its namespace, nothing else."""
     name = Names.of(owner.name).gateway
+    return slice_reader(name, owner.namespace, lambda: _meta(owner, name, "gateway"))
+
+
+def slice_reader(name: str, namespace: str, meta: Callable[[], dict[str, Any]]) -> list[Manifest]:
+    """ServiceAccount, Role and RoleBinding `name`: get/list/watch EndpointSlices in
+    `namespace`, nothing else (each object's metadata from `meta`)."""
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "automountServiceAccountToken": True,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "rules": [
                 {
                     "apiGroups": ["discovery.k8s.io"],
@@ -687,9 +720,9 @@ def gateway_rbac(owner: Owner) -> list[Manifest]:
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta(owner, name, "gateway"),
+            "metadata": meta(),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
         },
     ]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from embedfleet.operator import metrics, paths
+from embedfleet.operator import metrics, paths, shared_gateway
 from embedfleet.operator.conditions import MONITORED, Condition, find
 from embedfleet.operator.desired import Live, Seen, needs_apply, stamped
 from embedfleet.operator.informer import Bodies, Informer
@@ -28,6 +28,7 @@ from embedfleet.operator.manifests import (
     worker_selector,
 )
 from embedfleet.operator.replicas import worker_replicas
+from embedfleet.operator.shared_gateway import object_name
 from embedfleet.operator.spec import Spec, SpecError, parse_spec
 from embedfleet.operator.status import changed, compute_status, monitored, rollout_state
 
@@ -133,6 +134,10 @@ class Reconciler:
             self._seen.pop((namespace, name), None)
             if self.bodies is not None:
                 self.bodies.forget((namespace, name))
+            try:  # the shared gateways it was in lose its model now, not at the next resync
+                self._apply_shared(namespace)
+            except KubeError as err:
+                log.warning("shared gateways of %s after %s left: %s", namespace, name, err)
             return Outcome()
         meta = body["metadata"]
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
@@ -144,6 +149,11 @@ class Reconciler:
             return self._write_invalid(path, body, owner, str(err))
         desired = worker_replicas(spec, old)
         observed, error, monitoring = self._apply(owner, spec, desired, old)
+        try:
+            self._apply_shared(namespace, spec.gateway.shared)
+        except KubeError as err:
+            log.warning("shared gateway %s/%s: %s", namespace, spec.gateway.shared, err)
+            error = error or f"shared gateway {spec.gateway.shared}: {err.message}"
         workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
         gateways = rollout_state(
             self._deployment(observed, owner, "gateway"), spec.gateway.replicas
@@ -187,29 +197,85 @@ class Reconciler:
                 manifest, digest = stamped(rendered)
                 kind, name = manifest["kind"], manifest["metadata"]["name"]
                 key = f"{kind}/{name}"
-                live = self._live(kind, owner.namespace, name)
-                if not self._must_apply(kind, digest, live, seen.get(key)):
-                    metrics.RECONCILE_SKIPPED_APPLIES.inc()
-                    if live is not None:
-                        observed[key] = live
-                        seen.setdefault(key, Seen.of(Live.of(live)))
-                    continue
                 if kind == "ServiceMonitor":
+                    if not self._must_apply(kind, digest, None, seen.get(key)):
+                        metrics.RECONCILE_SKIPPED_APPLIES.inc()
+                        continue
                     monitoring = self._apply_monitor(owner, manifest)
                     if monitoring.status == "True":  # a refusal is tried again next time
                         seen[key] = Seen(digest, 0, "")
                     continue
-                reply = self.kube.apply(paths.of(manifest), manifest, MANAGER)
-                if self.informer is not None and self.informer.informs(kind):
-                    self.informer.put(kind, reply)
-                seen[key] = Seen.of(Live.of(reply))
-                observed[key] = reply
+                if (applied := self._apply_one(manifest, digest, seen)) is not None:
+                    observed[key] = applied
             if monitors and not spec.service_monitor.enabled and _may_have_made_one(old):
                 self._delete_monitor(owner, spec)
         except KubeError as err:
             log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
             return observed, err.message, monitoring
         return observed, "", monitoring
+
+    def _apply_one(
+        self, manifest: dict[str, Any], digest: str, seen: dict[str, Seen]
+    ) -> dict[str, Any] | None:
+        """Applies one stamped child unless the live one is it already; returns the child as
+        applied or as live (None: not applied and not informed)."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        key = f"{kind}/{meta['name']}"
+        live = self._live(kind, meta["namespace"], meta["name"])
+        if not self._must_apply(kind, digest, live, seen.get(key)):
+            metrics.RECONCILE_SKIPPED_APPLIES.inc()
+            if live is not None:
+                seen.setdefault(key, Seen.of(Live.of(live)))
+            return live
+        reply: dict[str, Any] = self.kube.apply(paths.of(manifest), manifest, MANAGER)
+        if self.informer is not None and self.informer.informs(kind):
+            self.informer.put(kind, reply)
+        seen[key] = Seen.of(Live.of(reply))
+        return reply
+
+    def _apply_shared(self, namespace: str, also: str = "") -> None:
+        """Brings every shared gateway of `namespace` in line with the fleets that name it now
+        (`also`, those the fleets name, and those that exist): a fleet that joined, changed,
+        left or went away is seen at the next reconcile of any fleet. One with no member left
+        is deleted (the garbage collector would keep it while a member that left still owns
+        it). No API call when the namespace has none."""
+        bodies = self.bodies.in_namespace(namespace) if self.bodies is not None else None
+        wanted = {also} - {""}
+        if bodies is not None:
+            wanted |= shared_gateway.names_in(bodies, namespace)
+        if self.informer is not None:
+            wanted |= self.informer.shared_gateways(namespace)
+        if not wanted:
+            return
+        if bodies is None:
+            bodies = self.kube.get(paths.embedding_deployments(namespace)).get("items", [])
+        for name in sorted(wanted):
+            served, left = shared_gateway.routable(shared_gateway.members(bodies, namespace, name))
+            for member in left:
+                log.warning(
+                    "shared gateway %s/%s already serves a model named %s; %s is left out",
+                    namespace,
+                    name,
+                    member.served_name,
+                    member.owner.name,
+                )
+            seen = self._seen.setdefault((namespace, f"/shared/{name}"), {})
+            if not served:
+                self._delete_shared(namespace, name)
+                seen.clear()
+                continue
+            for rendered in shared_gateway.objects(namespace, name, served, self.images):
+                self._apply_one(*stamped(rendered), seen)
+
+    def _delete_shared(self, namespace: str, name: str) -> None:
+        for api_version, kind in shared_gateway.KINDS:
+            informer = self.informer
+            known = informer is not None and informer.informs(kind)
+            if known and informer and informer.get(kind, namespace, object_name(name)) is None:
+                continue  # known absent: no DELETE
+            base = paths.collection(api_version, kind, namespace)
+            self.kube.delete(f"{base}/{object_name(name)}")
+            log.info("deleted %s %s/%s: no member left", kind, namespace, name)
 
     def _live(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if self.informer is None or not self.informer.informs(kind):

@@ -26,6 +26,9 @@ QUANTIZATION_KEY = "embedfleet_quantization.json"
 _HF = re.compile(r"^hf://([A-Za-z0-9][A-Za-z0-9._-]*)/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@(.+))?$")
 _PVC = re.compile(r"^pvc://([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)/([^/].*)$")
 _FILE = re.compile(r"^file://(/[^/].*)$")
+#: gateway.shared: it names the shared gateway's objects (NAME-shared-gateway), as the CRD says
+SHARED_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+SHARED_MAX = 40
 
 
 class SpecError(ValueError):
@@ -166,6 +169,8 @@ class Gateway:
     #: the ConfigMap entry holding int8/uint8 calibration ranges; None: the model directory's
     quantization: FileRef | None = None
     service: GatewayService = field(default_factory=GatewayService)
+    #: the namespace's shared gateway this fleet also joins (manifests.shared_gateway); "": none
+    shared: str = ""
 
 
 @dataclass(frozen=True)
@@ -319,10 +324,22 @@ def _file_ref(raw: Mapping[str, Any], key: str, default_key: str) -> FileRef | N
     return FileRef(name=str(ref["name"]), key=str(ref.get("key", default_key)))
 
 
+def _shared(raw: Mapping[str, Any]) -> str:
+    """gateway.shared, checked as the CRD checks it (for API servers holding an older CRD)."""
+    name = str(raw.get("shared") or "")
+    if name and (len(name) > SHARED_MAX or not SHARED_NAME.fullmatch(name)):
+        raise SpecError(
+            f"gateway.shared '{name}' must start with a letter, hold only lowercase letters, "
+            f"digits and '-', end with a letter or digit, and be at most {SHARED_MAX} characters"
+        )
+    return name
+
+
 def _gateway(raw: Mapping[str, Any]) -> Gateway:
     d, service, s = Gateway(), _obj(raw, "service"), GatewayService()
     auth = _obj(raw, "auth")
     return Gateway(
+        shared=_shared(raw),
         replicas=int(raw.get("replicas", d.replicas)),
         image=str(raw.get("image", "")),
         image_pull_policy=str(raw.get("imagePullPolicy", d.image_pull_policy)),
