@@ -38,3 +38,15 @@ class InMemoryLeases:
         self.version += 1
         self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": self.version}}
         return self.lease
+
+
+class NoFleetsKube:
+    """A FAKE Kube on which no EmbeddingDeployment exists (every GET answers 404); it records the
+    paths asked for."""
+
+    def __init__(self) -> None:
+        self.gets: list[str] = []
+
+    def get_or_none(self, path: str) -> Any:
+        self.gets.append(path)
+        return None

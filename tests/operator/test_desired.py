@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from embedfleet.operator.desired import (
     HASH_ANNOTATION,
@@ -13,9 +13,12 @@ from embedfleet.operator.desired import (
     stamped,
 )
 from embedfleet.operator.informer import Bodies, Change, newer, trim
-from embedfleet.operator.kube import resource_of
+from embedfleet.operator.kube import Kube, resource_of
 from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner, children
+from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.spec import parse_spec
+
+from .fakes import NoFleetsKube
 
 IMAGES = Images("w:1", "g:1", worker_cpu="w:1-cpu")
 OWNER = Owner(name="fleet", namespace="ns", uid="u-1")
@@ -143,3 +146,42 @@ def test_bodies_tell_a_spec_change_from_a_status_change_and_an_echo() -> None:
     assert bodies.put(body("12", 2)) is Change.SPEC
     bodies.forget(("ns", "a"))
     assert bodies.get(("ns", "a")) is None
+
+
+def _fleet(uid: str, rv: str) -> dict[str, Any]:
+    meta = {"name": "a", "namespace": "ns", "uid": uid, "resourceVersion": rv, "generation": 1}
+    return {"metadata": meta}
+
+
+def test_a_deleted_fleet_stays_deleted_until_created_again() -> None:
+    bodies = Bodies(tombstone_seconds=300.0)
+    assert bodies.put(_fleet("u1", "10")) is Change.SPEC
+    bodies.forget(("ns", "a"), now=1000.0)
+    assert bodies.deleted(("ns", "a"), now=1001.0)
+    # A status-write reply of the deleted object, arriving after its deletion, is no news.
+    assert bodies.put(_fleet("u1", "11")) is Change.NOTHING
+    assert bodies.get(("ns", "a")) is None
+    assert bodies.deleted(("ns", "a"), now=1001.0)
+    # Created again under the same name: a new uid.
+    assert bodies.put(_fleet("u2", "20")) is Change.SPEC
+    assert not bodies.deleted(("ns", "a"), now=1001.0)
+
+
+def test_tombstones_expire() -> None:
+    bodies = Bodies(tombstone_seconds=300.0)
+    bodies.forget(("ns", "a"), now=1000.0)
+    assert bodies.deleted(("ns", "a"), now=1299.0)
+    assert not bodies.deleted(("ns", "a"), now=1300.0)
+
+
+def test_a_reconcile_of_a_fleet_known_deleted_asks_the_api_server_nothing() -> None:
+    kube = NoFleetsKube()
+    bodies = Bodies()
+    reconciler = Reconciler(cast(Kube, kube), Images("w", "g"), bodies=bodies)
+    reconciler.reconcile("ns", "unknown")
+    assert len(kube.gets) == 1  # not known: asked once
+    bodies.put(_fleet("u1", "10"))
+    bodies.forget(("ns", "a"))
+    for _ in range(10):  # e.g. one per deleted child's watch event
+        assert reconciler.reconcile("ns", "a").body is None
+    assert len(kube.gets) == 1

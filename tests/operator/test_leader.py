@@ -2,7 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedfleet.operator.leader import Observation, may_take, pod_owner, record_of
+from embedfleet.operator.leader import (
+    Observation,
+    may_take,
+    next_attempt_in,
+    pod_owner,
+    record_of,
+)
 
 
 def _lease(holder: str | None, renew: str = "t1", transitions: int = 0) -> dict[str, Any]:
@@ -40,3 +46,13 @@ def test_no_owner_outside_a_pod_or_across_namespaces() -> None:
     assert pod_owner({"POD_NAME": "op", "POD_NAMESPACE": "default"}, "default") == []
     env = {"POD_NAME": "op", "POD_UID": "u-1", "POD_NAMESPACE": "embedfleet-system"}
     assert pod_owner(env, "elsewhere") == []
+
+
+def test_a_successor_tries_again_at_the_expiry_not_a_retry_period_after_it() -> None:
+    seen = Observation(record_of(_lease("other")), since=100.0)
+    assert next_attempt_in(None, 100.0, 15.0, 3.0) == 3.0  # nothing seen yet
+    assert next_attempt_in(seen, 100.0, 15.0, 3.0) == 3.0  # expiry far off: the retry period
+    assert next_attempt_in(seen, 113.5, 15.0, 3.0) == 1.5  # sooner: at the expiry itself
+    assert may_take(_lease("other"), "me", seen, 113.5 + 1.5, 15.0)
+    # Past the expiry yet not taken (another candidate won the race): back to the period.
+    assert next_attempt_in(seen, 116.0, 15.0, 3.0) == 3.0

@@ -342,20 +342,31 @@ class Operator:
         if left:
             raise RuntimeError(f"could not stop the operator (pid {left[0].pid})")
 
-    def requests(self) -> dict[tuple[str, str], float]:
-        """The operator's own embedfleet_operator_api_requests_total by (verb, resource)."""
+    def _samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples named `name` on the current operator's /metrics (none if unreachable)."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
                 text = response.read().decode()
         except OSError:
-            return {}
-        out: dict[tuple[str, str], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "embedfleet_operator_api_requests_total":
-                    out[(s.labels["verb"], s.labels["resource"])] = s.value
-        return out
+            return []
+        return [
+            (s.labels, s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name
+        ]
+
+    def requests(self) -> dict[tuple[str, str], float]:
+        """The operator's own embedfleet_operator_api_requests_total by (verb, resource)."""
+        return {
+            (labels["verb"], labels["resource"]): value
+            for labels, value in self._samples("embedfleet_operator_api_requests_total")
+        }
+
+    def counter(self, name: str) -> float:
+        """One of the operator's counters, summed over its labels."""
+        return sum(value for _, value in self._samples(name))
 
     def _sample(self) -> None:
         while not self._stop.wait(1.0):
@@ -399,6 +410,32 @@ class Phase:
     """Writes per minute on the operator's kinds by "VERB resource[/subresource]", any client."""
     operator_cpu_cores: float | None
     operator_rss_peak_mb: float | None
+    apiserver_latency_ms: dict[str, float] = field(default_factory=dict)
+    """The API server's mean request duration by verb (every client; watches aside)."""
+    etcd_latency_ms: dict[str, float] = field(default_factory=dict)
+    """The API server's mean etcd request duration by operation."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One scrape of the API server's /metrics: requests, request and etcd latencies."""
+
+    counts: apimetrics.Counts
+    latency: apimetrics.Totals
+    etcd: apimetrics.Totals
+
+    @classmethod
+    def of(cls, cluster: Cluster) -> Reading:
+        text = apimetrics.scrape(cluster.api)
+        return cls(
+            apimetrics.parse_requests(text),
+            apimetrics.histogram_totals(text, "apiserver_request_duration_seconds", "verb"),
+            apimetrics.histogram_totals(text, "etcd_request_duration_seconds", "operation"),
+        )
+
+
+def _ms(means: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v * 1000, 1) for k, v in sorted(means.items())}
 
 
 class Meter:
@@ -407,13 +444,15 @@ class Meter:
     def __init__(self, cluster: Cluster, op: Operator, name: str) -> None:
         self.cluster, self.op, self.name = cluster, op, name
         self.began = time.monotonic()
-        self.api = apimetrics.request_counts(cluster.api)
+        self.reading = Reading.of(cluster)
         self.own = op.requests()
 
     def end(self) -> Phase:
         now = time.monotonic()
         minutes = max(now - self.began, 1e-9) / 60
-        api = apimetrics.delta(apimetrics.request_counts(self.cluster.api), self.api)
+        reading = Reading.of(self.cluster)
+        mean = apimetrics.mean_seconds
+        api = apimetrics.delta(reading.counts, self.reading.counts)
         own_now = self.op.requests()
         own = {k: v - self.own.get(k, 0.0) for k, v in own_now.items() if v > self.own.get(k, 0.0)}
         by_verb: dict[str, float] = {}
@@ -440,6 +479,8 @@ class Meter:
             apiserver_writes_per_min=_per_min(api_writes, minutes),
             operator_cpu_cores=_round(cores),
             operator_rss_peak_mb=_round(max((s.rss_mb for s in window), default=None), 1),
+            apiserver_latency_ms=_ms(mean(reading.latency, self.reading.latency)),
+            etcd_latency_ms=_ms(mean(reading.etcd, self.reading.etcd)),
         )
 
 
@@ -481,9 +522,27 @@ def _write(call: Callable[[], Any]) -> Any:
         except ApiError as err:
             if err.status not in RETRIED or attempt == RETRIES - 1:
                 raise
-            BENCH_RETRIES[0] += 1
-            time.sleep(1.0 + attempt)
+        except TimeoutError:
+            # No answer in time (at N=1,000 a DELETE during the garbage collector's cascade):
+            # the request may or may not have landed, so only idempotent calls may pass here.
+            if attempt == RETRIES - 1:
+                raise
+        BENCH_RETRIES[0] += 1
+        time.sleep(1.0 + attempt)
     return None
+
+
+def _delete(api: ApiClient, path: str) -> None:
+    """A delete that may be retried: gone already (an earlier try landed) is done."""
+
+    def once() -> None:
+        try:
+            api.delete(path)
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+    _write(once)
 
 
 def _create(
@@ -491,7 +550,15 @@ def _create(
 ) -> None:
     def one(name: str) -> None:
         t.created[name] = time.monotonic()
-        _write(lambda: api.create(EMB, fleet(name, replicas, prometheus)))
+
+        def once() -> None:
+            try:
+                api.create(EMB, fleet(name, replicas, prometheus))
+            except ApiError as err:
+                if err.status != 409:  # names are unique: 409 means an earlier try landed
+                    raise
+
+        _write(once)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, names))
@@ -589,7 +656,7 @@ def run_size(n: int, args: argparse.Namespace) -> dict[str, Any]:
         meter = Meter(cluster, op, "delete")
         began = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda name: _write(lambda: cluster.api.delete(f"{EMB}/{name}")), names))
+            list(pool.map(lambda name: _delete(cluster.api, f"{EMB}/{name}"), names))
         gone = _wait_all(
             "children gone",
             lambda: n - min(n, _count(cluster.api, CHILD_PATHS["deployments"], OURS) // 2),
@@ -627,7 +694,8 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
         op.kill()
         print(f"  killed with {applied_at_kill}/{n} applied; starting a successor", flush=True)
         op.wait_leading(op.start(), timeout=120)
-        leading_after = time.monotonic() - killed
+        leading = time.monotonic()
+        meter = Meter(cluster, op, "after the kill")
         creating.join()
         all_applied = _wait_all("fleets applied after the kill", lambda: len(t.applied), n, timeout)
         applied_after = time.monotonic() - killed
@@ -635,17 +703,24 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "fleets available after the kill", lambda: len(t.available), n, timeout
         )
         convergence = time.monotonic() - killed
+        phase = meter.end()
+        skipped = op.counter("embedfleet_operator_skipped_applies_total")
         time.sleep(5)  # anything a double reconcile would add shows now
         audit = _audit(cluster.api, names, args.replicas)
+        after = sorted(v - leading for v in t.applied.values() if v > leading)
         return {
             "n": n,
             "applied_at_kill": applied_at_kill,
             "available_at_kill": sum(1 for v in t.available.values() if v <= killed),
-            "successor_leading_after_s": round(leading_after, 1),
+            "successor_leading_after_s": round(leading - killed, 1),
+            "first_applied_after_leading_s": _round(after[0] if after else None, 1),
+            "fleets_applied_by_successor": len(after),
             "all_applied_after_kill_s": round(applied_after, 1) if all_applied else None,
             "kill_convergence_s": round(convergence, 1),
             "converged": converged,
             "lease_seconds": args.lease_seconds,
+            "successor_skipped_applies": skipped,
+            "phase": asdict(phase),
             "audit": audit,
             "operator_rss_peak_mb": _peak_rss(op),
         }
@@ -837,10 +912,41 @@ def markdown(result: dict[str, Any]) -> str:
             f"{a['orphans']}, ReplicaSets {a['replicasets']['found']}/"
             f"{a['replicasets']['expected']}, pods {a['pods']['found']}/{a['pods']['expected']}.",
         ]
+        if k.get("phase"):
+            lines += ["", kill_breakdown(k)]
     lines += ["", "| target | N | value | limit | holds |", "|---|---|---|---|---|"]
     for key, t in result["targets"].items():
         lines.append(f"| {key} | {t['n']} | {t['value']} | {t['limit']} | {t['holds']} |")
     return "\n".join(lines) + "\n"
+
+
+def kill_breakdown(k: Mapping[str, Any]) -> str:
+    """Where the time after a kill went: the Lease, the successor's applies, the rollouts."""
+    ph = k["phase"]
+    lead, applied, available = (
+        k["successor_leading_after_s"],
+        k["all_applied_after_kill_s"],
+        k["kill_convergence_s"],
+    )
+    applies = sum(n for key, n in ph["apiserver_writes_per_min"].items() if key.startswith("APPLY"))
+    applies_done = round(applies * ph["seconds"] / 60)
+    work = "" if applied is None else f"{round(applied - lead, 1)} s of applies, then "
+    rollouts = "" if applied is None else f"{round(available - applied, 1)} s of rollouts"
+    return (
+        f"Breakdown: {lead} s waiting for the Lease (its {k['lease_seconds']} s expiry, counted "
+        f"from the successor's first look, plus the successor's start), {work}{rollouts} to "
+        f"Available. The successor applied about {applies_done} children of "
+        f"{k['fleets_applied_by_successor']} fleets and skipped {k['successor_skipped_applies']:g} "
+        f"applies of children already as desired; the API server's mean latency meanwhile: "
+        + ", ".join(
+            f"{verb} {ms:g} ms"
+            for verb, ms in ph["apiserver_latency_ms"].items()
+            if verb != "WATCH"
+        )
+        + "; etcd's: "
+        + ", ".join(f"{op} {ms:g} ms" for op, ms in ph["etcd_latency_ms"].items())
+        + f"; the successor's CPU {ph['operator_cpu_cores']} cores."
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -136,7 +136,14 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
     while True:
         await asyncio.sleep(interval)
         try:
-            found = await kube.call(kube.get, paths.embedding_deployments(namespace))
+            # resourceVersion=0: from the API server's watch cache, not a quorum read of etcd
+            # (a resync repairs what a watch missed; milliseconds of staleness do not matter).
+            found = await kube.call(
+                kube.request,
+                "GET",
+                paths.embedding_deployments(namespace),
+                query={"resourceVersion": "0"},
+            )
         except Exception:
             log.exception("listing EmbeddingDeployments for the periodic resync failed")
             continue
@@ -163,11 +170,12 @@ async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:
 
 async def _acquire(elector: LeaderElector, logger: Any) -> None:
     waiting_logged = False
+    retry = max(elector.duration / 5, 0.5)
     while not await in_daemon_thread(elector.try_acquire):
         if not waiting_logged:
             logger.info(f"waiting for the leader lease {elector.namespace}/{elector.name}")
             waiting_logged = True
-        await asyncio.sleep(max(elector.duration / 5, 0.5))
+        await asyncio.sleep(elector.next_attempt_in(retry))
     logger.info(f"acquired the leader lease {elector.namespace}/{elector.name}")
 
 
@@ -187,6 +195,24 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     if op.metrics_port:
         start_http_server(op.metrics_port)
     metrics.LEADER.set(leading["leader"])
+    loop = asyncio.get_running_loop()
+    queues: list[Queue] = []
+
+    def child_changed(owner: tuple[str, str]) -> None:  # on an informer thread
+        # Before the Lease (no queue yet) a change only updates the cache: the leader's first
+        # list of EmbeddingDeployments reconciles every fleet anyway.
+        if owner[1] and queues:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
+                loop.call_soon_threadsafe(queues[0].trigger, owner, CHILD_CHANGED)
+
+    # Listed and watched while waiting for the Lease (a warm standby, as controller-runtime's
+    # caches): a successor's first reconciles compare against a full cache at once instead of
+    # first listing every child of every fleet.
+    informer = Informer(
+        kube, CHILD_KINDS, op.namespace, child_changed, watch_seconds=op.watch_server_timeout
+    )
+    memo["informer"] = informer
+    informer.start()
     if op.leader_election:
         identity = op.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}"
         elector = LeaderElector(
@@ -205,18 +231,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         workers=op.reconcile_workers,
     )
     memo["queue"] = queue
-    loop = asyncio.get_running_loop()
-
-    def child_changed(owner: tuple[str, str]) -> None:  # on an informer thread
-        if owner[1]:
-            with contextlib.suppress(RuntimeError):  # the loop closed: the operator is stopping
-                loop.call_soon_threadsafe(queue.trigger, owner, CHILD_CHANGED)
-
-    informer = Informer(
-        kube, CHILD_KINDS, op.namespace, child_changed, watch_seconds=op.watch_server_timeout
-    )
-    memo["informer"] = informer
-    informer.start()
+    queues.append(queue)
     bodies = Bodies()
     memo["bodies"] = bodies
     holder.append(Reconciler(kube, images, informer, bodies))

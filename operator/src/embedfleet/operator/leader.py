@@ -53,6 +53,16 @@ def may_take(
     return now - seen.since >= duration
 
 
+def next_attempt_in(seen: Observation | None, now: float, duration: float, retry: float) -> float:
+    """Seconds until the next attempt on a Lease someone else holds (pure): the retry period, or
+    less when the holder's record, unchanged since `seen.since`, expires sooner. So a successor
+    takes over at the expiry itself, not up to a retry period after it."""
+    if seen is None:
+        return retry
+    left = seen.since + duration - now
+    return min(retry, left) if left > 0 else retry
+
+
 def pod_owner(env: Mapping[str, str], namespace: str) -> list[dict[str, Any]]:
     """ownerReferences that name this replica's own pod (downward API: POD_NAME, POD_UID,
     POD_NAMESPACE), so the garbage collector removes the Lease once its holder's pod is gone and
@@ -138,6 +148,10 @@ class LeaderElector:
             if err.status != 409:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, err)
             return False
+
+    def next_attempt_in(self, retry: float) -> float:
+        """When to call try_acquire again after it returned False (see next_attempt_in)."""
+        return next_attempt_in(self._seen, time.monotonic(), self.duration, retry)
 
     def release(self) -> None:
         """Hands the Lease back on a clean shutdown, so a standby needs not wait for expiry."""

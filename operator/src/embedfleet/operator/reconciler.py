@@ -126,7 +126,8 @@ class Reconciler:
         """One full pass for one EmbeddingDeployment. Blocking."""
         path = paths.embedding_deployment(namespace, name)
         body = None if self.bodies is None else self.bodies.get((namespace, name))
-        if body is None:
+        if body is None and (self.bodies is None or not self.bodies.deleted((namespace, name))):
+            # Not known yet; a fleet known deleted needs no GET to find it gone.
             body = self.kube.get_or_none(path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Children carry owner references: the garbage collector removes them.

@@ -36,12 +36,48 @@ def parse_requests(text: str) -> Counts:
     return counts
 
 
-def request_counts(api: ApiClient) -> Counts:
-    """The API server's request counters now (GET /metrics)."""
+def scrape(api: ApiClient) -> str:
+    """The API server's /metrics text."""
     status, text = api.request("GET", "/metrics")
     if status != 200:
         raise RuntimeError(f"GET /metrics -> HTTP {status}: {text[:200]}")
-    return parse_requests(text)
+    return text
+
+
+def request_counts(api: ApiClient) -> Counts:
+    """The API server's request counters now (GET /metrics)."""
+    return parse_requests(scrape(api))
+
+
+Totals = dict[str, tuple[float, float]]
+"""Label value -> (sum of seconds, count) of a histogram."""
+
+
+def histogram_totals(text: str, family_name: str, label: str) -> Totals:
+    """A histogram's _sum and _count from a /metrics text, summed over every label but `label`:
+    e.g. apiserver_request_duration_seconds by verb, etcd_request_duration_seconds by operation."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != family_name:
+            continue
+        for sample in family.samples:
+            key = sample.labels.get(label, "")
+            if sample.name == f"{family_name}_sum":
+                sums[key] = sums.get(key, 0.0) + sample.value
+            elif sample.name == f"{family_name}_count":
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return {key: (sums.get(key, 0.0), n) for key, n in counts.items()}
+
+
+def mean_seconds(after: Mapping[str, tuple[float, float]], before: Totals) -> dict[str, float]:
+    """The mean of the observations between two readings, by label value (those with any)."""
+    out: dict[str, float] = {}
+    for key, (total, n) in after.items():
+        earlier_total, earlier_n = before.get(key, (0.0, 0.0))
+        if n > earlier_n:
+            out[key] = (total - earlier_total) / (n - earlier_n)
+    return out
 
 
 def delta(after: Mapping[RequestKey, float], before: Mapping[RequestKey, float]) -> Counts:
