@@ -462,6 +462,7 @@ def test_scale_to_zero_and_back_on_the_first_request(scaling: Fleet, reference: 
     FIGURES["cold start breakdown (s)"] = "\n" + "\n".join(
         f"  {k}: {v}" for k, v in breakdown.items()
     )
+
     # Capacity (admission's and the autoscaler's yardstick) is still measured: after the worker
     # served, once it idled.
     def measured() -> dict[str, float] | None:

@@ -91,6 +91,8 @@ async def until_next_tick(
                 await _wake(kube, session, scraper, fleet)
             except (KubeError, aiohttp.ClientError, ValueError, TimeoutError) as err:
                 log.warning("waking %s/%s failed: %s", fleet.namespace, fleet.name, err)
+            except Exception:  # an I/O shell: the next tick decides for it anyway
+                log.exception("waking %s/%s failed", fleet.namespace, fleet.name)
         await asyncio.sleep(max(0.0, min(wake.POLL_SECONDS, deadline - time.monotonic())))
     await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
@@ -124,8 +126,10 @@ async def _wake(
     body = await kube.call(kube.get_or_none, path)
     if body is None:
         return
-    log.info("%s/%s: a gateway holds a request; deciding now", fleet.namespace, fleet.name)
     spec = parse_spec(body.get("spec") or {})
+    if not spec.autoscaling.operator_driven:
+        return  # autoscaling turned off since the tick
+    log.info("%s/%s: a gateway holds a request; deciding now", fleet.namespace, fleet.name)
     await asyncio.wait_for(autoscale(kube, session, scraper, body, spec), FLEET_TIMEOUT_SECONDS)
 
 
