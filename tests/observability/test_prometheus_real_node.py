@@ -17,7 +17,8 @@ The alert rules are the chart's, with every duration divided by COMPRESSION (`fo
 `[1h]` -> `[120s]`) so that each fires and clears within a test; scrapes and evaluations every 2 s.
 Faults, each undone in a `finally`: a worker's container frozen (cgroup freezer, `ctr tasks
 pause`); a worker stuck in warm-up; an overload; no worker at all; the operator's container
-frozen. Before each fault its alerts must be quiet. NOT_INDUCED names the alert no fault covers.
+frozen; the operator's ClusterRoleBinding deleted. Before each fault its alerts must be quiet.
+NOT_INDUCED names the alerts no fault covers (none now).
 """
 
 from __future__ import annotations
@@ -362,13 +363,16 @@ def test_a_hung_worker_fires_worker_down_then_clears(
 def test_a_worker_stuck_warming_up_fires_not_ready_then_clears(
     node_fleet: RealFleet, prometheus: Prometheus
 ) -> None:
-    """A third worker whose warm-up lasts 10 minutes: it serves metrics with ready 0, its pod is
+    """A third worker whose capacity run before serving lasts 10 minutes: it serves metrics with
+    ready 0, its pod is
     NotReady. The key is added to the operator's ConfigMap by another field manager, which the
     operator's server-side apply leaves alone; only pods started after it read it."""
     quiet(node_fleet, prometheus, "EmbedfleetWorkerNotReady")
     old = {p["metadata"]["name"] for p in node_fleet.pods("worker")}
-    key = "EMBEDFLEET_WORKER_WARMUP_SECONDS"
-    patch = json.dumps({"data": {key: "600"}})
+    # The capacity run before SERVING (by default it runs after, in the background).
+    stuck = {"EMBEDFLEET_WORKER_WARMUP_SECONDS": "600",
+             "EMBEDFLEET_WORKER_CAPACITY_MEASUREMENT": "startup"}  # fmt: skip
+    patch = json.dumps({"data": stuck})
     node_fleet.kubectl(
         "patch", "-n", NAMESPACE, "configmap", f"{NAME}-config", "--type=merge", "-p", patch,
         "--field-manager=fault-injection",
@@ -384,7 +388,7 @@ def test_a_worker_stuck_warming_up_fires_not_ready_then_clears(
         fired = wait_firing(node_fleet, prometheus, "EmbedfleetWorkerNotReady", 120, pod=new)
         assert new not in {p["metadata"]["name"] for p in node_fleet.ready("worker")}
     finally:
-        remove = json.dumps([{"op": "remove", "path": f"/data/{key}"}])
+        remove = json.dumps([{"op": "remove", "path": f"/data/{key}"} for key in stuck])
         node_fleet.kubectl(
             "patch", "-n", NAMESPACE, "configmap", f"{NAME}-config", "--type=json", "-p", remove
         )
@@ -479,13 +483,44 @@ def test_a_hung_operator_fires_operator_down_then_clears(
     )
 
 
-NOT_INDUCED = {
-    "EmbedfleetReconcileErrors": "no fault found yet that makes the real operator count failed "
-    "reconciles: with its ClusterRoleBinding deleted the resync's listing fails first (only "
-    "logged, no reconcile runs), and with the PodDisruptionBudget rule taken out of its "
-    "ClusterRole the alert did not fire within 120 s (not yet understood); its expression is "
-    "covered by promtool's unit tests (tests/observability/alerts/)",
-}
+def test_an_operator_without_its_permissions_fires_reconcile_errors_then_clears(
+    node_fleet: RealFleet, prometheus: Prometheus
+) -> None:
+    """The operator's ClusterRoleBinding deleted (its leader-election Role stays): every resync
+    (5 s here) fails to list the EmbeddingDeployments, and each failure counts as a failed
+    reconcile; the binding restored, reconciles succeed again."""
+    quiet(node_fleet, prometheus, "EmbedfleetReconcileErrors")
+    bindings = json.loads(node_fleet.kubectl("get", "clusterrolebinding", "-o", "json"))["items"]
+    (binding,) = [
+        b
+        for b in bindings
+        if b["roleRef"]["name"] == b["metadata"]["name"]
+        and any(s.get("namespace") == SYSTEM for s in b.get("subjects") or ())
+        and not b["metadata"]["name"].endswith("-discovery")
+    ]
+    name = binding["metadata"]["name"]
+    keep = {
+        k: binding["metadata"][k]
+        for k in ("name", "labels", "annotations")
+        if k in binding["metadata"]
+    }
+    restored = {**binding, "metadata": keep}
+    (operator,) = node_fleet.ready("operator")
+    node_fleet.kubectl("delete", "clusterrolebinding", name)
+    try:
+        fired = wait_firing(node_fleet, prometheus, "EmbedfleetReconcileErrors", 120)
+    finally:
+        node_fleet.kubectl("apply", "-f", "-", input=json.dumps(restored))
+    cleared = wait_cleared(node_fleet, prometheus, "EmbedfleetReconcileErrors", 120)
+    (after,) = node_fleet.ready("operator")
+    assert after["metadata"]["uid"] == operator["metadata"]["uid"], "the operator was replaced"
+    note(
+        f"operator without its ClusterRoleBinding: EmbedfleetReconcileErrors fired after "
+        f"{fired}s, cleared {cleared}s after it was restored"
+    )
+
+
+NOT_INDUCED: dict[str, str] = {}
 """Alerts no fault here induces, with the reason; the last test keeps this list exact."""
 
 
@@ -495,7 +530,7 @@ def test_every_alert_was_induced() -> None:
     alerts = alert_names()
     induced = {
         "EmbedfleetWorkerDown", "EmbedfleetWorkerNotReady", *OVERLOAD, *BURN,
-        "EmbedfleetOperatorDown",
+        "EmbedfleetOperatorDown", "EmbedfleetReconcileErrors",
     }  # fmt: skip
     assert alerts == induced | set(NOT_INDUCED), alerts ^ (induced | set(NOT_INDUCED))
     assert not induced & set(NOT_INDUCED)

@@ -17,8 +17,9 @@ from embedfleet.testing.workers import metric_value, scrape, worker_stub
 
 def null_workers(tokens_per_second: float = 0.0) -> list[str]:
     """Worker flags for the null engine; with a pace, a worker of that capacity (asleep, so a busy
-    machine does not change it). A short warm-up: it measures the pace, not a model."""
-    args = ["--engine", "null", "--warmup-seconds", "1"]
+    machine does not change it). A short warm-up: it measures the pace, not a model, before the
+    worker serves (the load starts at once, and admission needs the capacity)."""
+    args = ["--engine", "null", "--warmup-seconds", "1", "--capacity-measurement", "startup"]
     if tokens_per_second:
         args += ["--null-tokens-per-second", str(tokens_per_second)]
     return args

@@ -27,6 +27,8 @@ WORKER_ARGS = (
     "--max-request-tokens", str(HARD_TOKENS),
     "--max-queue-requests", str(QUEUE),
     "--warmup-seconds", "0.5",
+    # Info's capacity is asserted on as soon as the worker serves.
+    "--capacity-measurement", "startup",
 )  # fmt: skip
 
 

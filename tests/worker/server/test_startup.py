@@ -62,7 +62,8 @@ def test_failed_selfcheck_never_becomes_ready(tmp_path: Path, model_path: Path) 
 
 
 def test_null_engine_serves_replies_derived_from_the_ids(tmp_path: Path) -> None:
-    with running_worker(tmp_path, "--engine", "null", "--warmup-seconds", "0.1") as worker:
+    args = ("--engine", "null", "--warmup-seconds", "0.1", "--capacity-measurement", "startup")
+    with running_worker(tmp_path, *args) as worker:
         stub = worker_stub(worker.channel())
         seqs = [[101, 7, 102], [101, 5, 6, 8, 102]]
         got = vectors(stub.Embed(embed_request(seqs), timeout=10))
@@ -110,3 +111,34 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
             stub.Embed(embed_request(pairs), timeout=10)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert worker_stub(worker.channel()).Info(pb.InfoRequest()).task == "score"
+
+
+def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Path) -> None:
+    # A paced null engine (known capacity, asleep): the worker serves before any saturation run
+    # (capacity 0, unmeasured), the run waits for an idle second, and a request arriving during
+    # it stops it; the next idle period measures the pace.
+    pace = 20_000.0
+    args = ("--engine", "null", "--null-tokens-per-second", str(pace), "--warmup-seconds", "2",
+            "--capacity-idle-seconds", "1")  # fmt: skip
+    with running_worker(tmp_path, *args) as worker:
+        stub = worker_stub(worker.channel())
+        assert stub.Info(pb.InfoRequest()).capacity_tokens_per_second == 0
+
+        def measuring() -> bool:
+            return any(r.get("msg") == "capacity measured" for r in worker.log_records()) or (
+                worker.metric("embedfleet_worker_queued_tokens") > 0
+            )
+
+        wait_for("the capacity run to start", measuring, timeout=30, interval=0.05)
+        stub.Embed(embed_request([[101, 7, 102]]), timeout=10)
+        wait_for(
+            "a capacity",
+            lambda: worker.metric("embedfleet_worker_capacity_tokens_per_second") > 0,
+            timeout=30,
+        )
+        assert stub.Info(pb.InfoRequest()).capacity_tokens_per_second == pytest.approx(
+            pace, rel=0.2
+        )
+    messages = [r.get("msg") for r in worker.log_records()]
+    assert messages.index("serving") < messages.index("capacity measured")
+    assert "capacity measurement yielded to a request" in messages

@@ -95,14 +95,19 @@ def _configure_kopf(settings: kopf.OperatorSettings, op: OperatorSettings) -> No
     settings.posting.level = logging.INFO
 
 
+def _failed(count: int = 1) -> None:
+    """Counts `count` failed reconciles: the one metric the reconcile-errors alert reads."""
+    metrics.RECONCILES.labels(result="error").inc(count)
+    metrics.RECONCILE_ERRORS.inc(count)
+
+
 async def _run_one(reconciler: Reconciler, key: Key) -> bool:
     started = time.monotonic()
     try:
         outcome = await reconciler.kube.call(reconciler.reconcile, *key)
     except Exception:  # a shell around API calls: log, count, retry with backoff
         log.exception("reconcile of %s/%s failed", *key)
-        metrics.RECONCILES.labels(result="error").inc()
-        metrics.RECONCILE_ERRORS.inc()
+        _failed()
         return False
     finally:
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
@@ -122,10 +127,33 @@ async def _run_one(reconciler: Reconciler, key: Key) -> bool:
             except KubeError as err:
                 log.warning("posting event %s on %s/%s: %s", note.reason, *key, err)
     if outcome.error:
-        metrics.RECONCILES.labels(result="error").inc()
-        metrics.RECONCILE_ERRORS.inc()
+        _failed()
         return False
     metrics.RECONCILES.labels(result="ok").inc()
+    return True
+
+
+async def resync_once(kube: Kube, queue: Queue, namespace: str) -> bool:
+    """Queues every fleet for a reconcile (the resync lane); False when listing them failed.
+
+    A failed listing is a failed reconcile of every fleet this resync was for: counted as one
+    (the fleets are unknown), so an operator that cannot even list them still raises the
+    reconcile-errors alert instead of only logging."""
+    try:
+        # resourceVersion=0: from the API server's watch cache, not a quorum read of etcd
+        # (a resync repairs what a watch missed; milliseconds of staleness do not matter).
+        found = await kube.call(
+            kube.request,
+            "GET",
+            paths.embedding_deployments(namespace),
+            query={"resourceVersion": "0"},
+        )
+    except Exception:
+        log.exception("listing EmbeddingDeployments for the periodic resync failed")
+        _failed()
+        return False
+    for item in found.get("items", ()):
+        queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), RESYNC)
     return True
 
 
@@ -135,20 +163,7 @@ async def _resync(kube: Kube, queue: Queue, namespace: str, interval: float) -> 
     Cheap when nothing changed: one GET of the fleet, no write (desired.py, status.changed)."""
     while True:
         await asyncio.sleep(interval)
-        try:
-            # resourceVersion=0: from the API server's watch cache, not a quorum read of etcd
-            # (a resync repairs what a watch missed; milliseconds of staleness do not matter).
-            found = await kube.call(
-                kube.request,
-                "GET",
-                paths.embedding_deployments(namespace),
-                query={"resourceVersion": "0"},
-            )
-        except Exception:
-            log.exception("listing EmbeddingDeployments for the periodic resync failed")
-            continue
-        for item in found.get("items", ()):
-            queue.trigger((item["metadata"]["namespace"], item["metadata"]["name"]), RESYNC)
+        await resync_once(kube, queue, namespace)
 
 
 async def _keep_leadership(elector: LeaderElector, memo: kopf.Memo) -> None:

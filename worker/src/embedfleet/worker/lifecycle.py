@@ -1,7 +1,10 @@
-"""A worker process's life: listen (NOT_SERVING), load, warm up, self-check, serve, drain, exit.
+"""A worker process's life: listen (NOT_SERVING), load, warm up, self-check, serve (and measure
+capacity in the background), drain, exit.
 
 The gRPC port opens first so probes get an answer (NOT_SERVING) while weights load; the standard
-grpc.health.v1 service flips to SERVING only after warm-up and the self-check passed. SIGTERM (or
+grpc.health.v1 service flips to SERVING only after warm-up and the self-check passed. Capacity is
+measured after that by default (warmup.py): a worker woken from zero serves the request waiting
+for it first. SIGTERM (or
 SIGINT) starts the drain: health goes NOT_SERVING, new requests get UNAVAILABLE, everything queued
 or computing is answered, then the process exits 0.
 """
@@ -32,7 +35,7 @@ from embedfleet.worker.scheduler import Budget, FcfsQueue
 from embedfleet.worker.selfcheck import ReferenceFn, reference_outputs, run_selfcheck
 from embedfleet.worker.server import WorkerService, WorkerState, add_to_server
 from embedfleet.worker.settings import WorkerSettings
-from embedfleet.worker.warmup import measure_capacity
+from embedfleet.worker.warmup import measure_capacity, warm_up, yields_to_traffic
 
 log = logging.getLogger(__name__)
 
@@ -112,21 +115,16 @@ async def _start_serving(
     runner.start()
     state.engine, state.runner = engine, runner
     t1 = time.monotonic()
-    state.capacity = await measure_capacity(
-        state.submit,
-        vocab_size=info.vocab_size,
-        max_input_tokens=info.max_input_tokens,
-        max_batch_tokens=state.budget.max_tokens,
-        seconds=settings.warmup_seconds,
-    )
-    state.metrics.capacity.set(state.capacity)
-    log.info(
-        "warm-up done",
-        extra={
-            "seconds": round(time.monotonic() - t1, 3),
-            "capacity_tokens_per_second": round(state.capacity, 1),
-        },
-    )
+    shape = {
+        "vocab_size": info.vocab_size,
+        "max_input_tokens": info.max_input_tokens,
+        "max_batch_tokens": state.budget.max_tokens,
+    }
+    if settings.capacity_measurement == "startup":
+        await _measure(settings, state, shape, stop=None)
+    else:
+        await warm_up(state.submit, **shape)
+    log.info("warm-up done", extra={"seconds": round(time.monotonic() - t1, 3)})
     if settings.engine == "null":
         log.info("self-check skipped: the null engine computes nothing to check")
     else:
@@ -139,6 +137,68 @@ async def _start_serving(
     state.metrics.ready.set(1)
     await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving", extra={"startup_seconds": round(time.monotonic() - t0, 3)})
+    if settings.capacity_measurement == "background":
+        try:
+            await _measure_in_background(settings, state, shape)
+        except Exception:  # the worker serves on; capacity stays unmeasured (0)
+            log.exception("capacity measurement failed")
+
+
+async def _measure(
+    settings: WorkerSettings, state: WorkerState, shape: dict[str, int], stop: asyncio.Event | None
+) -> bool:
+    """One capacity measurement; publishes it and returns True unless `stop` ended it."""
+    started = time.monotonic()
+    runner = state.runner
+    capacity = await measure_capacity(
+        state.submit,
+        **shape,
+        seconds=settings.warmup_seconds,
+        computed=(lambda: runner.computed_tokens) if runner is not None else None,
+        stop=stop,
+    )
+    if capacity is None:
+        return False
+    state.capacity = capacity
+    state.metrics.capacity.set(capacity)
+    log.info(
+        "capacity measured",
+        extra={
+            "seconds": round(time.monotonic() - started, 3),
+            "capacity_tokens_per_second": round(capacity, 1),
+        },
+    )
+    return True
+
+
+async def _measure_in_background(
+    settings: WorkerSettings, state: WorkerState, shape: dict[str, int]
+) -> None:
+    """Measures capacity once the worker has been idle for --capacity-idle-seconds, yielding to
+    real requests (a stopped run waits for the next idle period) until `yields_to_traffic` says
+    a run must go through them. Ends with the process (the startup task is cancelled on drain)."""
+    interruptions = 0
+    while True:
+        await _idle_for(state, settings.capacity_idle_seconds)
+        yields = yields_to_traffic(interruptions)
+        state.arrived.clear()
+        if await _measure(settings, state, shape, stop=state.arrived if yields else None):
+            return
+        interruptions += 1
+        log.info("capacity measurement yielded to a request", extra={"count": interruptions})
+
+
+async def _idle_for(state: WorkerState, seconds: float) -> None:
+    """Returns once no real request has been in flight for `seconds`."""
+    while True:
+        while state.requests_inflight:
+            await asyncio.sleep(0.05)
+        state.arrived.clear()
+        try:
+            await asyncio.wait_for(state.arrived.wait(), seconds)
+        except TimeoutError:
+            if not state.requests_inflight:
+                return
 
 
 async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health) -> None:

@@ -104,6 +104,8 @@ class BatchRunner:
         self._stopping = False
         self._arrivals = 0
         self._batches = 0
+        #: tokens computed so far, every request's (the capacity measurement reads it)
+        self.computed_tokens = 0
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -207,6 +209,7 @@ class BatchRunner:
             error = launched.error or RuntimeError("engine returned a wrong number of results")
             self._loop.call_soon_threadsafe(_fail, launched.entries, error, None)
             return
+        self.computed_tokens += launched.tokens
         served = sum(e.tokens for e in launched.entries if not e.internal)
         if served:
             self.metrics.tokens.inc(served)

@@ -70,6 +70,10 @@ class WorkerState:
     draining: bool = False
     capacity: float = 0.0
     inflight: int = field(default=0)
+    #: real requests in flight (warm-up, self-check and capacity work aside), and an event set
+    #: at each one's arrival: the background capacity measurement yields to them
+    requests_inflight: int = 0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
     tracer: Tracer = OFF
 
     async def compute(
@@ -81,6 +85,9 @@ class WorkerState:
         entry = self.runner.submit(item, deadline, internal)
         self.inflight += 1
         self.metrics.inflight.inc()
+        if not internal:
+            self.requests_inflight += 1
+            self.arrived.set()
         try:
             await entry.future
         except asyncio.CancelledError:
@@ -90,6 +97,8 @@ class WorkerState:
         finally:
             self.inflight -= 1
             self.metrics.inflight.dec()
+            if not internal:
+                self.requests_inflight -= 1
         if self.tracer.enabled and not internal:
             record_batch(self.tracer, entry)
         return entry

@@ -140,8 +140,21 @@ class WorkerSettings:
     )
     warmup_seconds: float = setting(
         2.0,
-        "Length of the start-up saturation run that warms the engine and measures capacity "
+        "Length of the saturation run that measures capacity "
         "(embedfleet_worker_capacity_tokens_per_second).",
+    )
+    capacity_measurement: str = setting(
+        "background",
+        "When that run happens: background (after the worker serves, once no request has been "
+        "in flight for --capacity-idle-seconds; a request arriving stops it, and after 3 stopped "
+        "runs one goes through the traffic; capacity reads 0, unmeasured, until then), or startup "
+        "(before SERVING: start-up takes --warmup-seconds longer).",
+        choices=("background", "startup"),
+    )
+    capacity_idle_seconds: float = setting(
+        1.0,
+        "With --capacity-measurement background: how long no request must have been in flight "
+        "before a measurement starts.",
     )
     # --- serving ---------------------------------------------------------------------------
     host: str = setting("127.0.0.1", "Address the gRPC server binds.")

@@ -1,15 +1,19 @@
-"""Start-up warm-up that doubles as the capacity measurement the autoscaler reads.
+"""Start-up warm-up and the capacity measurement the autoscaler and admission read.
 
-Synthetic requests go through the real serving path (queue, batcher, engine thread) with the queue
-kept full, so what is measured is tokens/s at saturation, batching and pipelining included. One-off
-costs (allocator growth, a lazy graph's eager run and capture) fall before the timed window.
+`warm_up` is the minimal part a worker needs before it serves: one request of the probe's shape
+pays the one-off costs (kernel loading, allocator growth, a lazy graph's eager run and capture).
+`measure_capacity` is the saturation run: synthetic requests go through the real serving path
+(queue, batcher, engine thread) with the queue kept full, so what is measured is tokens/s at
+saturation, batching and pipelining included. It takes `--warmup-seconds`; by default it runs
+after the worker serves (`--capacity-measurement background`), yielding to real requests
+(`yields_to_traffic`), so a worker woken from zero answers the request that woke it first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import numpy as np
 
@@ -20,6 +24,21 @@ from embedfleet.worker.contract import WorkItem
 Submit = Callable[[WorkItem], Awaitable[FloatArray]]
 
 _SEQ_TOKENS = 128
+#: Background measurements that real requests interrupted before one runs regardless of them.
+MAX_INTERRUPTIONS = 3
+
+
+def yields_to_traffic(interruptions: int) -> bool:
+    """Whether the next background measurement stops when a real request arrives: yes, until
+    MAX_INTERRUPTIONS have been stopped; then one runs through the traffic (real requests wait
+    behind its queue for `--warmup-seconds`), so a worker that never idles still reports a
+    capacity, which admission and the autoscaler need."""
+    return interruptions < MAX_INTERRUPTIONS
+
+
+def request_tokens_of(max_batch_tokens: int) -> int:
+    """Tokens of one probe request: up to 512, at most half a batch (two share a batch)."""
+    return max(1, min(512, max_batch_tokens // 2))
 
 
 def probe_window(rough_tokens_per_second: float, seconds: float, max_batch_tokens: int) -> int:
@@ -49,6 +68,15 @@ def probe_items(
     return items
 
 
+async def warm_up(
+    submit: Submit, *, vocab_size: int, max_input_tokens: int, max_batch_tokens: int
+) -> None:
+    """One probe-shaped request: the one-off costs (kernel loading, allocator growth, a lazy
+    graph's capture) are paid before the worker serves, not by its first real request."""
+    request_tokens = request_tokens_of(max_batch_tokens)
+    await submit(probe_items(1, vocab_size, max_input_tokens, request_tokens, seed=1)[0])
+
+
 async def measure_capacity(
     submit: Submit,
     *,
@@ -56,16 +84,25 @@ async def measure_capacity(
     max_input_tokens: int,
     max_batch_tokens: int,
     seconds: float,
-) -> float:
+    computed: Callable[[], int] | None = None,
+    stop: asyncio.Event | None = None,
+) -> float | None:
     """Tokens/s from the first completed batch to the last, with the queue never empty.
 
     A first request, run alone, warms up and gives a rough rate; the number of tokens kept
     outstanding is sized from it so one round takes about a quarter of `seconds`, which bounds
-    the start-up time on a slow CPU as well as on a GPU that finishes a full batch in milliseconds.
+    the run's time on a slow CPU as well as on a GPU that finishes a full batch in milliseconds.
+
+    `computed` (the engine's running count of tokens computed, any request's) counts real
+    requests that share the window too: the engine's rate at saturation, whoever sent the work.
+    Without it only the probe's own tokens count. Once `stop` is set (a real request arrived), the
+    probe's queued requests are cancelled (dropped before compute) and None is returned.
     """
-    request_tokens = max(1, min(512, max_batch_tokens // 2))
+    request_tokens = request_tokens_of(max_batch_tokens)
     (first_item,) = probe_items(1, vocab_size, max_input_tokens, request_tokens, seed=1)
     await submit(first_item)  # one-off costs: kernel loading, allocator growth
+    if stop is not None and stop.is_set():
+        return None
     t0 = time.monotonic()
     await submit(first_item)
     rough = first_item.total_tokens / max(time.monotonic() - t0, 1e-6)
@@ -78,23 +115,40 @@ async def measure_capacity(
         return item.total_tokens
 
     running = {asyncio.create_task(one(item)) for item in items}
+    stopped = asyncio.create_task(stop.wait()) if stop is not None else None
     first: float | None = None
+    first_computed = 0
     last = 0.0
     counted = 0
     turn = 0
-    while running:
-        done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-        now = time.monotonic()
-        tokens = sum(task.result() for task in done)
-        if first is None:
-            first = now
-        else:
-            counted += tokens
-            last = now
-        if now - first < seconds:
-            for _ in done:
-                turn += 1
-                running.add(asyncio.create_task(one(items[turn % len(items)])))
+    try:
+        while running:
+            waiting = running if stopped is None else running | {stopped}
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if stopped is not None and stopped.done():
+                return None
+            running -= done
+            now = time.monotonic()
+            tokens = sum(task.result() for task in done)
+            if first is None:
+                first, first_computed = now, computed() if computed else 0
+            else:
+                counted = computed() - first_computed if computed else counted + tokens
+                last = now
+            if now - first < seconds:
+                for _ in done:
+                    turn += 1
+                    running.add(asyncio.create_task(one(items[turn % len(items)])))
+    finally:
+        _cancel(running)
+        if stopped is not None:
+            stopped.cancel()
     if first is None or last <= first:
         return rough
     return counted / (last - first)
+
+
+def _cancel(tasks: Iterable[asyncio.Task[int]]) -> None:
+    # A cancelled submit marks its queued request, which the engine thread drops unrun.
+    for task in tasks:
+        task.cancel()

@@ -11,6 +11,9 @@ Per EmbeddingDeployment with autoscaling.enabled and not external, one tick:
 4. merges the decision into status.autoscaling; the operator's reconcile (triggered by that status
    change) sets the worker Deployment's replicas from status.autoscaling.desiredReplicas,
 5. posts an Event when the replica count or the reason changes.
+
+Between two ticks, the fleets the last tick left at zero workers are polled for held requests and
+decided for at once when a gateway holds one (wake.py): a request does not wait for the next tick.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import aiohttp
 from prometheus_client import Counter
 
 from embedfleet.operator import paths
-from embedfleet.operator.autoscaling import signals
+from embedfleet.operator.autoscaling import signals, wake
 from embedfleet.operator.autoscaling.policy import Observation, Reason, decide
 from embedfleet.operator.autoscaling.state import rfc3339, state_from_status, status_patch
 from embedfleet.operator.kube import Kube, KubeError
@@ -59,18 +62,81 @@ async def run(kube: Kube, namespace: str) -> None:
     async with aiohttp.ClientSession() as session:
         while True:
             started = time.monotonic()
+            sleeping: list[wake.Sleeping] = []
             try:
-                await tick(kube, session, scraper, namespace)
+                sleeping = await tick(kube, session, scraper, namespace)
             except asyncio.CancelledError:
                 raise
             except Exception:  # an I/O shell: log and try again next interval
                 log.exception("autoscaler tick failed")
-            await asyncio.sleep(max(0.0, INTERVAL_SECONDS - (time.monotonic() - started)))
+            await until_next_tick(kube, session, scraper, sleeping, started + INTERVAL_SECONDS)
+
+
+async def until_next_tick(
+    kube: Kube,
+    session: aiohttp.ClientSession,
+    scraper: signals.Scraper,
+    sleeping: list[wake.Sleeping],
+    deadline: float,
+) -> None:
+    """Sleeps until `deadline` (monotonic), polling the fleets at zero meanwhile; one whose
+    gateway holds a request is decided for at once (and polled no more until the next tick)."""
+    slots = asyncio.Semaphore(wake.CONCURRENT_POLLS)
+    while sleeping and time.monotonic() < deadline:
+        polls = [_poll(session, slots, fleet) for fleet in sleeping]
+        woken = [f for f, held in zip(sleeping, await asyncio.gather(*polls), strict=True) if held]
+        for fleet in woken:
+            sleeping.remove(fleet)
+            try:
+                await _wake(kube, session, scraper, fleet)
+            except (KubeError, aiohttp.ClientError, ValueError, TimeoutError) as err:
+                log.warning("waking %s/%s failed: %s", fleet.namespace, fleet.name, err)
+            except Exception:  # an I/O shell: the next tick decides for it anyway
+                log.exception("waking %s/%s failed", fleet.namespace, fleet.name)
+        await asyncio.sleep(max(0.0, min(wake.POLL_SECONDS, deadline - time.monotonic())))
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+async def _poll(
+    session: aiohttp.ClientSession, slots: asyncio.Semaphore, fleet: wake.Sleeping
+) -> bool:
+    """Whether a gateway of `fleet` holds a request; an unreachable one says nothing."""
+
+    async def text(url: str) -> str:
+        async with slots:
+            try:
+                timeout = aiohttp.ClientTimeout(total=wake.POLL_TIMEOUT_SECONDS)
+                async with session.get(url, timeout=timeout) as response:
+                    return await response.text() if response.status == 200 else ""
+            except (aiohttp.ClientError, TimeoutError):
+                return ""
+
+    texts = await asyncio.gather(*(text(url) for url in fleet.gateway_urls))
+    try:
+        return wake.demand_waiting(texts)
+    except ValueError:  # not an exposition (not our gateway)
+        return False
+
+
+async def _wake(
+    kube: Kube, session: aiohttp.ClientSession, scraper: signals.Scraper, fleet: wake.Sleeping
+) -> None:
+    """One decision for `fleet` now, on its current object (the tick's copy predates its write)."""
+    path = paths.embedding_deployment(fleet.namespace, fleet.name)
+    body = await kube.call(kube.get_or_none, path)
+    if body is None:
+        return
+    spec = parse_spec(body.get("spec") or {})
+    if not spec.autoscaling.operator_driven:
+        return  # autoscaling turned off since the tick
+    log.info("%s/%s: a gateway holds a request; deciding now", fleet.namespace, fleet.name)
+    await asyncio.wait_for(autoscale(kube, session, scraper, body, spec), FLEET_TIMEOUT_SECONDS)
 
 
 async def tick(
     kube: Kube, session: aiohttp.ClientSession, scraper: signals.Scraper, namespace: str
-) -> None:
+) -> list[wake.Sleeping]:
+    """One decision for every autoscaled fleet; returns those left at zero workers."""
     # resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd.
     found = await kube.call(
         kube.request, "GET", paths.embedding_deployments(namespace), query={"resourceVersion": "0"}
@@ -89,9 +155,10 @@ async def tick(
             continue
         live.add(key)
         work.append(_bounded(slots, kube, session, scraper, body, spec))
-    await asyncio.gather(*work)
+    results = await asyncio.gather(*work)
     for key in {k.rsplit("/", 1)[0] + "/" for k in scraper.rounds} - live:
         scraper.forget(key)
+    return [fleet for fleet in results if fleet is not None]
 
 
 async def _bounded(
@@ -101,11 +168,11 @@ async def _bounded(
     scraper: signals.Scraper,
     body: Mapping[str, Any],
     spec: Spec,
-) -> None:
+) -> wake.Sleeping | None:
     meta = body["metadata"]
     async with slots:
         try:
-            await asyncio.wait_for(
+            return await asyncio.wait_for(
                 autoscale(kube, session, scraper, body, spec), FLEET_TIMEOUT_SECONDS
             )
         except TimeoutError:
@@ -115,6 +182,7 @@ async def _bounded(
             )  # fmt: skip
         except (KubeError, aiohttp.ClientError, ValueError) as err:
             log.warning("autoscaling %s/%s failed: %s", meta["namespace"], meta["name"], err)
+        return None
 
 
 def unchanged(old: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
@@ -128,7 +196,9 @@ async def autoscale(
     scraper: signals.Scraper,
     body: Mapping[str, Any],
     spec: Spec,
-) -> None:
+) -> wake.Sleeping | None:
+    """Measures, decides and records for one fleet; returns it when it is left at zero workers
+    (with its gateways' metrics URLs, to poll for a held request until the next tick)."""
     meta = body["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
     names = Names.of(name)
@@ -136,7 +206,7 @@ async def autoscale(
         kube.get_or_none, f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.worker}"
     )
     if worker is None:
-        return  # not created yet; the reconciler will
+        return None  # not created yet; the reconciler will
     old = (body.get("status") or {}).get("autoscaling") or {}
     # The last decision is the count the fleet is converging to; the Deployment may lag it by
     # one reconcile.
@@ -171,6 +241,18 @@ async def autoscale(
             f"/api/v1/namespaces/{namespace}/events",
             event(body, str(decision.reason), decision.message, now),
         )
+    desired = patch.get("desiredReplicas", decided)
+    if not wake.at_zero(spec.autoscaling, desired if isinstance(desired, int) else None):
+        return None
+    return wake.Sleeping(namespace, name, tuple(await _gateway_urls(kube, namespace, names)))
+
+
+async def _gateway_urls(kube: Kube, namespace: str, names: Names) -> list[str]:
+    gateway = await kube.call(
+        kube.get_or_none,
+        f"{paths.collection('apps/v1', 'Deployment', namespace)}/{names.gateway}",
+    )
+    return metrics_urls("gateway", await _pods(kube, namespace, gateway)) if gateway else []
 
 
 def event(
