@@ -320,9 +320,11 @@ class Gateway:
                 return b"".join(parts)
 
     async def _post(self, route: str, scope: Scope, receive: Receive, send: Send) -> int:
+        started = time.perf_counter_ns()
         body = await self._read_body(scope, receive)
         model, handler = self._posts[route]
         request = parse(body, model)
+        self.metrics.parse_stage.observe((time.perf_counter_ns() - started) * 1e-9)
         assert self.admission is not None  # set with the routes
         ticket = self.admission.admit(request)
         try:
@@ -343,7 +345,9 @@ class Gateway:
                 raise errors.internal() from None
         finally:
             ticket.release()
+        started = time.perf_counter_ns()
         await _respond(send, 200, orjson.dumps(doc, option=_OPTS))
+        self.metrics.respond_stage.observe((time.perf_counter_ns() - started) * 1e-9)
         return 200
 
     async def _get(self, route: str, send: Send) -> int:

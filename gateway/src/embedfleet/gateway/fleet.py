@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from embedfleet.common.cpus import Layout, detect_cores, layout
 from embedfleet.common.net import free_ports
 from embedfleet.gateway import calibrate
 
@@ -62,6 +63,10 @@ class Child:
     name: str
     argv: list[str]
     port: int
+    #: a worker's Prometheus port (0 for the gateway, which serves /metrics on its own port)
+    metrics_port: int = 0
+    #: variables set for this child on top of the fleet's environment
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     #: exits in a row that came sooner than the backoff's `stable_seconds` after a start
@@ -82,7 +87,8 @@ class Child:
 class Fleet:
     """Start with `start()` (or `with Fleet(...)`); `url` is the gateway's base URL."""
 
-    workers: int = 2
+    #: worker processes; 0 decides from the cores (common.cpus.layout)
+    workers: int = 0
     model: str = ""
     port: int = 8080
     worker_args: Sequence[str] = ()
@@ -90,6 +96,8 @@ class Fleet:
     log_dir: Path | None = None
     backoff: Backoff = field(default_factory=Backoff)
     children: list[Child] = field(default_factory=list)
+    #: the split of the cores `plan` decided (None before it ran)
+    layout: Layout | None = None
 
     @property
     def url(self) -> str:
@@ -99,13 +107,18 @@ class Fleet:
     def worker_children(self) -> list[Child]:
         return [c for c in self.children if c.name.startswith("worker")]
 
-    def _plan(self) -> None:
+    def plan(self) -> None:
+        """Decide the children (ports, layout); `start` does it when not done yet."""
+        shape = self.layout = layout(detect_cores(), self.workers)
+        self.workers = shape.workers
         ports = free_ports(2 * self.workers)
         model = ["--model", self.model] if self.model else []
         threads: list[str] = []
         if not any(a.startswith("--threads") for a in self.worker_args):
             # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
-            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // self.workers))]
+            threads = ["--threads", str(shape.threads)]
+        # A policy the user set in the environment wins (the children inherit it).
+        env = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": shape.wait_policy}
         for i in range(self.workers):
             argv = [
                 _script("embedfleet-worker"),
@@ -117,7 +130,8 @@ class Fleet:
                 *threads,
                 *self.worker_args,
             ]
-            self.children.append(Child(f"worker-{i}", argv, ports[2 * i]))
+            child = Child(f"worker-{i}", argv, ports[2 * i], ports[2 * i + 1], dict(env))
+            self.children.append(child)
         addresses = ",".join(c.address for c in self.children)
         gateway = [
             sys.executable,
@@ -142,6 +156,7 @@ class Fleet:
         try:
             child.process = subprocess.Popen(
                 child.argv,
+                env={**os.environ, **child.env} if child.env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
@@ -154,7 +169,7 @@ class Fleet:
 
     def start(self, timeout: float = 180.0) -> Fleet:
         if not self.children:
-            self._plan()
+            self.plan()
         for child in self.children:
             self._spawn(child)
         try:
@@ -254,7 +269,13 @@ def _parser() -> argparse.ArgumentParser:
         help="What to serve the model as, for the workers and the gateway alike (default auto: "
         "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
     )
-    serve.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Worker processes (default 0: from the usable cores, affinity and cgroup quota; one "
+        "worker per 4 cores, each with its share of them as torch threads).",
+    )
     serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
     serve.add_argument(
         "--api-keys-file",
@@ -276,8 +297,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "calibrate":
         calibrate.run(args)
         return
-    if args.workers < 1:
-        raise SystemExit("--workers must be at least 1")
+    if args.workers < 0:
+        raise SystemExit("--workers must be at least 1 (or 0: from the cores)")
     if args.api_keys_file and not Path(args.api_keys_file).is_file():
         raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
     stop = threading.Event()
@@ -301,8 +322,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker_args=task,
         gateway_args=(*task, *keys),
     )
-    print(f"starting a gateway and {args.workers} workers ...", flush=True)
     try:
+        fleet.plan()
+        print(f"starting a gateway and {fleet.workers} worker(s) ...", flush=True)
         fleet.start()
     except FleetError as exc:
         raise SystemExit(f"embedfleet serve: {exc}") from None
