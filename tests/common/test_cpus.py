@@ -6,30 +6,41 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.common.cpus import Layout, cgroup_quota, detect_cores, layout, usable_cores
+from embedfleet.common.cpus import (
+    Layout,
+    cgroup_quota,
+    detect_cores,
+    layout,
+    usable_cores,
+    wait_policy,
+)
 
 
 @pytest.mark.parametrize(
     ("cores", "expected"),
     [
-        (1, Layout(1, 1, "ACTIVE")),
+        (1, Layout(1, 1)),
         # A lone request gets both cores; concurrent ones batch in the one worker.
-        (2, Layout(1, 2, "PASSIVE")),
-        (4, Layout(1, 4, "PASSIVE")),
-        (8, Layout(2, 4, "PASSIVE")),
-        (10, Layout(2, 5, "PASSIVE")),
-        (16, Layout(4, 4, "PASSIVE")),
-        (0, Layout(1, 1, "ACTIVE")),  # never less than one of each
+        (2, Layout(1, 2)),
+        (4, Layout(1, 4)),
+        (8, Layout(2, 4)),
+        (10, Layout(2, 5)),
+        (16, Layout(4, 4)),
+        (0, Layout(1, 1)),  # never less than one of each
     ],
 )
 def test_layout_gives_each_worker_its_share_of_the_cores(cores: int, expected: Layout) -> None:
     assert layout(cores) == expected
 
 
+def test_threads_wait_passively_past_one() -> None:
+    assert [wait_policy(n) for n in (1, 2, 8)] == ["ACTIVE", "PASSIVE", "PASSIVE"]
+
+
 def test_a_fixed_worker_count_splits_the_cores_evenly() -> None:
-    assert layout(2, workers=2) == Layout(2, 1, "ACTIVE")
-    assert layout(8, workers=3) == Layout(3, 2, "PASSIVE")
-    assert layout(2, workers=4) == Layout(4, 1, "ACTIVE")  # oversubscribed: one thread each
+    assert layout(2, workers=2) == Layout(2, 1)
+    assert layout(8, workers=3) == Layout(3, 2)
+    assert layout(2, workers=4) == Layout(4, 1)  # oversubscribed: one thread each
 
 
 @pytest.mark.parametrize(

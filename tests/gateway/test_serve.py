@@ -230,28 +230,21 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def test_plan_splits_the_usable_cores_and_sets_the_wait_policy(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+def test_plan_splits_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("embedfleet.gateway.fleet.detect_cores", lambda: 8)
     fleet = Fleet()  # no count: decided from the cores
     fleet.plan()
     assert fleet.workers == 2
     assert [_flag(c.argv, "--threads") for c in fleet.worker_children] == ["4", "4"]
-    assert [c.env for c in fleet.worker_children] == [{"OMP_WAIT_POLICY": "PASSIVE"}] * 2
-    assert fleet.children[-1].env == {}  # the gateway's threads are not OpenMP's
     ports = {c.port for c in fleet.children} | {c.metrics_port for c in fleet.worker_children}
     assert len(ports) == 2 * 2 + 1
 
 
-def test_plan_keeps_a_given_count_threads_and_wait_policy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+def test_plan_keeps_a_given_count_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("embedfleet.gateway.fleet.detect_cores", lambda: 2)
     fleet = Fleet(workers=2)
     fleet.plan()
     assert [_flag(c.argv, "--threads") for c in fleet.worker_children] == ["1", "1"]
-    assert all(c.env == {} for c in fleet.worker_children)  # the user's policy is inherited
     mine = Fleet(workers=1, worker_args=("--threads", "3"))
     mine.plan()
     assert mine.worker_children[0].argv.count("--threads") == 1

@@ -4,7 +4,9 @@
 quota (a container limited to 2 CPUs on a 64-core node may still see all 64 in its mask, and
 torch's default of one thread per core would then start 64 threads that the quota throttles).
 `layout` is the decision, pure: given the cores, how many worker processes with how many torch
-threads each, and the OpenMP wait policy. docs/benchmarks/results.md has the measurement behind
+threads each; `wait_policy` the OpenMP wait policy of a worker with that many threads (PASSIVE
+puts idle OpenMP threads to sleep at once, so they do not spin on cores the gateway's HTTP and
+tokenizer work, or another worker, need). docs/benchmarks/results.md has the measurement behind
 it (`python -m embedfleet.bench.layouts`).
 """
 
@@ -25,11 +27,8 @@ class Layout:
     """How a fleet on one machine uses its cores."""
 
     workers: int
-    #: torch intra-op threads per worker (--threads)
+    #: torch intra-op threads per worker (--threads); each worker picks its wait_policy from it
     threads: int
-    #: OMP_WAIT_POLICY for the workers: PASSIVE puts idle OpenMP threads to sleep at once, so a
-    #: worker that owns every core does not spin on them while the gateway tokenizes
-    wait_policy: str
 
 
 def layout(cores: int, workers: int = 0) -> Layout:
@@ -38,15 +37,20 @@ def layout(cores: int, workers: int = 0) -> Layout:
     One worker owns up to MAX_THREADS_PER_WORKER cores, so a lone long request runs on all of
     them (on 2 cores one worker with 2 threads halves a 512-token request's time against two
     single-thread workers), while concurrent requests still batch inside it; more cores get more
-    workers. A fixed worker count splits the cores evenly between them. With more than one thread
-    per worker the OpenMP threads wait passively: they share the cores with the gateway's HTTP
-    and tokenizer work, which spinning threads would starve.
+    workers. A fixed worker count splits the cores evenly between them.
     """
     cores = max(1, cores)
     if workers <= 0:
         workers = max(1, cores // MAX_THREADS_PER_WORKER)
     threads = max(1, cores // workers)
-    return Layout(workers, threads, "PASSIVE" if threads > 1 else "ACTIVE")
+    return Layout(workers, threads)
+
+
+def wait_policy(threads: int) -> str:
+    """OMP_WAIT_POLICY for a process running `threads` torch threads: PASSIVE past one (measured:
+    on 2 shared cores a 2-thread worker's lone 512-token request took 0.3x the time with PASSIVE
+    that it took with ACTIVE, and served 5x the concurrent queries); one thread never waits."""
+    return "PASSIVE" if threads > 1 else "ACTIVE"
 
 
 def cgroup_quota(cpu_max: str) -> float | None:

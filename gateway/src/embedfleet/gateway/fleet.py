@@ -117,8 +117,6 @@ class Fleet:
         if not any(a.startswith("--threads") for a in self.worker_args):
             # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
             threads = ["--threads", str(shape.threads)]
-        # A policy the user set in the environment wins (the children inherit it).
-        env = {} if "OMP_WAIT_POLICY" in os.environ else {"OMP_WAIT_POLICY": shape.wait_policy}
         for i in range(self.workers):
             argv = [
                 _script("embedfleet-worker"),
@@ -130,8 +128,7 @@ class Fleet:
                 *threads,
                 *self.worker_args,
             ]
-            child = Child(f"worker-{i}", argv, ports[2 * i], ports[2 * i + 1], dict(env))
-            self.children.append(child)
+            self.children.append(Child(f"worker-{i}", argv, ports[2 * i], ports[2 * i + 1]))
         addresses = ",".join(c.address for c in self.children)
         gateway = [
             sys.executable,
