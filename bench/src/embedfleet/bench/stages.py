@@ -18,7 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from embedfleet.bench import corpus as corpus_mod
 from embedfleet.bench import peers
 from embedfleet.bench.targets import HttpTarget
-from embedfleet.common.cpus import detect_cores, layout
+from embedfleet.common.cpus import detect_cores, layout, wait_policy
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.workers import scrape
@@ -299,6 +302,21 @@ def engine_split(texts: Sequence[str], threads: int, requests: int) -> dict[str,
     return times
 
 
+def split_in_child(threads: int, length: int, requests: int, shape: str) -> dict[str, float]:
+    """engine_split in a fresh process with the worker's OpenMP environment (libgomp reads it
+    once, at load; one process measuring several thread counts measured its own leftovers)."""
+    policy = parse_shape(shape.replace(" ", ":")).wait_policy
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != "DEFAULT":
+        env["OMP_WAIT_POLICY"] = policy or wait_policy(threads)
+    argv = [sys.executable, "-m", "embedfleet.bench.stages", "--requests", str(requests)]
+    argv += ["--split-only", f"{threads}:{length}"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    split: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return split
+
+
 def table(rows: Sequence[Breakdown]) -> str:
     """Pure: one column per (layout, length), one row per stage, in mean ms per request."""
     head = "| stage | where | " + " | ".join(f"{r.shape} @{r.length}" for r in rows) + " |"
@@ -335,7 +353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-split", action="store_true", help="skip the in-process split")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--split-only", default="", help=argparse.SUPPRESS)  # THREADS:LENGTH
     args = parser.parse_args(argv)
+    if args.split_only:
+        threads, _, length = args.split_only.partition(":")
+        texts = corpus_mod.load().texts[int(length)]
+        print(json.dumps(engine_split(texts, int(threads), args.requests)))
+        return 0
     lengths = [int(x) for x in args.lengths.split(",") if x]
     corpus = corpus_mod.load()
     logs = corpus_mod.cache_dir() / "bench-runs" / time.strftime("%Y%m%dT%H%M%S") / "stages"
@@ -350,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_split:
         for row in rows:
             threads = parse_shape(row.shape.split()[0]).threads
-            row.split = engine_split(corpus.texts[row.length], threads, args.requests)
+            row.split = split_in_child(threads, row.length, args.requests, row.shape)
     print()
     print(table(rows))
     if args.json:
