@@ -47,9 +47,11 @@ def layout(cores: int, workers: int = 0) -> Layout:
 
 
 def wait_policy(threads: int) -> str:
-    """OMP_WAIT_POLICY for a process running `threads` torch threads: PASSIVE past one (measured:
-    on 2 shared cores a 2-thread worker's lone 512-token request took 0.3x the time with PASSIVE
-    that it took with ACTIVE, and served 5x the concurrent queries); one thread never waits."""
+    """OMP_WAIT_POLICY for a process running `threads` torch threads: PASSIVE past one; one
+    thread never waits. Measured on 2 shared cores (docs/benchmarks/README.md): ACTIVE was the
+    worst policy in every round (about half the concurrent queries of libgomp's default), and
+    PASSIVE served 1.19-1.42x the default's concurrent queries, its lone-request and batch
+    figures swinging either way by more than the difference."""
     return "PASSIVE" if threads > 1 else "ACTIVE"
 
 
