@@ -1,4 +1,5 @@
-"""The gateway benchmark's pure parts: its overhead table and the CPU accounting it relies on."""
+"""The benchmarks' pure parts: the gateway overhead table and its CPU accounting, the comparison's
+best-peer row, the per-stage breakdown and the layout table."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from embedfleet.bench import cpu_profile
 from embedfleet.bench.cpu_profile import stage_of
 from embedfleet.bench.gateway import Row, table, tree_cpu_seconds
 from embedfleet.bench.gateway_cpu import CpuRow, cpu_table
+from embedfleet.bench.http_load import Measurement
+from embedfleet.bench.layouts import FIGURES, LayoutRun
+from embedfleet.bench.layouts import table as layouts_table
+from embedfleet.bench.report import best_peer, suite_table
+from embedfleet.bench.stages import Breakdown, histogram_sums, stage_rows
+from embedfleet.bench.stages import table as stages_table
+from embedfleet.bench.suites import Point, SystemRun
 
 
 def test_overhead_is_gateway_minus_worker_at_equal_clients() -> None:
@@ -69,3 +77,100 @@ def test_the_hook_profiles_a_child_between_the_signals(tmp_path: Path) -> None:
     assert main > 0
     assert process == pytest.approx(main, rel=0.05)  # one thread: its CPU is the process's
     assert any("spin" in f for f, _ in cpu_profile.top_functions([prof], 20))
+
+
+# --- the comparison table's best-peer row ----------------------------------------------------
+
+
+def _m(tps: float, p50: float, p99: float) -> Measurement:
+    return Measurement(1, int(tps / 100), 0, 1.0, 100, 1, p50, p99, p50)  # tps tok/s in 1 s
+
+
+def test_each_point_ends_with_embedfleet_over_the_best_peer_figure_by_figure() -> None:
+    point = Point("latency", "128 tokens", "embed", 1, 1, 128, 1.0, 0.1, 1)
+    runs = [
+        SystemRun("embedfleet", "dev", "", "rerank", points={point.key: _m(1000, 20.0, 40.0)}),
+        SystemRun("fast-p50", "1", "", "embed", points={point.key: _m(800, 10.0, 80.0)}),
+        SystemRun("fast-p99", "1", "", "embed", points={point.key: _m(2000, 30.0, 20.0)}),
+        SystemRun("absent", "1", "", "embed", status="unavailable: not installed"),
+    ]
+    text = suite_table("latency", [point], runs)
+    best = next(line for line in text.splitlines() if "best peer" in line)
+    # tok/s against fast-p99's 2,000; p50 against fast-p50's 10 ms; p99 against fast-p99's 20 ms
+    assert "| 0.50× (fast-p99) | 0.50× (fast-p99) | 2.00× (fast-p50) | 2.00× (fast-p99) |" in best
+    assert "| 128 tokens | absent | unavailable: not installed |" in text
+
+
+def test_best_peer_is_none_without_peers() -> None:
+    point = Point("latency", "128 tokens", "embed", 1, 1, 128, 1.0, 0.1, 1)
+    ours = SystemRun("embedfleet", "dev", "", "rerank", points={point.key: _m(1000, 20.0, 40.0)})
+    assert best_peer([ours], point.key, "p50_ms", higher=False) is None
+    assert "best peer** | – | – | – | – |" in suite_table("latency", [point], [ours])
+
+
+# --- the per-stage breakdown -------------------------------------------------------------------
+
+
+def _hist(name: str, total: float, count: float, **labels: str) -> str:
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    lab = "{" + lab + "}" if lab else ""
+    return f"# TYPE {name} histogram\n{name}_sum{lab} {total}\n{name}_count{lab} {count}\n"
+
+
+def test_stage_rows_account_for_the_client_latency() -> None:
+    g, w = "embedfleet_gateway_", "embedfleet_worker_"
+    before = histogram_sums(_hist(g + "request_seconds", 1.0, 10, route="/v1/embeddings"))
+    gateway = "".join(
+        [
+            _hist(g + "request_seconds", 1.0 + 0.050, 12, route="/v1/embeddings"),
+            "# TYPE embedfleet_gateway_stage_seconds histogram\n"
+            f'{g}stage_seconds_sum{{stage="parse"}} 0.002\n'
+            f'{g}stage_seconds_count{{stage="parse"}} 2\n'
+            f'{g}stage_seconds_sum{{stage="respond"}} 0.004\n'
+            f'{g}stage_seconds_count{{stage="respond"}} 2\n',
+            _hist(g + "tokenize_seconds", 0.006, 2),
+            _hist(g + "upstream_seconds", 0.030, 2),
+        ]
+    )
+    worker = "".join(
+        [
+            _hist(w + "request_seconds", 0.020, 2),
+            _hist(w + "queue_wait_seconds", 0.002, 2),
+            _hist(w + "compute_seconds", 0.014, 2),
+            "# TYPE embedfleet_worker_stage_seconds histogram\n",
+            *(
+                f'{w}stage_seconds_sum{{stage="{s}"}} {v}\n'
+                f'{w}stage_seconds_count{{stage="{s}"}} 2\n'
+                for s, v in (
+                    ("parse", 0.0002),
+                    ("validate", 0.0004),
+                    ("reply", 0.0006),
+                    ("serialize", 0.0008),
+                )
+            ),
+        ]
+    )
+    rows = stage_rows(30.0, (before, histogram_sums(gateway)), ({}, histogram_sums(worker)))
+    assert rows["client + HTTP server"] == pytest.approx(30.0 - 25.0)  # gateway: 50 ms / 2
+    assert rows["gateway glue"] == pytest.approx(25.0 - 1.0 - 3.0 - 15.0 - 2.0)
+    assert rows["gRPC out + back"] == pytest.approx(15.0 - 10.0 - 0.1 - 0.4)
+    assert rows["worker glue"] == pytest.approx(10.0 - 0.2 - 1.0 - 7.0 - 0.3)
+    assert sum(rows.values()) == pytest.approx(30.0)  # every millisecond lands in one row
+    text = stages_table([Breakdown("1x2", 128, 2, 29.0, 30.0, rows, {"forward": 6.0})])
+    assert "| compute | worker | 7.00 |" in text
+    assert "| ↳ forward (in-process) | worker | 6.00 |" in text
+    assert "| **sum = client mean** | | **30.00** |" in text
+
+
+def test_layout_table_gives_ratios_to_the_first_layout() -> None:
+    figures = dict.fromkeys((k for k, _, _ in FIGURES), 10.0)
+    faster = dict.fromkeys((k for k, _, _ in FIGURES), 20.0)
+    runs = [
+        LayoutRun("2x1", 1, figures),
+        LayoutRun("1x2", 1, faster),
+        LayoutRun("2x1", 2, dict.fromkeys(figures, 30.0)),
+        LayoutRun("1x2", 2, faster),
+    ]
+    text = layouts_table(runs)
+    assert "| figure | 2x1 | 1x2 |" in text
+    assert "| lone 128-token request p50 ms | 20.0 | 20.0 (1.00×) |" in text  # medians per layout

@@ -14,6 +14,7 @@ import pytest
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.workers import metric_value
 
 from .fakes import FakeWorker
 from .helpers import GatewayThread, metric, wait_until
@@ -252,3 +253,20 @@ def test_cross_encoder_rerank_uses_score_rpc_with_pair_encodings(
         assert "cross-encoder" in refused.json()["error"]["message"]
     finally:
         gw.stop()
+
+
+def test_each_post_observes_its_parse_and_respond_stages_once(
+    gateway: GatewayThread, fakes: list[FakeWorker]
+) -> None:
+    def counts() -> tuple[float, float]:
+        text = httpx.get(gateway.url + "/metrics").text
+        name = "embedfleet_gateway_stage_seconds_count"
+        return metric_value(text, name, stage="parse"), metric_value(text, name, stage="respond")
+
+    before = counts()
+    for _ in range(2):
+        reply = httpx.post(gateway.url + "/v1/embeddings", json={"input": _inputs(2)}, timeout=30)
+        assert reply.status_code == 200
+    httpx.get(gateway.url + "/health")
+    after = counts()
+    assert (after[0] - before[0], after[1] - before[1]) == (2, 2)

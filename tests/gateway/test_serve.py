@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Backoff, Child, Fleet
@@ -276,3 +277,27 @@ def test_supervise_restarts_an_exited_child_at_once_then_after_its_backoff() -> 
         assert child.process.poll() is None
     finally:
         fleet.stop()
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_plan_splits_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("embedfleet.gateway.fleet.detect_cores", lambda: 8)
+    fleet = Fleet()  # no count: decided from the cores
+    fleet.plan()
+    assert fleet.workers == 2
+    assert [_flag(c.argv, "--threads") for c in fleet.worker_children] == ["4", "4"]
+    ports = {c.port for c in fleet.children} | {c.metrics_port for c in fleet.worker_children}
+    assert len(ports) == 2 * 2 + 1
+
+
+def test_plan_keeps_a_given_count_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("embedfleet.gateway.fleet.detect_cores", lambda: 2)
+    fleet = Fleet(workers=2)
+    fleet.plan()
+    assert [_flag(c.argv, "--threads") for c in fleet.worker_children] == ["1", "1"]
+    mine = Fleet(workers=1, worker_args=("--threads", "3"))
+    mine.plan()
+    assert mine.worker_children[0].argv.count("--threads") == 1

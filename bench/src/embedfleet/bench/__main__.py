@@ -2,7 +2,8 @@
 
 Suites latency, scoring, throughput and concurrency run side by side against the peers
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
-line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `formats`, `tracing`;
+line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `formats`, `tracing`,
+`stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of `embedfleet serve`);
 plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite named runs the four
 comparison suites, then those modules with their defaults.
 """
@@ -28,6 +29,8 @@ MODULES = {
     "autoscale": "embedfleet.bench.autoscale_sim",
     "formats": "embedfleet.bench.formats",
     "tracing": "embedfleet.bench.tracing",
+    "stages": "embedfleet.bench.stages",
+    "layouts": "embedfleet.bench.layouts",
 }
 
 

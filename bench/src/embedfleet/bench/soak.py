@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--baseline needs at least 2 workers")
     (port,) = free_ports(1)
     fleet = Fleet(workers=args.workers, port=port, log_dir=args.logs)
-    fleet._plan()  # the argv of each child, before any starts, so worker-1's can be changed
+    fleet.plan()  # the argv of each child, before any starts, so worker-1's can be changed
     if args.baseline:
         fleet.worker_children[1].argv.extend(DEFAULTS_OFF)
     with fleet:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
+import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import IO, Any, Literal, Protocol
 
 import numpy as np
 
@@ -174,14 +177,34 @@ def _embeddings(doc: dict[str, Any]) -> FloatArray:
     return np.asarray([r["embedding"] for r in rows], dtype=np.float32)
 
 
-class SentenceTransformersTarget:
+class _InProcess:
+    """A system called without a server: `_encode` (blocking, serialized by the subclass) runs on
+    a thread; scoring is the cosine of the query's and documents' vectors, in the client."""
+
+    score_via: ScoreVia = "embed"
+
+    def _encode(self, texts: Sequence[str]) -> FloatArray:
+        raise NotImplementedError
+
+    async def embed(self, texts: Sequence[str]) -> None:
+        await asyncio.to_thread(self._encode, texts)
+
+    async def score(self, query: str, documents: Sequence[str]) -> None:
+        await self.score_values(query, documents)
+
+    async def embed_values(self, texts: Sequence[str]) -> FloatArray:
+        return await asyncio.to_thread(self._encode, texts)
+
+    async def score_values(self, query: str, documents: Sequence[str]) -> FloatArray:
+        return cosine_scores(await asyncio.to_thread(self._encode, [query, *documents]))
+
+
+class SentenceTransformersTarget(_InProcess):
     """sentence-transformers in this process: no server, so no HTTP and no JSON.
 
     Calls are serialized by a lock, as a one-model server without batching would run them: two
     concurrent `encode` calls would only split the same cores between them.
     """
-
-    score_via: ScoreVia = "embed"
 
     def __init__(
         self, model_dir: str, dtype: str = "float32", device: str = "cpu", batch_size: int = 32
@@ -203,17 +226,69 @@ class SentenceTransformersTarget:
             )
         return np.asarray(out, dtype=np.float32)
 
-    async def embed(self, texts: Sequence[str]) -> None:
-        await asyncio.to_thread(self._encode, texts)
-
-    async def score(self, query: str, documents: Sequence[str]) -> None:
-        await self.score_values(query, documents)
-
-    async def embed_values(self, texts: Sequence[str]) -> FloatArray:
-        return await asyncio.to_thread(self._encode, texts)
-
-    async def score_values(self, query: str, documents: Sequence[str]) -> FloatArray:
-        return cosine_scores(await asyncio.to_thread(self._encode, [query, *documents]))
-
     async def close(self) -> None:
         return None
+
+
+class PipeError(RuntimeError):
+    """The OpenVINO peer's process failed or answered an error."""
+
+
+class OpenVinoTarget(_InProcess):
+    """sentence-transformers with `backend="openvino"`, run in its own venv's process: texts go
+    over a pipe (openvino_child.py), so it pays no HTTP and no JSON of vectors, only a pipe's
+    copy. Calls are serialized, as for the in-process sentence-transformers peer."""
+
+    def __init__(self, python: Path, model_dir: str, log: Path, batch_size: int = 32) -> None:
+        self.name = "st-openvino"
+        self._lock = threading.Lock()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log
+        script = Path(__file__).with_name("openvino_child.py")
+        with log.open("ab") as err:
+            self._proc = subprocess.Popen(
+                [str(python), str(script), model_dir, str(batch_size)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
+        ready = self._stdout.readline()
+        if ready != b"ready\n":
+            self._proc.kill()
+            self._proc.wait()
+            tail = " | ".join(log.read_text(errors="replace").splitlines()[-4:])
+            raise PipeError(f"the OpenVINO peer did not start: {tail}")
+
+    @property
+    def _stdout(self) -> IO[bytes]:
+        assert self._proc.stdout is not None
+        return self._proc.stdout
+
+    def _read(self, n: int) -> bytes:
+        data = self._stdout.read(n)
+        if len(data) < n:
+            raise PipeError(f"the OpenVINO peer exited (log {self._log})")
+        return data
+
+    def _encode(self, texts: Sequence[str]) -> FloatArray:
+        body = json.dumps(list(texts)).encode()
+        assert self._proc.stdin is not None
+        with self._lock:
+            self._proc.stdin.write(struct.pack("<I", len(body)) + body)
+            self._proc.stdin.flush()
+            rows, cols = struct.unpack("<II", self._read(8))
+            if rows == 0:
+                (size,) = struct.unpack("<I", self._read(4))
+                raise PipeError(self._read(size).decode(errors="replace"))
+            data = self._read(rows * cols * 4)
+        return np.frombuffer(data, dtype="<f4").reshape(rows, cols).astype(np.float32)
+
+    async def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

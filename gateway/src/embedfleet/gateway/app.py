@@ -274,11 +274,13 @@ class Gateway:
                 return b"".join(parts)
 
     async def _post(self, route: str, scope: Scope, receive: Receive, send: Send) -> int:
+        started = time.perf_counter_ns()
         body = await self._read_body(scope, receive)
         if not self._posts:
             raise errors.unavailable("Starting up.")
         schema, _ = self._posts[route]  # every model's requests share the schemas
         request = parse(body, schema)
+        self.metrics.parse_stage.observe((time.perf_counter_ns() - started) * 1e-9)
         served = self.by_name[self.catalog.pick(request.model)]
         _SERVED.set(served.name)
         _, handler = served.posts[route]
@@ -300,7 +302,9 @@ class Gateway:
         finally:
             current_ticket.reset(token)
             ticket.release()
+        started = time.perf_counter_ns()
         await _respond(send, 200, orjson.dumps(doc, option=_OPTS))
+        self.metrics.respond_stage.observe((time.perf_counter_ns() - started) * 1e-9)
         return 200
 
     async def _get(self, route: str, send: Send) -> int:

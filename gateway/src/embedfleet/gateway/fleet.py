@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from embedfleet.common.cpus import Layout, detect_cores, layout
 from embedfleet.common.net import free_ports
 from embedfleet.gateway import calibrate
 
@@ -72,6 +73,10 @@ class Child:
     name: str
     argv: list[str]
     port: int
+    #: a worker's Prometheus port (0 for the gateway, which serves /metrics on its own port)
+    metrics_port: int = 0
+    #: variables set for this child on top of the fleet's environment
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     #: exits in a row that came sooner than the backoff's `stable_seconds` after a start
@@ -92,7 +97,8 @@ class Child:
 class Fleet:
     """Start with `start()` (or `with Fleet(...)`); `url` is the gateway's base URL."""
 
-    workers: int = 2
+    #: worker processes; 0 decides from the cores (common.cpus.layout)
+    workers: int = 0
     model: str = ""
     #: several models, each `PATH` or `NAME=PATH` ("" the bundled one) on `workers` workers of
     #: its own, behind one gateway routing by `model` (its --models-file); empty: `model` alone
@@ -104,6 +110,8 @@ class Fleet:
     backoff: Backoff = field(default_factory=Backoff)
     children: list[Child] = field(default_factory=list)
     _files: tempfile.TemporaryDirectory[str] | None = None
+    #: the split of the cores `plan` decided (None before it ran)
+    layout: Layout | None = None
 
     @property
     def url(self) -> str:
@@ -113,14 +121,19 @@ class Fleet:
     def worker_children(self) -> list[Child]:
         return [c for c in self.children if c.name.startswith("worker")]
 
-    def _plan(self) -> None:
+    def plan(self) -> None:
+        """Decide the children (ports, layout); `start` does it when not done yet."""
         served = [served_model(m) for m in self.models] or [("", self.model)]
-        count = self.workers * len(served)
+        # The cores are split between every model's workers; 0 workers: decided per model.
+        per_model = self.workers or max(1, layout(detect_cores()).workers // len(served))
+        shape = self.layout = layout(detect_cores(), per_model * len(served))
+        self.workers = per_model
+        count = shape.workers
         ports = free_ports(2 * count)
         threads: list[str] = []
         if not any(a.startswith("--threads") for a in self.worker_args):
             # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
-            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // count))]
+            threads = ["--threads", str(shape.threads)]
         entries = []
         for m, (name, path) in enumerate(served):
             model = ["--model", path] if path else []
@@ -136,7 +149,7 @@ class Fleet:
                     *threads,
                     *self.worker_args,
                 ]
-                mine.append(Child(f"worker-{i}", argv, ports[2 * i]))
+                mine.append(Child(f"worker-{i}", argv, ports[2 * i], ports[2 * i + 1]))
             self.children += mine
             entry = {"model": path, "workers": [c.address for c in mine]}
             entries.append({**entry, "served_model_name": name} if name else entry)
@@ -161,6 +174,7 @@ class Fleet:
         try:
             child.process = subprocess.Popen(
                 child.argv,
+                env={**os.environ, **child.env} if child.env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
@@ -173,7 +187,7 @@ class Fleet:
 
     def start(self, timeout: float = 180.0) -> Fleet:
         if not self.children:
-            self._plan()
+            self.plan()
         for child in self.children:
             self._spawn(child)
         try:
@@ -294,7 +308,13 @@ def _parser() -> argparse.ArgumentParser:
         help="What to serve the model as, for the workers and the gateway alike (default auto: "
         "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
     )
-    serve.add_argument("--workers", type=int, default=2, help="Worker processes (default 2).")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Worker processes (default 0: from the usable cores, affinity and cgroup quota; one "
+        "worker per 4 cores, each with its share of them as torch threads).",
+    )
     serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
     serve.add_argument(
         "--api-keys-file",
@@ -316,8 +336,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "calibrate":
         calibrate.run(args)
         return
-    if args.workers < 1:
-        raise SystemExit("--workers must be at least 1")
+    if args.workers < 0:
+        raise SystemExit("--workers must be at least 1 (or 0: from the cores)")
     if args.api_keys_file and not Path(args.api_keys_file).is_file():
         raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
     stop = threading.Event()
@@ -345,8 +365,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker_args=task,
         gateway_args=(*task, *keys, *named),
     )
-    print(f"starting a gateway and {args.workers} workers ...", flush=True)
     try:
+        fleet.plan()
+        print(f"starting a gateway and {fleet.workers} worker(s) ...", flush=True)
         fleet.start()
     except FleetError as exc:
         raise SystemExit(f"embedfleet serve: {exc}") from None

@@ -71,6 +71,11 @@ MODEL_LABELLED = (
     "held_tokens",
     "hold_seconds",
 )
+#: the gateway's own stages of a request, besides tokenize and upstream (their own histograms):
+#: parse: the body read, JSON decoded and validated; respond: the answer's JSON encoded and sent
+STAGES = ("parse", "respond")
+_STAGE_SECONDS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                  0.01, 0.025, 0.05, 0.1, 0.25, 1.0)  # fmt: skip
 
 
 class Metrics:
@@ -114,6 +119,17 @@ class Metrics:
             labelnames=m,
             registry=r,
         )
+        self.stage_seconds = Histogram(
+            "embedfleet_gateway_stage_seconds",
+            "Time of one request in a gateway stage: parse (body read, JSON decoded, validated) or "
+            "respond (answer JSON-encoded and sent); tokenize and upstream have their own.",
+            ["stage"],
+            buckets=_STAGE_SECONDS,
+            registry=r,
+        )
+        # Children resolved once: observing one is then a lock and two adds, no label lookup.
+        self.parse_stage = self.stage_seconds.labels("parse")
+        self.respond_stage = self.stage_seconds.labels("respond")
         self.input_tokens = Counter(
             "embedfleet_gateway_input_tokens",
             "Tokens of accepted requests.",

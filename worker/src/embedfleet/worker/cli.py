@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 
 from embedfleet.common import logs
+from embedfleet.common.cpus import detect_cores, wait_policy
 from embedfleet.common.settings import load
 from embedfleet.worker.lifecycle import serve
 from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
+
+
+def fit_machine(
+    settings: WorkerSettings, environ: MutableMapping[str, str], cores: Callable[[], int]
+) -> WorkerSettings:
+    """--threads 0 as the cores this process may use, and the OpenMP wait policy for them."""
+    if settings.threads == 0:
+        # torch would count the machine's cores (its affinity mask), not a container's CPU quota:
+        # 64 threads in a 2-CPU pod on a 64-core node, throttled by the quota.
+        settings = dataclasses.replace(settings, threads=cores())
+    # libgomp reads it once, when torch loads it (later, in the engine): one set by the user wins.
+    environ.setdefault("OMP_WAIT_POLICY", wait_policy(settings.threads))
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -21,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
     )
     logs.configure(settings.log_level)
+    settings = fit_machine(settings, os.environ, detect_cores)
     if settings.engines > 1:
         from embedfleet.worker.engines import run_engines
 

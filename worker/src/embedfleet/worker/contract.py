@@ -102,13 +102,20 @@ class Pending(Protocol):
         ...
 
 
+#: an engine's own stages of one batch, as (name, nanoseconds) pairs: e.g. ("pack", ...),
+#: ("forward", ...), ("pool", ...). A `Pending` may carry them as `stages`; the batch runner
+#: exports each as embedfleet_worker_stage_seconds{stage=name} (an engine reporting none has none).
+StageTimes = tuple[tuple[str, int], ...]
+
+
 class Done:
     """A `Pending` computed synchronously (the CPU path, the null engine): complete on return."""
 
-    __slots__ = ("_results",)
+    __slots__ = ("_results", "stages")
 
-    def __init__(self, results: list[FloatArray]) -> None:
+    def __init__(self, results: list[FloatArray], stages: StageTimes = ()) -> None:
         self._results = results
+        self.stages = stages
 
     def ready(self) -> bool:
         return True

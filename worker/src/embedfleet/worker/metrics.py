@@ -17,6 +17,14 @@ from embedfleet.worker.contract import Engine, GraphCounters
 _PREFIX = "embedfleet_worker_"
 _SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
             2.5, 5.0, 10.0, 30.0)  # fmt: skip
+#: finer at the low end: a stage of one small request takes microseconds
+_STAGE_SECONDS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                  0.01, 0.025, 0.05, 0.1, 0.25, 1.0)  # fmt: skip
+#: the worker's stages of a request besides queue_wait and compute (their own histograms): parse
+#: (protobuf decode), validate (tokens unpacked, admitted, checked), reply (results to the reply
+#: message), serialize (reply encoded); an engine may add its own per batch (pack, forward, pool)
+STAGES = ("parse", "validate", "reply", "serialize")
+ENGINE_STAGES = ("pack", "forward", "pool")
 _TOKENS = tuple(float(2**k) for k in range(4, 18))  # 16 .. 131072
 _SEQUENCES = tuple(float(2**k) for k in range(0, 11))  # 1 .. 1024
 
@@ -173,6 +181,18 @@ class WorkerMetrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.stage_seconds = Histogram(
+            _PREFIX + "stage_seconds",
+            "Time in one stage: per request parse (protobuf decode), validate (tokens unpacked, "
+            "admitted, checked), reply (results to the reply message), serialize (reply "
+            "encoded); per batch the engine's own stages where it reports them (pack, forward, "
+            "pool). queue_wait and compute have their own histograms.",
+            ("stage",),
+            buckets=_STAGE_SECONDS,
+            registry=r,
+        )
+        # Resolved once, so observing is no label lookup; engines' names are looked up here too.
+        self.stages = {name: self.stage_seconds.labels(name) for name in (*STAGES, *ENGINE_STAGES)}
         self.request = Histogram(
             _PREFIX + "request_seconds",
             "Embed/Score RPC time inside the server, from the handler's start to its reply.",

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from embedfleet.common.arrays import FloatArray
-from embedfleet.worker.contract import Engine, Pending, WorkItem
+from embedfleet.worker.contract import Engine, Pending, StageTimes, WorkItem
 from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.scheduler import Batch, DropReason, FcfsQueue
@@ -203,6 +203,7 @@ class BatchRunner:
                 launched.error = exc
         done = time.monotonic()
         self.metrics.compute.observe(done - launched.started)
+        self._observe_stages(launched.pending)
         for entry in launched.entries:
             entry.computed = done
         if results is None or len(results) != len(launched.entries):
@@ -216,6 +217,16 @@ class BatchRunner:
         self._loop.call_soon_threadsafe(_deliver, launched.entries, results)
         # After the results are on their way, so the trim delays no reply.
         self._trimmer.maybe_trim(time.monotonic())
+
+    def _observe_stages(self, pending: Pending | None) -> None:
+        # Optional in the contract (StageTimes): an engine that reports none costs one getattr.
+        stages: StageTimes = getattr(pending, "stages", ())
+        known = self.metrics.stages
+        for name, ns in stages:
+            histogram = known.get(name)
+            if histogram is None:
+                histogram = known[name] = self.metrics.stage_seconds.labels(name)
+            histogram.observe(ns * 1e-9)
 
 
 def _deliver(entries: list[Entry], results: list[FloatArray]) -> None:

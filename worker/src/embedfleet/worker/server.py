@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -44,6 +44,22 @@ _POOLING: dict[int, Pooling | None] = {
 _POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
 _TASKS = {"Embed": "embed", "Score": "score", "Classify": "classify", "SparseEmbed": "sparse"}
 R = TypeVar("R")
+
+
+class Observer(Protocol):
+    """One stage's histogram (a child of embedfleet_worker_stage_seconds)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+class _Unobserved:
+    """The stage of a call that is no request's work (Info, the gateway's probe)."""
+
+    def observe(self, amount: float) -> None:
+        return None
+
+
+_UNOBSERVED = _Unobserved()
 M = TypeVar("M", bound=Message)
 log = logging.getLogger(__name__)
 #: one log line per this many seconds about undecodable messages, however many arrive
@@ -149,7 +165,7 @@ class LogLimiter:
 
 
 def _admitting(
-    parse: Callable[[bytes], M], budget: ByteBudget
+    parse: Callable[[bytes], M], budget: ByteBudget, stage: Observer
 ) -> Callable[[bytes], Admitted[M] | Malformed | Refused]:
     """gRPC's deserializer, but a message past the byte budget is left unparsed and undecodable
     bytes become a value instead of an exception (which grpc would answer with UNKNOWN and log
@@ -159,19 +175,35 @@ def _admitting(
         ticket = budget.take(len(data))
         if ticket is None:
             return Refused(budget.refusal(len(data)))
+        started = time.perf_counter_ns()
         try:
-            return Admitted(parse(data), ticket)
+            message = parse(data)
         except DecodeError as exc:
             ticket.release()
             return Malformed(str(exc) or "undecodable message")
+        stage.observe((time.perf_counter_ns() - started) * 1e-9)
+        return Admitted(message, ticket)
 
     return deserialize
+
+
+def _timed(serialize: Callable[[Any], bytes], stage: Observer) -> Callable[[Any], bytes]:
+    """gRPC's serializer, its time observed as the `serialize` stage."""
+
+    def timed(message: Any) -> bytes:
+        started = time.perf_counter_ns()
+        data = serialize(message)
+        stage.observe((time.perf_counter_ns() - started) * 1e-9)
+        return data
+
+    return timed
 
 
 class WorkerService(pb_grpc.WorkerServicer):
     def __init__(self, state: WorkerState, max_inflight_bytes: int) -> None:
         self.state = state
         self.bytes = ByteBudget(max_inflight_bytes, on_change=state.metrics.request_bytes.set)
+        self._stages = state.metrics.stages
         self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
 
     async def refuse_overload(
@@ -319,7 +351,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         try:
             self._check_task(_TASKS[rpc])
             entry = await self._run(batch, options(), context)
+            replying = time.perf_counter_ns()
             answer = reply(entry)
+            self._stages["reply"].observe((time.perf_counter_ns() - replying) * 1e-9)
         except StatusError as failure:
             self._record(rpc, failure.code, started)
             await context.abort(failure.code, failure.message)
@@ -343,6 +377,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         options: Options,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> Entry:
+        validating = time.perf_counter_ns()
         state = self.state
         if state.draining:
             raise StatusError(Code.UNAVAILABLE, "the worker is draining")
@@ -370,6 +405,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
         remaining = context.time_remaining()
         deadline = math.inf if remaining is None else time.monotonic() + remaining
+        self._stages["validate"].observe((time.perf_counter_ns() - validating) * 1e-9)
         try:
             entry = await state.compute(item, deadline)
         except QueueFullError as exc:
@@ -450,11 +486,16 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
             pb.SparseEmbedResponse.SerializeToString,
         ),
     }
+    stages = service.state.metrics.stages
+
+    def stage(name: str, rpc: str) -> Observer:
+        return _UNOBSERVED if rpc == "Info" else stages[name]
+
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             _guarded(service, name, method),
-            request_deserializer=_admitting(parse, service.bytes),
-            response_serializer=serialize,
+            request_deserializer=_admitting(parse, service.bytes, stage("parse", name)),
+            response_serializer=_timed(serialize, stage("serialize", name)),
         )
         for name, (method, parse, serialize) in methods.items()
     }

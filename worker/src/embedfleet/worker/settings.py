@@ -50,7 +50,8 @@ class WorkerSettings:
     )
     threads: int = setting(
         0,
-        "CPU threads torch uses inside one operation; 0 keeps torch's default (one per core). "
+        "CPU threads torch uses inside one operation; 0: one per core the process may use (its "
+        "affinity, cut to the cgroup's CPU quota). "
         "Give each worker its share when several run on one machine (embedfleet serve does).",
     )
     attention: str = setting(

@@ -1,0 +1,386 @@
+"""Where one request's time goes at batch 1: the per-stage breakdown of `embedfleet serve`.
+
+Run: ``python -m embedfleet.bench.stages [--requests 40] [--lengths 128,512] [--layout 1x2 ...]``.
+For each fleet layout (workers x threads, run one after the other in this one run) and each
+length, one client sends single texts one at a time; the stages are the fleet's own histograms
+(embedfleet_gateway_stage_seconds, _tokenize_seconds, _upstream_seconds, _request_seconds and the
+worker's embedfleet_worker_stage_seconds, _queue_wait_seconds, _compute_seconds, _request_seconds),
+read as the change of each histogram's sum over its count across the measured requests, so the
+benchmark also checks what the metrics say. What no histogram covers is derived: the client and
+HTTP server (client latency minus the gateway's request time), the gRPC hop (the gateway's call
+minus the worker's handler, decode and encode) and each process's glue. The worker's compute is
+split into pack / forward / pool in this process afterwards, on the torch engine's own functions,
+where the engine reports no such stages itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from embedfleet.bench import corpus as corpus_mod
+from embedfleet.bench import peers
+from embedfleet.bench.targets import HttpTarget
+from embedfleet.common.cpus import detect_cores, layout, wait_policy
+from embedfleet.common.net import free_ports
+from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.workers import scrape
+
+#: (row label, process, what it covers), in the order a request meets them
+ROWS = (
+    ("client + HTTP server", "client", "client send/receive and the HTTP server (uvicorn)"),
+    ("HTTP parse", "gateway", "body read, JSON decoded, request validated"),
+    ("tokenize", "gateway", "tokenizer run, incl. the hop to its threads"),
+    ("gateway glue", "gateway", "admission, service, event-loop hops"),
+    ("gRPC out + back", "network", "protobuf over loopback both ways, channel and server"),
+    ("worker parse", "worker", "request protobuf decoded"),
+    ("validate", "worker", "tokens unpacked, admitted, checked"),
+    ("queue", "worker", "until the engine thread launched its batch"),
+    ("compute", "worker", "the batch on the engine (pack + forward + pool, split below)"),
+    ("reply", "worker", "results to the reply message"),
+    ("worker serialize", "worker", "reply protobuf encoded"),
+    ("worker glue", "worker", "handler, future and thread hops"),
+    ("JSON out", "gateway", "answer JSON-encoded and sent"),
+)
+SPLIT = ("pack", "forward", "pool")
+
+
+@dataclass(frozen=True)
+class Shape:
+    workers: int
+    threads: int
+    wait_policy: str = ""  # "" leaves OMP_WAIT_POLICY as the fleet decides
+
+    @property
+    def label(self) -> str:
+        policy = f" {self.wait_policy.lower()}" if self.wait_policy else ""
+        return f"{self.workers}x{self.threads}{policy}"
+
+
+def parse_shape(text: str) -> Shape:
+    """'1x2', '2x1' or '1x2:passive' (workers x threads per worker[:OMP wait policy: active,
+    passive, or default for libgomp's own, the variable unset])."""
+    size, _, policy = text.partition(":")
+    workers, _, threads = size.partition("x")
+    return Shape(int(workers), int(threads), policy.upper())
+
+
+@dataclass
+class Breakdown:
+    shape: str
+    length: int
+    requests: int
+    p50_ms: float
+    mean_ms: float
+    #: row label -> mean milliseconds per request
+    stages: dict[str, float] = field(default_factory=dict)
+    #: pack / forward / pool, measured in-process (ms), when measured
+    split: dict[str, float] = field(default_factory=dict)
+
+
+def histogram_sums(text: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """(histogram name, stage label or "") -> (sum, count), from Prometheus text."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "histogram":
+            continue
+        for s in family.samples:
+            if s.name.endswith("_sum") or s.name.endswith("_count"):
+                key = (family.name, s.labels.get("stage", s.labels.get("route", "")))
+                slot = out.setdefault(key, [0.0, 0.0])
+                slot[0 if s.name.endswith("_sum") else 1] += float(s.value)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def mean_ms(
+    before: dict[tuple[str, str], tuple[float, float]],
+    after: dict[tuple[str, str], tuple[float, float]],
+    name: str,
+    label: str = "",
+) -> float:
+    """Mean milliseconds per observation between two scrapes (0 when none was observed)."""
+    s0, c0 = before.get((name, label), (0.0, 0.0))
+    s1, c1 = after.get((name, label), (0.0, 0.0))
+    return (s1 - s0) / (c1 - c0) * 1e3 if c1 > c0 else 0.0
+
+
+def stage_rows(
+    client_ms: float,
+    gw: tuple[
+        dict[tuple[str, str], tuple[float, float]], dict[tuple[str, str], tuple[float, float]]
+    ],
+    wk: tuple[
+        dict[tuple[str, str], tuple[float, float]], dict[tuple[str, str], tuple[float, float]]
+    ],
+) -> dict[str, float]:
+    """Pure: the ROWS' mean milliseconds from the scrapes before and after (gateway, worker)."""
+
+    def g(name: str, label: str = "") -> float:
+        return mean_ms(gw[0], gw[1], "embedfleet_gateway_" + name, label)
+
+    def w(name: str, label: str = "") -> float:
+        return mean_ms(wk[0], wk[1], "embedfleet_worker_" + name, label)
+
+    request = g("request_seconds", "/v1/embeddings")
+    parse, tokenize = g("stage_seconds", "parse"), g("tokenize_seconds")
+    upstream, respond = g("upstream_seconds"), g("stage_seconds", "respond")
+    handler = w("request_seconds")
+    wparse, validate = w("stage_seconds", "parse"), w("stage_seconds", "validate")
+    queue, compute = w("queue_wait_seconds"), w("compute_seconds")
+    reply, serialize = w("stage_seconds", "reply"), w("stage_seconds", "serialize")
+    return {
+        "client + HTTP server": client_ms - request,
+        "HTTP parse": parse,
+        "tokenize": tokenize,
+        "gateway glue": request - parse - tokenize - upstream - respond,
+        "gRPC out + back": upstream - handler - wparse - serialize,
+        "worker parse": wparse,
+        "validate": validate,
+        "queue": queue,
+        "compute": compute,
+        "reply": reply,
+        "worker serialize": serialize,
+        "worker glue": handler - validate - queue - compute - reply,
+        "JSON out": respond,
+    }
+
+
+async def _requests(target: HttpTarget, texts: Sequence[str], n: int) -> list[float]:
+    latencies = []
+    for i in range(n):
+        started = time.perf_counter()
+        await target.embed([texts[i % len(texts)]])
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+def fleet_for(shape: Shape, logs: Path) -> Fleet:
+    """A planned (not started) fleet of `shape` on the served model, gateway on a free port."""
+    (port,) = free_ports(1)
+    fleet = Fleet(
+        workers=shape.workers,
+        model=str(peers.served_model_dir()),
+        port=port,
+        worker_args=("--threads", str(shape.threads), "--max-input-tokens", str(peers.MAX_TOKENS)),
+        gateway_args=(
+            "--max-input-tokens",
+            str(peers.MAX_TOKENS),
+            "--served-model-name",
+            peers.SERVED_NAME,
+            # as the comparison runs it (peers.embedfleet_spec): no 429 or 504 on a slow machine
+            "--max-queue-seconds",
+            "300",
+            "--upstream-timeout-seconds",
+            "600",
+        ),
+        log_dir=logs / shape.label.replace(" ", "-"),
+    )
+    fleet.plan()
+    for child in fleet.worker_children:
+        if shape.wait_policy == "DEFAULT":  # libgomp's own: spin a while, then sleep
+            child.env.pop("OMP_WAIT_POLICY", None)
+        elif shape.wait_policy:
+            child.env["OMP_WAIT_POLICY"] = shape.wait_policy
+    return fleet
+
+
+def measure_fleet(
+    shape: Shape, lengths: Sequence[int], requests: int, corpus: corpus_mod.Corpus, logs: Path
+) -> list[Breakdown]:
+    """One fleet of `shape`; each length's breakdown over `requests` single texts."""
+    with fleet_for(shape, logs) as fleet:
+        ports = [c.metrics_port for c in fleet.worker_children]
+        return asyncio.run(_measure_lengths(shape, fleet.port, ports, lengths, requests, corpus))
+
+
+async def _measure_lengths(
+    shape: Shape,
+    port: int,
+    worker_ports: Sequence[int],
+    lengths: Sequence[int],
+    requests: int,
+    corpus: corpus_mod.Corpus,
+) -> list[Breakdown]:
+    target = HttpTarget(
+        "embedfleet", "127.0.0.1", port, peers.SERVED_NAME, "/v1/embeddings", "embed"
+    )
+    out = []
+    try:
+        for length in lengths:
+            texts = corpus.texts[length]
+            await _requests(target, texts[-5:], 5)  # warm: connections, allocator
+            gw0, wk0 = await asyncio.to_thread(scrape_all, port, worker_ports)
+            latencies = await _requests(target, texts, requests)
+            gw1, wk1 = await asyncio.to_thread(scrape_all, port, worker_ports)
+            client = statistics.fmean(latencies) * 1e3
+            row = Breakdown(
+                shape.label,
+                length,
+                requests,
+                statistics.median(latencies) * 1e3,
+                client,
+                stage_rows(client, (gw0, gw1), (wk0, wk1)),
+            )
+            out.append(row)
+            print(f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms", flush=True)
+    finally:
+        await target.close()
+    return out
+
+
+def scrape_all(
+    gateway_port: int, worker_ports: Sequence[int]
+) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[tuple[str, str], tuple[float, float]]]:
+    """The gateway's histograms and the workers' summed together (one at batch 1 serves each)."""
+    gateway = histogram_sums(scrape(gateway_port))
+    workers: dict[tuple[str, str], tuple[float, float]] = {}
+    for p in worker_ports:
+        for key, (s, c) in histogram_sums(scrape(p)).items():
+            s0, c0 = workers.get(key, (0.0, 0.0))
+            workers[key] = (s0 + s, c0 + c)
+    return gateway, workers
+
+
+def engine_split(texts: Sequence[str], threads: int, requests: int) -> dict[str, float]:
+    """pack / forward / pool mean ms of single texts, on the torch engine's functions in this
+    process (what its step runs on CPU), at `threads` torch threads."""
+    import numpy as np
+    import torch
+
+    from embedfleet.common.codec import Tokens
+    from embedfleet.worker.contract import WorkItem
+    from embedfleet.worker.engine.batch import pack, to_device
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.engine.outputs import apply_options
+    from embedfleet.worker.engine.pooling import pool
+    from embedfleet.worker.engine.torch_engine import TorchEngine
+
+    engine = TorchEngine(
+        EngineConfig(
+            model=str(peers.served_model_dir()),
+            device="cpu",
+            threads=threads,
+            max_input_tokens=peers.MAX_TOKENS,
+        )
+    )
+    tokenizer = engine.model_dir.tokenizer()
+    times = dict.fromkeys(SPLIT, 0.0)
+    offset = engine.shape.position_offset
+    with torch.inference_mode():
+        # Each text twice, the second timed: its shape is then warm, as the fleet's worker has
+        # its shapes warm from the warm-up (oneDNN builds kernels per shape on first use).
+        for i in range(2 * requests):
+            ids = np.asarray(tokenizer.encode(texts[i // 2 % len(texts)]).ids, np.int32)
+            item = WorkItem(Tokens(ids, np.asarray([len(ids)], np.int32)))
+            t0 = time.perf_counter_ns()
+            host = pack([item.tokens], offset)
+            batch = to_device(host, engine.device)
+            t1 = time.perf_counter_ns()
+            plan = engine.backend.plan(
+                batch.cu_seqlens, host.lengths, int(host.lengths.max()), engine.shape.causal
+            )
+            hidden = engine.model.forward(batch, plan)
+            t2 = time.perf_counter_ns()
+            head = pool(hidden, batch, engine.model_dir.pooling)
+            out, _ = apply_options([item], hidden, head, batch, host.real_sequences, engine.info)
+            out.numpy()
+            t3 = time.perf_counter_ns()
+            if i % 2:
+                for name, ns in zip(SPLIT, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                    times[name] += ns / 1e6 / requests
+    return times
+
+
+def split_in_child(threads: int, length: int, requests: int, shape: str) -> dict[str, float]:
+    """engine_split in a fresh process with the worker's OpenMP environment (libgomp reads it
+    once, at load; one process measuring several thread counts measured its own leftovers)."""
+    policy = parse_shape(shape.replace(" ", ":")).wait_policy
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != "DEFAULT":
+        env["OMP_WAIT_POLICY"] = policy or wait_policy(threads)
+    argv = [sys.executable, "-m", "embedfleet.bench.stages", "--requests", str(requests)]
+    argv += ["--split-only", f"{threads}:{length}"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    split: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return split
+
+
+def table(rows: Sequence[Breakdown]) -> str:
+    """Pure: one column per (layout, length), one row per stage, in mean ms per request."""
+    head = "| stage | where | " + " | ".join(f"{r.shape} @{r.length}" for r in rows) + " |"
+    lines = [head, "|" + " --- |" * (len(rows) + 2)]
+    for label, where, _ in ROWS:
+        lines.append(
+            f"| {label} | {where} | "
+            + " | ".join(f"{r.stages.get(label, 0.0):.2f}" for r in rows)
+            + " |"
+        )
+        if label == "compute":
+            for name in SPLIT:
+                cells = [f"{r.split[name]:.2f}" if name in r.split else "–" for r in rows]
+                lines.append(f"| ↳ {name} (in-process) | worker | " + " | ".join(cells) + " |")
+    lines.append(
+        "| **sum = client mean** | | "
+        + " | ".join(f"**{sum(r.stages.values()):.2f}**" for r in rows)
+        + " |"
+    )
+    lines.append("| client p50 | | " + " | ".join(f"{r.p50_ms:.2f}" for r in rows) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.stages", description=__doc__)
+    parser.add_argument("--requests", type=int, default=40, help="measured requests per point")
+    parser.add_argument("--lengths", default="128,512", help="tokens per text (128,512)")
+    parser.add_argument(
+        "--layout",
+        action="append",
+        default=[],
+        help="a fleet as WORKERSxTHREADS[:OMP_WAIT_POLICY], repeatable (default: the fleet's own "
+        "decision for this machine)",
+    )
+    parser.add_argument("--no-split", action="store_true", help="skip the in-process split")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--split-only", default="", help=argparse.SUPPRESS)  # THREADS:LENGTH
+    args = parser.parse_args(argv)
+    if args.split_only:
+        threads, _, length = args.split_only.partition(":")
+        texts = corpus_mod.load().texts[int(length)]
+        print(json.dumps(engine_split(texts, int(threads), args.requests)))
+        return 0
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    corpus = corpus_mod.load()
+    logs = corpus_mod.cache_dir() / "bench-runs" / time.strftime("%Y%m%dT%H%M%S") / "stages"
+    if args.layout:
+        shapes = [parse_shape(s) for s in args.layout]
+    else:
+        decided = layout(detect_cores())
+        shapes = [Shape(decided.workers, decided.threads)]
+    rows: list[Breakdown] = []
+    for shape in shapes:
+        rows += measure_fleet(shape, lengths, args.requests, corpus, logs)
+    if not args.no_split:
+        for row in rows:
+            threads = parse_shape(row.shape.split()[0]).threads
+            row.split = split_in_child(threads, row.length, args.requests, row.shape)
+    print()
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
