@@ -12,8 +12,9 @@ import pytest
 
 from embedfleet.bench import cpu_profile
 from embedfleet.bench.cpu_profile import stage_of
-from embedfleet.bench.gateway import Row, table, tree_cpu_seconds
+from embedfleet.bench.gateway import Row, table
 from embedfleet.bench.gateway_cpu import CpuRow, cpu_table
+from embedfleet.bench.gateway_procs import tree_cpu_seconds
 from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
 from embedfleet.bench.layouts import table as layouts_table

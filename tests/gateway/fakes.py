@@ -27,8 +27,8 @@ from embedfleet.common.codec import SparseVector, Tokens, pack_floats, unpack_to
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.gateway.balancer import Balancer
-from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.pool import WorkerPool
+from embedfleet.gateway.upstream import UpstreamError
 
 DIMS = 4
 

@@ -11,7 +11,8 @@ import grpc.aio
 import pytest
 
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.client import UpstreamError, WorkerClient
+from embedfleet.gateway.client import WorkerClient
+from embedfleet.gateway.upstream import UpstreamError
 
 
 async def _never(request: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -15,9 +15,9 @@ from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import pack_tokens, unpack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.coalescing import Coalescer, cut
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.gateway.upstream import UpstreamError
 
 from .fakes import FakeWorker
 from .helpers import GatewayThread, wait_until

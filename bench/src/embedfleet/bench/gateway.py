@@ -17,61 +17,29 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import grpc
 import orjson
 
+from embedfleet.bench import gateway_cpu as cpu
+from embedfleet.bench.gateway_procs import (
+    gateway_call,
+    spawn_gateway,
+    tree_cpu_seconds,
+    worker_call,
+)
 from embedfleet.bench.http_load import Call, run_point
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
-from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.gateway.fleet import Fleet
-from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 CONCURRENCY = (1, 2, 4, 8, 16)
-
-
-class RawHttp:
-    """One keep-alive HTTP/1.1 connection; requests are pre-encoded bytes."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> bytes:
-        if self._writer is None:
-            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
-        assert self._reader is not None
-        head = (
-            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
-        ).encode()
-        self._writer.write(head + body)
-        status_and_headers = await self._reader.readuntil(b"\r\n\r\n")
-        status = int(status_and_headers[9:12])
-        length = 0
-        for line in status_and_headers.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        data = await self._reader.readexactly(length)
-        if status != 200:
-            raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
-        return data
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
 
 
 @dataclass(frozen=True)
@@ -88,27 +56,6 @@ class Row:
     server_cpu_us: float
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User+system CPU of `pid` and all its descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += stats.get(current, (0, 0.0))[1]
-        todo += [child for child, (parent, _) in stats.items() if parent == current]
-    return total
-
-
 async def measure_row(
     suite: str, system: str, call: Call, clients: int, seconds: float, pid: int
 ) -> Row:
@@ -118,56 +65,6 @@ async def measure_row(
     m = await run_point(call, clients, seconds, 0, 0, 1, min_requests=20)
     cpu = (tree_cpu_seconds(pid) - before) / max(1, m.requests) * 1e6
     return Row(suite, system, m.clients, m.p50_ms, m.p99_ms, m.requests_per_second, m.errors, cpu)
-
-
-def gateway_call(port: int, clients: int, body: bytes) -> tuple[Call, list[RawHttp]]:
-    conns = [RawHttp("127.0.0.1", port) for _ in range(clients)]
-
-    async def call(index: int, n: int) -> None:
-        await conns[index].post("/v1/embeddings", body)
-
-    return call, conns
-
-
-def worker_call(address: str, batch: pb.TokenBatch) -> tuple[Call, grpc.aio.Channel]:
-    channel = grpc.aio.insecure_channel(address)
-    stub = pb_grpc.WorkerStub(channel)  # type: ignore[no-untyped-call]
-    request = pb.EmbedRequest(batch=batch)
-
-    async def call(index: int, n: int) -> None:
-        await stub.Embed(request, timeout=30)
-
-    return call, channel
-
-
-def _spawn_gateway(
-    argv: list[str], env: dict[str, str], port: int, log: Path
-) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[:3]} exited; see {log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    try:
-        wait_for(f"{argv[:3]} to be ready", ready, timeout=60, interval=0.2)
-    except WaitTimeoutError as exc:
-        proc.kill()
-        raise RuntimeError(f"{argv[:3]} not ready; see {log}") from exc
-    return proc
 
 
 def server_candidates(workers: str, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -231,7 +128,7 @@ async def run(args: argparse.Namespace) -> list[Row]:
             addresses = ",".join(c.address for c in fleet.worker_children)
             (port,) = free_ports(1)
             for name, (argv, env) in server_candidates(addresses, port).items():
-                proc = _spawn_gateway(argv, env, port, logs / "server.log")
+                proc = spawn_gateway(argv, env, port, logs / "server.log")
                 try:
                     for clients in (1, 16):
                         call, conns = gateway_call(port, clients, body)
@@ -279,8 +176,6 @@ def table(rows: Sequence[Row]) -> str:
 
 def run_cpu_suites(args: argparse.Namespace) -> str:
     """The CPU suites (gateway_cpu.py) as markdown: tables and, with --profile, the stages."""
-    from embedfleet.bench import gateway_cpu as cpu  # it imports this module's client parts
-
     suites = set(args.suites.split(","))
     logs = Path(tempfile.mkdtemp(prefix="bench-gateway-cpu-"))
     out = []

@@ -31,9 +31,9 @@ from pathlib import Path
 import orjson
 
 from embedfleet.bench import corpus, cpu_profile
-from embedfleet.bench.gateway import (
+from embedfleet.bench.gateway_procs import (
     RawHttp,
-    _spawn_gateway,
+    spawn_gateway,
     tree_cpu_seconds,
     worker_call,
 )
@@ -171,7 +171,7 @@ def gateways(
             (port,) = free_ports(1)
             argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
             argv += ["--workers", workers, "--log-level", "warning", *LIMIT, *flags]
-            proc = _spawn_gateway(argv, env, port, log)
+            proc = spawn_gateway(argv, env, port, log)
             procs.append(proc)
             out.ports[name], out.pids[name] = port, proc.pid
         yield out

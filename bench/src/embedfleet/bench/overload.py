@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from embedfleet.bench.gateway import tree_cpu_seconds
+from embedfleet.bench.gateway_procs import tree_cpu_seconds
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from embedfleet.bench.gateway import TEXT, Row, gateway_call, measure_row
+from embedfleet.bench.gateway import TEXT, Row, measure_row
+from embedfleet.bench.gateway_procs import gateway_call
 from embedfleet.common.net import free_ports
 from embedfleet.common.tracing import OFF
 from embedfleet.gateway.fleet import Fleet

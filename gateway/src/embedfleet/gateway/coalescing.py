@@ -27,7 +27,7 @@ import grpc
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.client import UpstreamError
+from embedfleet.gateway.upstream import UpstreamError
 
 #: (batch, dimensions, timeout, normalize) -> (rows, tokens run): one unary Embed call
 Send = Callable[[pb.TokenBatch, int, float, bool | None], Awaitable[tuple[FloatArray, int]]]

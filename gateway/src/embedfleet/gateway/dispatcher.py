@@ -18,10 +18,10 @@ import grpc
 
 from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.gateway import errors
-from embedfleet.gateway.client import UpstreamError
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import NoWorkerError, Worker, WorkerPool
 from embedfleet.gateway.splitting import Chunk
+from embedfleet.gateway.upstream import UpstreamError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

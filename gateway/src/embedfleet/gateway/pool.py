@@ -16,8 +16,9 @@ from embedfleet.common.codec import SparseVector
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.admission import fleet_capacity
 from embedfleet.gateway.balancer import Balancer, Endpoint
-from embedfleet.gateway.client import UpstreamError, WorkerClient
+from embedfleet.gateway.client import WorkerClient
 from embedfleet.gateway.racing import finished_first
+from embedfleet.gateway.upstream import UpstreamError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
