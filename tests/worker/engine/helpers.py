@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -10,9 +11,20 @@ import torch
 
 from embedfleet.common.codec import Tokens
 from embedfleet.worker.contract import Options, WorkItem
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+#: every CPU runtime (--cpu-runtime), each held to the same parity tests
+RUNTIMES = ("eager", "openvino", "inductor")
 
 #: mixed lengths from 1 to 512 tokens, around the 128/256 boundaries the packaged files hint at
 PARITY_LENGTHS = (1, 2, 3, 5, 9, 16, 31, 64, 100, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512)
+
+
+@functools.cache
+def cached_engine(config: EngineConfig) -> TorchEngine:
+    """One engine per config for the session: a compiled runtime's start-up is paid once."""
+    return TorchEngine(config)
 
 
 def item(seqs: list[list[int]], options: Options | None = None, types: bool = False) -> WorkItem:

@@ -15,8 +15,18 @@ from embedfleet.worker.engine.torch_engine import TorchEngine
 
 from .helpers import item
 
+#: every runtime at each dtype: eager, OpenVINO, torch.compile (`--cpu-runtime`)
+ENGINES = [
+    "minilm_fp32",
+    "minilm_bf16",
+    "minilm_openvino",
+    "minilm_openvino_bf16",
+    "minilm_inductor",
+    "minilm_inductor_bf16",
+]
 
-@pytest.mark.parametrize("engine_name", ["minilm_fp32", "minilm_bf16"])
+
+@pytest.mark.parametrize("engine_name", ENGINES)
 def test_parity_mixed_lengths_one_batch(
     request: pytest.FixtureRequest,
     engine_name: str,
@@ -39,7 +49,7 @@ def test_auto_dtype_needs_native_bf16_speed_and_parity(
 
     # The speed half of the choice is a timing; fix its answer to test both branches.
     monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: pays)
-    auto = TorchEngine(EngineConfig(device="cpu"))
+    auto = TorchEngine(EngineConfig(device="cpu", cpu_runtime="eager"))
     native = cpu_has_native_bf16()
     # MiniLM passes the parity probe, so bf16 is kept whenever it is native and pays.
     assert auto.info.dtype == ("bfloat16" if native and pays else "float32")
@@ -47,7 +57,7 @@ def test_auto_dtype_needs_native_bf16_speed_and_parity(
 
 
 @pytest.mark.parametrize(
-    ("engine_name", "bar"), [("minilm_fp32", 0.99999), ("minilm_bf16", 0.9995)]
+    ("engine_name", "bar"), [(name, 0.9995 if "bf16" in name else 0.99999) for name in ENGINES]
 )
 def test_batch_invariance(
     request: pytest.FixtureRequest,

@@ -53,6 +53,15 @@ class WorkerSettings:
         "CPU threads torch uses inside one operation; 0 keeps torch's default (one per core). "
         "Give each worker its share when several run on one machine (embedfleet serve does).",
     )
+    cpu_runtime: str = setting(
+        "auto",
+        "How the encoder runs on a CPU: auto (openvino where the package is installed, else "
+        "eager), eager (PyTorch op by op), inductor (torch.compile, dynamic shapes), openvino "
+        "(converted once at start; the worker's [openvino] extra). Ignored on CUDA, which uses "
+        "CUDA graphs. --dtype applies to each (bfloat16 on openvino is its inference precision "
+        "hint). Measured in docs/benchmarks/README.md, CPU engine paths.",
+        choices=("auto", "eager", "inductor", "openvino"),
+    )
     attention: str = setting(
         "auto",
         "Attention backend: auto (the fastest available on the device, by a start-up "
