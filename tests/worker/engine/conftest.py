@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from embedfleet.common.modeldir import default_model_path
-from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import PARITY_LENGTHS, cached_engine, qwen3_config, save_model, write_pooling
+from .helpers import PARITY_LENGTHS, minilm, qwen3_config, save_model, write_pooling
 
 
 @pytest.fixture(scope="session")
@@ -61,12 +60,6 @@ def minilm_reference(minilm_path: Path, minilm_sequences: list[list[int]]) -> np
     return np.concatenate(out)
 
 
-def minilm(dtype: str, runtime: str) -> TorchEngine:
-    return cached_engine(
-        EngineConfig(max_input_tokens=512, device="cpu", dtype=dtype, cpu_runtime=runtime)
-    )
-
-
 @pytest.fixture(scope="session")
 def minilm_fp32() -> TorchEngine:
     return minilm("float32", "eager")
@@ -75,26 +68,6 @@ def minilm_fp32() -> TorchEngine:
 @pytest.fixture(scope="session")
 def minilm_bf16() -> TorchEngine:
     return minilm("bfloat16", "eager")
-
-
-@pytest.fixture(scope="session")
-def minilm_openvino() -> TorchEngine:
-    return minilm("float32", "openvino")
-
-
-@pytest.fixture(scope="session")
-def minilm_openvino_bf16() -> TorchEngine:
-    return minilm("bfloat16", "openvino")
-
-
-@pytest.fixture(scope="session")
-def minilm_inductor() -> TorchEngine:
-    return minilm("float32", "inductor")
-
-
-@pytest.fixture(scope="session")
-def minilm_inductor_bf16() -> TorchEngine:
-    return minilm("bfloat16", "inductor")
 
 
 # ---- random-weight models ---------------------------------------------------------------------

@@ -27,6 +27,13 @@ def cached_engine(config: EngineConfig) -> TorchEngine:
     return TorchEngine(config)
 
 
+def minilm(dtype: str, runtime: str) -> TorchEngine:
+    """The real MiniLM allowing 512 tokens, on the CPU at `dtype` in `runtime` (cached)."""
+    return cached_engine(
+        EngineConfig(max_input_tokens=512, device="cpu", dtype=dtype, cpu_runtime=runtime)
+    )
+
+
 def item(seqs: list[list[int]], options: Options | None = None, types: bool = False) -> WorkItem:
     ids = np.concatenate([np.asarray(s, np.int32) for s in seqs])
     lengths = np.array([len(s) for s in seqs], np.int32)

@@ -13,27 +13,20 @@ from embedfleet.worker.engine.batch import pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import item
+from .helpers import RUNTIMES, item, minilm
 
-#: every runtime at each dtype: eager, OpenVINO, torch.compile (`--cpu-runtime`)
-ENGINES = [
-    "minilm_fp32",
-    "minilm_bf16",
-    "minilm_openvino",
-    "minilm_openvino_bf16",
-    "minilm_inductor",
-    "minilm_inductor_bf16",
-]
+#: every CPU runtime (`--cpu-runtime`) at each dtype
+ENGINES = [(runtime, dtype) for runtime in RUNTIMES for dtype in ("float32", "bfloat16")]
 
 
-@pytest.mark.parametrize("engine_name", ENGINES)
+@pytest.mark.parametrize(("runtime", "dtype"), ENGINES)
 def test_parity_mixed_lengths_one_batch(
-    request: pytest.FixtureRequest,
-    engine_name: str,
+    runtime: str,
+    dtype: str,
     minilm_sequences: list[list[int]],
     minilm_reference: np.ndarray,
 ) -> None:
-    engine: TorchEngine = request.getfixturevalue(engine_name)
+    engine = minilm(dtype, runtime)
     [got] = engine.run([item(minilm_sequences)])
     assert got.shape == minilm_reference.shape == (len(minilm_sequences), 384)
     assert min_cosine(got, minilm_reference) >= 0.999
@@ -56,18 +49,16 @@ def test_auto_dtype_needs_native_bf16_speed_and_parity(
     assert str(auto.model.word.dtype) == "torch." + auto.info.dtype  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(
-    ("engine_name", "bar"), [(name, 0.9995 if "bf16" in name else 0.99999) for name in ENGINES]
-)
+@pytest.mark.parametrize(("runtime", "dtype"), ENGINES)
 def test_batch_invariance(
-    request: pytest.FixtureRequest,
-    engine_name: str,
-    bar: float,
+    runtime: str,
+    dtype: str,
     minilm_sequences: list[list[int]],
     minilm_reference: np.ndarray,
 ) -> None:
     reference = minilm_reference
-    engine: TorchEngine = request.getfixturevalue(engine_name)
+    bar = 0.99999 if dtype == "float32" else 0.9995
+    engine = minilm(dtype, runtime)
     seqs = [s for s in minilm_sequences if len(s) <= 257]  # invariance needs no long ones
     [together] = engine.run([item(seqs)])
     order = np.random.default_rng(3).permutation(len(seqs))
