@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from embedfleet.common.modeldir import default_model_path
-from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import PARITY_LENGTHS, qwen3_config, save_model, write_pooling
+from .helpers import PARITY_LENGTHS, minilm, qwen3_config, save_model, write_pooling
 
 
 @pytest.fixture(scope="session")
@@ -63,12 +62,12 @@ def minilm_reference(minilm_path: Path, minilm_sequences: list[list[int]]) -> np
 
 @pytest.fixture(scope="session")
 def minilm_fp32() -> TorchEngine:
-    return TorchEngine(EngineConfig(max_input_tokens=512, dtype="float32", device="cpu"))
+    return minilm("float32", "eager")
 
 
 @pytest.fixture(scope="session")
 def minilm_bf16() -> TorchEngine:
-    return TorchEngine(EngineConfig(max_input_tokens=512, device="cpu", dtype="bfloat16"))
+    return minilm("bfloat16", "eager")
 
 
 # ---- random-weight models ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -10,9 +11,29 @@ import torch
 
 from embedfleet.common.codec import Tokens
 from embedfleet.worker.contract import Options, WorkItem
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+#: the CPU runtimes (--cpu-runtime) held to every family's parity tests; inductor (5-7 minutes
+#: of compiling per model and dtype here, several GB each) to MiniLM's float32 parity alone
+RUNTIMES = ("eager", "openvino")
 
 #: mixed lengths from 1 to 512 tokens, around the 128/256 boundaries the packaged files hint at
 PARITY_LENGTHS = (1, 2, 3, 5, 9, 16, 31, 64, 100, 127, 128, 129, 200, 255, 256, 257, 384, 511, 512)
+
+
+@functools.lru_cache(maxsize=6)
+def cached_engine(config: EngineConfig) -> TorchEngine:
+    """The last few engines by config: a compiled runtime's start-up is paid once per run of
+    tests that share it, and the session does not keep every engine (GBs) alive."""
+    return TorchEngine(config)
+
+
+def minilm(dtype: str, runtime: str) -> TorchEngine:
+    """The real MiniLM allowing 512 tokens, on the CPU at `dtype` in `runtime` (cached)."""
+    return cached_engine(
+        EngineConfig(max_input_tokens=512, device="cpu", dtype=dtype, cpu_runtime=runtime)
+    )
 
 
 def item(seqs: list[list[int]], options: Options | None = None, types: bool = False) -> WorkItem:

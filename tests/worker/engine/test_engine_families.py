@@ -15,18 +15,23 @@ from embedfleet.worker.contract import Options
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import item, random_sequences
+from .helpers import RUNTIMES, item, random_sequences
 
 LENGTHS = (1, 2, 7, 16, 33, 64, 100, 255)
 
 
-def engine_for(path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch) -> TorchEngine:
+def engine_for(
+    path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch, runtime: str
+) -> TorchEngine:
     """`auto` here always tries bf16 (on CPUs with native bf16): whichever dtype the parity probe
     then keeps must meet the bar."""
     from embedfleet.worker.engine import precision
+    from embedfleet.worker.engine import runtime as runtimes
 
     monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: True)
-    return TorchEngine(EngineConfig(model=str(path), device="cpu", dtype=dtype))
+    monkeypatch.setattr(runtimes, "reduced_pays", lambda reduced, float32: True)
+    config = EngineConfig(model=str(path), device="cpu", dtype=dtype, cpu_runtime=runtime)
+    return TorchEngine(config)
 
 
 def qwen3_reference(path: Path, seqs: list[list[int]], bidirectional: bool) -> np.ndarray:
@@ -48,11 +53,12 @@ def qwen3_reference(path: Path, seqs: list[list[int]], bidirectional: bool) -> n
     return torch.stack(out).numpy()
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("dtype", ["float32", "auto"])
 def test_qwen3_causal_last_token(
-    qwen3_causal_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+    qwen3_causal_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch, runtime: str
 ) -> None:
-    engine = engine_for(qwen3_causal_dir, dtype, monkeypatch)
+    engine = engine_for(qwen3_causal_dir, dtype, monkeypatch, runtime)
     assert engine.shape.causal
     assert engine.info.default_pooling == "last_token"
     seqs = random_sequences(engine.info.vocab_size, LENGTHS)
@@ -63,11 +69,12 @@ def test_qwen3_causal_last_token(
         np.testing.assert_allclose(got, ref, atol=1e-3)
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("dtype", ["float32", "auto"])
 def test_qwen3_bidirectional_mean(
-    qwen3_bidir_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+    qwen3_bidir_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch, runtime: str
 ) -> None:
-    engine = engine_for(qwen3_bidir_dir, dtype, monkeypatch)
+    engine = engine_for(qwen3_bidir_dir, dtype, monkeypatch, runtime)
     assert not engine.shape.causal
     assert engine.info.default_pooling == "mean"
     seqs = random_sequences(engine.info.vocab_size, LENGTHS, seed=1)
@@ -108,11 +115,12 @@ def pairs_for(vocab: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("dtype", ["float32", "auto"])
 def test_cross_encoder_scores(
-    cross_encoder_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+    cross_encoder_dir: Path, dtype: str, monkeypatch: pytest.MonkeyPatch, runtime: str
 ) -> None:
-    engine = engine_for(cross_encoder_dir, dtype, monkeypatch)
+    engine = engine_for(cross_encoder_dir, dtype, monkeypatch, runtime)
     assert engine.info.task == "score"
     assert engine.info.dimensions == 1
     pairs = pairs_for(engine.info.vocab_size)

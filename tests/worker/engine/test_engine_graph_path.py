@@ -5,6 +5,7 @@ that reads `cu_seqlens` (graph-safe in shape, like the CUDA kernels)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -93,7 +94,8 @@ class EagerRunner:
 
 
 def graph_engine(corrupt: bool = False, **kw: object) -> tuple[TorchEngine, EagerRunner]:
-    engine = TorchEngine(EngineConfig(device="cpu", dtype="float32", max_input_tokens=512, **kw))  # type: ignore[arg-type]
+    config = EngineConfig(device="cpu", dtype="float32", max_input_tokens=512, cpu_runtime="eager")
+    engine = TorchEngine(dataclasses.replace(config, **kw))  # type: ignore[arg-type]
     engine.backend = VarlenBackend("cpu-varlen-reference", varlen_reference)
     engine._graphs_enabled = True
     runner = EagerRunner(engine._graph_body, corrupt)

@@ -20,6 +20,7 @@ from embedfleet.worker.contract import Options, WorkItem
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
+from .helpers import RUNTIMES, cached_engine
 from .test_engine_graph_path import graph_engine
 
 QUERIES = families.TEXTS[:5]
@@ -34,9 +35,15 @@ def tokens(seqs: list[list[int]], types: list[list[int]] | None = None) -> Token
     return Tokens(ids, lengths, type_ids)
 
 
-def engine(path: Path, max_tokens: int = 0) -> TorchEngine:
-    return TorchEngine(
-        EngineConfig(model=str(path), device="cpu", dtype="float32", max_input_tokens=max_tokens)
+def engine(path: Path, max_tokens: int = 0, runtime: str = "eager") -> TorchEngine:
+    return cached_engine(
+        EngineConfig(
+            model=str(path),
+            device="cpu",
+            dtype="float32",
+            max_input_tokens=max_tokens,
+            cpu_runtime=runtime,
+        )
     )
 
 
@@ -44,8 +51,11 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.asarray(1 / (1 + np.exp(-x)))
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("published", ["bge-reranker-base", "bge-reranker-v2-m3"])
-def test_xlmr_cross_encoder_matches_transformers(family_dirs: FamilyDirs, published: str) -> None:
+def test_xlmr_cross_encoder_matches_transformers(
+    family_dirs: FamilyDirs, published: str, runtime: str
+) -> None:
     path = family_dirs.get(published)
     model = load_model_dir(path)
     assert (model.task, model.head, model.model_type) == ("score", "classifier", "xlm-roberta")
@@ -54,7 +64,7 @@ def test_xlmr_cross_encoder_matches_transformers(family_dirs: FamilyDirs, publis
     seqs, types = [p.ids for p in pairs], [p.type_ids for p in pairs]
     assert seqs[0][0] == 0  # <s> a </s></s> b </s>
     assert seqs[0].count(2) == 3
-    eng = engine(path)
+    eng = engine(path, runtime=runtime)
     assert eng.shape.position_offset == 2  # padding_idx + 1
     [raw] = eng.run([WorkItem(tokens(seqs, types))])
     [probs] = eng.run([WorkItem(tokens(seqs, types), Options(activate=True))])
@@ -76,10 +86,11 @@ def judged(path: Path, instruction: str | None, max_tokens: int = 1024) -> list[
     return batch.ids
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("published", ["Qwen3-Reranker-0.6B", "Qwen3-Reranker-8B"])
 @pytest.mark.parametrize("instruction", [None, "Given a claim, find documents that refute it"])
 def test_qwen3_reranker_matches_the_model_card(
-    family_dirs: FamilyDirs, published: str, instruction: str | None
+    family_dirs: FamilyDirs, published: str, instruction: str | None, runtime: str
 ) -> None:
     path = family_dirs.get(published)
     model = load_model_dir(path)
@@ -87,7 +98,7 @@ def test_qwen3_reranker_matches_the_model_card(
     tied = published.endswith("0.6B")
     assert model.config["tie_word_embeddings"] is tied
     seqs = judged(path, instruction)
-    eng = engine(path, 1024)
+    eng = engine(path, 1024, runtime)
     [probs] = eng.run([WorkItem(tokens(seqs), Options(activate=True))])
     pairs = list(zip(QUERIES, DOCUMENTS, strict=True))
     ref = families.qwen3_reranker_scores(path, pairs, instruction)
@@ -108,14 +119,17 @@ def test_qwen3_reranker_instruction_changes_scores(family_dirs: FamilyDirs) -> N
     assert np.abs(a - b).max() > 10 * SCORE_TOLERANCE
 
 
-def test_splade_matches_transformers_with_mixed_lengths(family_dirs: FamilyDirs) -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_splade_matches_transformers_with_mixed_lengths(
+    family_dirs: FamilyDirs, runtime: str
+) -> None:
     path = family_dirs.get("splade")
     model = load_model_dir(path)
     assert (model.task, model.head) == ("sparse", "splade")
     tok = model.tokenizer()
     # Lengths from 3 tokens to ~20 in one ragged batch: padding must not leak into any row.
     seqs = [tok.encode(t).ids for t in (*families.TEXTS, "hi", "yes no")]
-    eng = engine(path)
+    eng = engine(path, runtime=runtime)
     assert eng.info.dimensions == model.vocab_size
     [got] = eng.run([WorkItem(tokens(seqs))])
     ref = families.splade_vectors(path, seqs)
@@ -128,10 +142,11 @@ def test_splade_matches_transformers_with_mixed_lengths(family_dirs: FamilyDirs)
     np.testing.assert_allclose(alone[0], got[-2], atol=1e-5)
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize(("published", "activation"), [("finbert", "softmax"),
                                                        ("go_emotions", "sigmoid")])  # fmt: skip
 def test_classifiers_match_transformers(
-    family_dirs: FamilyDirs, published: str, activation: str
+    family_dirs: FamilyDirs, published: str, activation: str, runtime: str
 ) -> None:
     path = family_dirs.get(published)
     model = load_model_dir(path)
@@ -139,7 +154,7 @@ def test_classifiers_match_transformers(
     assert model.labels == tuple(model.config["id2label"][str(i)] for i in range(len(model.labels)))
     tok = model.tokenizer()
     seqs = [tok.encode(t).ids for t in families.TEXTS]
-    eng = engine(path)
+    eng = engine(path, runtime=runtime)
     assert eng.info.dimensions == len(model.labels)
     [raw] = eng.run([WorkItem(tokens(seqs))])
     [scores] = eng.run([WorkItem(tokens(seqs), Options(activate=True))])

@@ -13,17 +13,24 @@ from embedfleet.worker.engine.batch import pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import item
+from .helpers import RUNTIMES, item, minilm
+
+#: each runtime held to every family at each dtype, and inductor at float32 (helpers.RUNTIMES);
+#: five engines, so the cache of six (helpers.cached_engine) serves both tests without rebuilding
+ENGINES = [
+    *((runtime, dtype) for runtime in RUNTIMES for dtype in ("float32", "bfloat16")),
+    ("inductor", "float32"),
+]
 
 
-@pytest.mark.parametrize("engine_name", ["minilm_fp32", "minilm_bf16"])
+@pytest.mark.parametrize(("runtime", "dtype"), ENGINES)
 def test_parity_mixed_lengths_one_batch(
-    request: pytest.FixtureRequest,
-    engine_name: str,
+    runtime: str,
+    dtype: str,
     minilm_sequences: list[list[int]],
     minilm_reference: np.ndarray,
 ) -> None:
-    engine: TorchEngine = request.getfixturevalue(engine_name)
+    engine = minilm(dtype, runtime)
     [got] = engine.run([item(minilm_sequences)])
     assert got.shape == minilm_reference.shape == (len(minilm_sequences), 384)
     assert min_cosine(got, minilm_reference) >= 0.999
@@ -39,25 +46,23 @@ def test_auto_dtype_needs_native_bf16_speed_and_parity(
 
     # The speed half of the choice is a timing; fix its answer to test both branches.
     monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: pays)
-    auto = TorchEngine(EngineConfig(device="cpu"))
+    auto = TorchEngine(EngineConfig(device="cpu", cpu_runtime="eager"))
     native = cpu_has_native_bf16()
     # MiniLM passes the parity probe, so bf16 is kept whenever it is native and pays.
     assert auto.info.dtype == ("bfloat16" if native and pays else "float32")
     assert str(auto.model.word.dtype) == "torch." + auto.info.dtype  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(
-    ("engine_name", "bar"), [("minilm_fp32", 0.99999), ("minilm_bf16", 0.9995)]
-)
+@pytest.mark.parametrize(("runtime", "dtype"), ENGINES)
 def test_batch_invariance(
-    request: pytest.FixtureRequest,
-    engine_name: str,
-    bar: float,
+    runtime: str,
+    dtype: str,
     minilm_sequences: list[list[int]],
     minilm_reference: np.ndarray,
 ) -> None:
     reference = minilm_reference
-    engine: TorchEngine = request.getfixturevalue(engine_name)
+    bar = 0.99999 if dtype == "float32" else 0.9995
+    engine = minilm(dtype, runtime)
     seqs = [s for s in minilm_sequences if len(s) <= 257]  # invariance needs no long ones
     [together] = engine.run([item(seqs)])
     order = np.random.default_rng(3).permutation(len(seqs))

@@ -2,10 +2,10 @@
 
 Suites latency, scoring, throughput and concurrency run side by side against the peers
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
-line as their own arguments: `engine`, `worker`, `gateway`, `autoscale`, `formats`, `tracing`,
-`stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of `embedfleet serve`);
-plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite named runs the four
-comparison suites, then those modules with their defaults.
+line as their own arguments: `engine`, `cpu-paths`, `worker`, `gateway`, `autoscale`, `formats`,
+`tracing`, `stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of
+`embedfleet serve`); plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite
+named runs the four comparison suites, then those modules with their defaults.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from embedfleet.bench.suites import FULL, QUICK, SUITES, plan, scaled
 #: other benchmark modules: name -> module with `main(argv) -> int | None`
 MODULES = {
     "engine": "embedfleet.bench.engine",
+    "cpu-paths": "embedfleet.bench.cpu_paths",
     "worker": "embedfleet.bench.worker",
     "gateway": "embedfleet.bench.gateway",
     "autoscale": "embedfleet.bench.autoscale_sim",

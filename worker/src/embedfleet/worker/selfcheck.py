@@ -112,6 +112,7 @@ def reference_outputs(
             max_input_tokens=max_input_tokens,
             device="cpu",
             dtype="float32",
+            cpu_runtime="eager",
             cuda_graphs="off",
         )
     )

@@ -54,6 +54,16 @@ class WorkerSettings:
         "affinity, cut to the cgroup's CPU quota). "
         "Give each worker its share when several run on one machine (embedfleet serve does).",
     )
+    cpu_runtime: str = setting(
+        "auto",
+        "How the encoder runs on a CPU: auto (eager), eager (PyTorch op by op), inductor "
+        "(torch.compile, dynamic shapes), openvino (the fastest per batch, converted at start: "
+        "35-65 s the first time, cached under XDG_CACHE_HOME; the worker's [openvino] extra). "
+        "Ignored on CUDA, which uses CUDA graphs. --dtype applies to each (bfloat16 on openvino "
+        "is its inference precision hint). Measured in docs/benchmarks/README.md, CPU engine "
+        "paths.",
+        choices=("auto", "eager", "inductor", "openvino"),
+    )
     attention: str = setting(
         "auto",
         "Attention backend: auto (the fastest available on the device, by a start-up "

@@ -24,6 +24,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     threads: int = 0
+    cpu_runtime: str = "auto"
     attention: str = "auto"
     cuda_graphs: GraphMode = "lazy"
     graph_buckets: tuple[int, ...] = ()
@@ -44,6 +45,7 @@ class EngineConfig:
             device=s.device,
             dtype=s.dtype,
             threads=s.threads,
+            cpu_runtime=s.cpu_runtime,
             attention=s.attention,
             cuda_graphs=graph_mode(s.cuda_graphs),
             graph_buckets=tuple(s.graph_buckets),

@@ -6,6 +6,8 @@ through candidate models before any engine exists.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -18,6 +20,9 @@ from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.pooling import pool
 
+if TYPE_CHECKING:
+    from embedfleet.worker.engine.runtime import Runtime
+
 
 def forward(
     model: Model,
@@ -26,14 +31,19 @@ def forward(
     batch: DeviceBatch,
     max_seqlen: int,
     lengths: npt.NDArray[np.int64],
+    runtime: Runtime | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`.
 
     `lengths` are the host-side sequence lengths the attention plans with; graph captures pass
-    none, as their plan may only read device tensors.
+    none, as their plan may only read device tensors. With a compiled CPU `runtime` the encoder
+    runs there (`backend` unused); the head and pooling stay eager either way.
     """
-    plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
-    hidden = model.forward(batch, plan)
+    if runtime is not None:
+        hidden = runtime.hidden(batch, lengths)
+    else:
+        plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
+        hidden = model.forward(batch, plan)
     out = model.head(hidden, batch)
     if out is not None:
         return hidden, out
@@ -46,11 +56,15 @@ def default_outputs(
     pooling: Pooling,
     tokens: Tokens,
     device: torch.device,
+    runtime: Runtime | None = None,
 ) -> FloatArray:
-    """The default head's float32 rows for `tokens`, eager and synchronous."""
+    """The default head's float32 rows for `tokens`, synchronous (the encoder eager, or in
+    `runtime`)."""
     with torch.inference_mode():
         host = pack([tokens], model.shape.position_offset)
         batch = to_device(host, device)
-        _, head = forward(model, backend, pooling, batch, int(host.lengths.max()), host.lengths)
+        _, head = forward(
+            model, backend, pooling, batch, int(host.lengths.max()), host.lengths, runtime
+        )
         rows: FloatArray = head[: host.real_sequences].float().cpu().numpy()
         return rows

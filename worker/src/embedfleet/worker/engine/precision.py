@@ -27,6 +27,9 @@ PARITY_MIN_COSINE = 0.999
 #: ... and scores this close (absolute, in logits)
 PARITY_MAX_SCORE_DIFF = 1e-3
 
+#: ... and a reduced dtype must be this much faster (its time below this share of float32's)
+REDUCED_MARGIN = 0.9
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -91,7 +94,7 @@ def gemm_seconds(dtype: torch.dtype, hidden: int, tokens: int = 256, reps: int =
     return best
 
 
-def reduced_precision_pays(dtype: torch.dtype, hidden: int, margin: float = 0.9) -> bool:
+def reduced_precision_pays(dtype: torch.dtype, hidden: int, margin: float = REDUCED_MARGIN) -> bool:
     """Whether `dtype` GEMMs beat float32 ones on this CPU by at least 1/margin.
 
     CPU flags say what the processor can do, not what this build and this (maybe virtualized,

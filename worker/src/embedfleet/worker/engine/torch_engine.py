@@ -48,6 +48,12 @@ from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, ag
 from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
+from embedfleet.worker.engine.runtime import (
+    InductorRuntime,
+    Runtime,
+    openvino_at_dtype,
+    resolve_runtime,
+)
 from embedfleet.worker.engine.staging import HostOutputs, Staging
 from embedfleet.worker.settings import WorkerSettings
 
@@ -71,14 +77,24 @@ class TorchEngine:
             # engine's allocator growth cannot starve the others.
             torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, self.device)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
-        self.dtype, self.model = load_model_at_dtype(
-            self.model_dir,
-            self.device,
-            config.dtype,
-            config.attention,
-            self.max_tokens,
-            config.bidirectional,
-        )
+        #: the compiled CPU runtime the encoder runs in; None runs it eager
+        self.runtime: Runtime | None = None
+        self.runtime_name = resolve_runtime(config.cpu_runtime, self.device)
+        if self.runtime_name == "openvino":
+            self.dtype, self.model, self.runtime = openvino_at_dtype(
+                self.model_dir, config.dtype, config.threads, self.max_tokens, config.bidirectional
+            )
+        else:
+            self.dtype, self.model = load_model_at_dtype(
+                self.model_dir,
+                self.device,
+                config.dtype,
+                config.attention,
+                self.max_tokens,
+                config.bidirectional,
+            )
+        if self.runtime_name == "inductor":
+            self.runtime = InductorRuntime(self.model)
         self.shape = self.model.shape
         self.backend: AttentionBackend = select_backend(
             config.attention,
@@ -294,7 +310,11 @@ class TorchEngine:
     ) -> tuple[torch.Tensor, ...]:
         """Forward + the default head: (hidden [T, H], pooled [N, H] or scores [N])."""
         lengths = host.lengths if host is not None else np.zeros(0, np.int64)
-        return forward(self.model, self.backend, self.model_dir.pooling, batch, max_seqlen, lengths)
+        # Graph captures (CUDA, host None) never meet a CPU runtime.
+        runtime = self.runtime if host is not None else None
+        return forward(
+            self.model, self.backend, self.model_dir.pooling, batch, max_seqlen, lengths, runtime
+        )
 
     def _finish(
         self,

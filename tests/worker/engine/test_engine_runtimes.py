@@ -1,0 +1,108 @@
+"""The compiled CPU runtimes' own parts: the padded attention layout they trace, the choice of
+runtime, OpenVINO's dtype choice and its conversion cache. Their parity with the references is in
+the family and MiniLM tests, parametrized over every runtime (helpers.RUNTIMES)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedfleet.testing.families import FamilyDirs
+from embedfleet.worker.engine import runtime as runtimes
+from embedfleet.worker.engine.attention import GroupedBackend
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
+from embedfleet.worker.engine.precision import cpu_has_native_bf16
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import item, random_sequences
+
+
+def test_padded_layout_skips_empty_slots_and_round_trips() -> None:
+    lengths = np.array([3, 0, 1, 2, 0], np.int64)  # spare bucket slots are empty
+    layout = padded_layout(lengths)
+    assert layout.valid.tolist() == [[True] * 3, [True, False, False], [True, True, False]]
+    # Padded slots read their own sequence's first token; real ones their token.
+    assert layout.gather.tolist() == [0, 1, 2, 3, 3, 3, 4, 5, 4]
+    # Every packed token comes back from its own slot.
+    assert layout.gather[layout.inverse].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(("causal", "kv_heads"), [(False, 4), (True, 4), (True, 2), (False, 1)])
+def test_padded_plan_attends_like_the_grouped_backend(causal: bool, kv_heads: int) -> None:
+    lengths = np.array([7, 1, 30, 0, 12, 12], np.int64)
+    total = int(lengths.sum())
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn((total, 4, 16), generator=gen)
+    k, v = (torch.randn((total, kv_heads, 16), generator=gen) for _ in range(2))
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    want = GroupedBackend().plan(cu, lengths, 30, causal).attend(q, k, v)
+    got = PaddedPlan(*plan_tensors(padded_layout(lengths)), causal).attend(q, k, v)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_runtime_choice() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    # Eager although openvino is installed here: its conversion would cost every new pod
+    # most of a minute of start-up.
+    assert runtimes.openvino_available()
+    assert runtimes.resolve_runtime("auto", cpu) == "eager"
+    assert runtimes.resolve_runtime("openvino", cpu) == "openvino"
+    assert runtimes.resolve_runtime("inductor", cpu) == "inductor"
+    assert runtimes.resolve_runtime("auto", cuda) == "eager"  # CUDA graphs instead
+    with pytest.raises(ValueError, match="CPU only"):
+        runtimes.resolve_runtime("openvino", cuda)
+    with pytest.raises(ValueError, match="unknown CPU runtime"):
+        runtimes.resolve_runtime("tensorrt", cpu)
+
+
+def test_openvino_by_name_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtimes, "openvino_available", lambda: False)
+    assert runtimes.resolve_runtime("auto", torch.device("cpu")) == "eager"
+    with pytest.raises(ValueError, match=r"embedfleet-worker\[openvino\]"):
+        runtimes.resolve_runtime("openvino", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_openvino_auto_dtype_needs_speed_and_parity(
+    family_dirs: FamilyDirs,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    pays: bool,
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(runtimes, "reduced_pays", lambda reduced, float32: pays)
+    path = family_dirs.get("splade")
+    engine = TorchEngine(EngineConfig(model=str(path), device="cpu", cpu_runtime="openvino"))
+    want = "bfloat16" if pays and cpu_has_native_bf16() else "float32"
+    assert engine.info.dtype == want
+    assert isinstance(engine.runtime, runtimes.OpenVINORuntime)
+    assert engine.runtime.precision == runtimes.OV_PRECISIONS[getattr(torch, want)]
+
+
+def test_openvino_conversion_is_cached(
+    family_dirs: FamilyDirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = family_dirs.get("Qwen3-Reranker-8B")
+    config = EngineConfig(model=str(path), device="cpu", dtype="float32", cpu_runtime="openvino")
+    seqs = random_sequences(300, (3, 40, 17))
+    [first] = TorchEngine(config).run([item(seqs)])
+    assert list(tmp_path.glob("embedfleet/openvino/*/encoder.xml"))
+
+    def no_conversion(model: object) -> None:
+        raise AssertionError("converted again although the graph was cached")
+
+    monkeypatch.setattr(runtimes, "convert", no_conversion)
+    [second] = TorchEngine(config).run([item(seqs)])
+    np.testing.assert_array_equal(first, second)
+    # Another checkpoint (here: the same weights causal vs bidirectional) is its own entry.
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    qwen = family_dirs.get("Qwen3-Reranker-0.6B")
+    other = TorchEngine(EngineConfig(model=str(qwen), device="cpu", cpu_runtime="openvino"))
+    assert other.run([item(seqs)])[0].shape == (3,)
+    assert len(list(tmp_path.glob("embedfleet/openvino/*/encoder.xml"))) == 2

@@ -1,0 +1,89 @@
+"""Attention over a ragged batch as one padded [B, L] block: the layout a compiled CPU graph takes.
+
+The grouped backend (`attention.GroupedBackend`) plans on the host per batch and runs a Python loop
+over length groups, which a traced or compiled graph cannot hold. Here the plan is three tensors
+made on the host (`padded_layout`) and fed to the graph as inputs: every layer gathers the packed
+q, k, v into [B, L] by `gather`, runs one SDPA with the key mask `valid`, and reads each packed
+token's row back by `inverse`. The GEMMs still run on the packed [T, H] tokens, so padding costs
+only attention work, and the graph's shapes follow (T, B, L) alone: dynamic dimensions, not one
+graph per batch structure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F  # noqa: N812 - the universal alias
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class PaddedLayout:
+    #: [B * L] packed token index of each padded slot; slots past a sequence's end read its
+    #: first token (the key mask, or causality, hides them)
+    gather: I64
+    #: [T] padded slot of each packed token
+    inverse: I64
+    #: [B, L] True where a slot holds a real token of its sequence
+    valid: npt.NDArray[np.bool_]
+
+
+def padded_layout(lengths: I64) -> PaddedLayout:
+    """The [B, L] block for sequences of `lengths` (packed one after another; empty ones, the
+    spare slots of a bucket, are left out)."""
+    lengths = np.asarray(lengths, np.int64)
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    keep = lengths > 0
+    lens, first = lengths[keep], starts[:-1][keep]
+    width = int(lens.max()) if lens.size else 1
+    offsets = np.arange(width, dtype=np.int64)
+    valid = offsets[None, :] < lens[:, None]
+    gather = first[:, None] + np.where(valid, offsets[None, :], 0)
+    inverse = np.flatnonzero(valid.ravel()).astype(np.int64)
+    return PaddedLayout(gather.ravel(), inverse, valid)
+
+
+@dataclass(frozen=True, slots=True)
+class PaddedPlan:
+    """An `attention.AttentionPlan` made of tensors only: traceable, no host work per layer.
+
+    `mask` is [B, 1, 1, L] (True where a key is real); causal attention ignores it, as right
+    padding is never seen by a real query.
+    """
+
+    gather: torch.Tensor
+    inverse: torch.Tensor
+    mask: torch.Tensor
+    causal: bool
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch = self.mask.shape[0]
+        # Head counts are the model's, fixed: plain ints even while tracing.
+        gqa = int(q.shape[1]) != int(k.shape[1])
+
+        def block(x: torch.Tensor) -> torch.Tensor:  # [T, h, d] -> [B, h, L, d]
+            return x.index_select(0, self.gather).view(batch, -1, *x.shape[1:]).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            block(q),
+            block(k),
+            block(v),
+            attn_mask=None if self.causal else self.mask,
+            is_causal=self.causal,
+            enable_gqa=gqa,
+        )
+        return out.transpose(1, 2).flatten(0, 1).index_select(0, self.inverse)
+
+
+def plan_tensors(layout: PaddedLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(gather, inverse, mask [B, 1, 1, L]) as CPU tensors over the layout's arrays."""
+    return (
+        torch.from_numpy(layout.gather),
+        torch.from_numpy(layout.inverse),
+        torch.from_numpy(layout.valid[:, None, None, :]),
+    )
