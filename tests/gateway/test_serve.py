@@ -91,6 +91,26 @@ def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
         _stop(proc)
 
 
+def test_a_killed_serve_leaves_no_children() -> None:
+    """SIGKILL (or the OOM killer) gives `embedfleet serve` no chance to stop its children: the
+    kernel tells them (PR_SET_PDEATHSIG) and each stops as on Ctrl-C."""
+    (port,) = free_ports(1)
+    proc = _serve(port)
+    try:
+        _url(proc)
+        children = _children(proc.pid)
+        assert len(children) == 3
+        proc.kill()
+        proc.wait()
+        wait_until(
+            "every child to stop",
+            lambda: all(start_ticks(pid) is None for pid in children),
+            30,
+        )
+    finally:
+        _stop(proc)
+
+
 # --- supervision ---------------------------------------------------------------------------------
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 
 from embedfleet.common.cpus import Layout, detect_cores, layout
+from embedfleet.common.lifetime import die_with
 from embedfleet.common.net import free_ports
 from embedfleet.gateway import calibrate
 
@@ -179,6 +180,9 @@ class Fleet:
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
+                # A fleet whose supervisor is killed outright (SIGKILL, OOM) stops with it:
+                # SIGTERM, so each child still drains as on Ctrl-C.
+                preexec_fn=die_with(os.getpid(), signal.SIGTERM),  # noqa: PLW1509
             )
         finally:
             if out is not None:

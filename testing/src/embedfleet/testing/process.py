@@ -7,7 +7,6 @@ start time in clock ticks since boot (field 22 of /proc/<pid>/stat). Linux only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from embedfleet.common.lifetime import die_with
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 T = TypeVar("T")
@@ -57,27 +57,6 @@ def is_running(record: ProcessRecord) -> bool:
     return start_ticks(record.pid) == record.start_ticks
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """A preexec_fn asking the kernel to SIGKILL the child when the thread that forked it dies.
-
-    So a test run killed by a timeout or SIGKILL, which never reaches its fixture teardown, does
-    not leave a control plane behind. SIGKILL, not SIGTERM: etcd and kube-apiserver terminating
-    gracefully at the same moment wait on each other's connections and hang. The prctl is
-    resolved before the fork; the child only calls it.
-    """
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return arm
-
-
 def spawn(
     name: str,
     argv: Sequence[str],
@@ -99,7 +78,9 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             start_new_session=True,
-            preexec_fn=_die_with(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
+            # SIGKILL, not SIGTERM: etcd and kube-apiserver terminating gracefully at the same
+            # moment wait on each other's connections and hang.
+            preexec_fn=die_with(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
         )
     ticks = start_ticks(proc.pid)
     if ticks is None:
