@@ -170,8 +170,10 @@ def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequen
         ensure_wheels(root, lock, pool)
     _check_space(root, spec, pool, cache)
     _log(f"building {tags[-1]} ({spec.dockerfile}, {tags[0]})")
-    # --force-rm: a failed build's working container (GBs for the worker) is removed too.
-    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet", "--force-rm"]
+    # --force-rm (which buildah takes only with --no-cache; nothing is cached without --layers
+    # anyway): a failed build's working container (GBs for the worker) is removed too.
+    argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet", "--no-cache"]
+    argv += ["--force-rm"]
     argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
     for name, value in build_args(spec, base_ref).items():
         argv += ["--build-arg", f"{name}={value}"]
