@@ -6,7 +6,7 @@ through candidate models before any engine exists.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -20,8 +20,17 @@ from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.pooling import pool
 
-if TYPE_CHECKING:
-    from embedfleet.worker.engine.runtime import Runtime
+
+class Runtime(Protocol):
+    """A compiled CPU encoder (runtime.py makes them); this module only needs its hidden states."""
+
+    @property
+    def name(self) -> str: ...
+
+    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
+        """Packed hidden states [T, H] of the batch's tokens (`lengths`: the host's sequence
+        lengths, zero for spare slots)."""
+        ...
 
 
 def forward(

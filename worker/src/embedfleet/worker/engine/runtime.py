@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +33,7 @@ from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.worker.engine.attention import GroupedBackend
 from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
-from embedfleet.worker.engine.forward import default_outputs
+from embedfleet.worker.engine.forward import Runtime, default_outputs
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.models.family import load_model
 from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
@@ -57,14 +57,10 @@ INPUT_NAMES = ("input_ids", "type_ids", "positions", "gather", "inverse", "mask"
 OV_PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-class Runtime(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
-        """Packed hidden states [T, H] of the batch's tokens (`lengths`: the host's sequence
-        lengths, zero for spare slots)."""
-        ...
+#: the longest sequence the OpenVINO runtime takes: its attention holds each sequence's L x L
+#: scores per head (16 heads x 2,048^2 x 4 bytes = 268 MB), so a model allowing more serves
+#: this many tokens under it (the gateway reads the worker's limit, and answers past it as usual)
+OPENVINO_MAX_TOKENS = 2048
 
 
 def openvino_available() -> bool:

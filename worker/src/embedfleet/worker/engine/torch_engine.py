@@ -37,7 +37,7 @@ from embedfleet.worker.engine.attention import (
 )
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
-from embedfleet.worker.engine.forward import forward
+from embedfleet.worker.engine.forward import Runtime, forward
 from embedfleet.worker.engine.graph_policy import (
     Action,
     GraphCache,
@@ -49,8 +49,8 @@ from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.engine.runtime import (
+    OPENVINO_MAX_TOKENS,
     InductorRuntime,
-    Runtime,
     openvino_at_dtype,
     resolve_runtime,
 )
@@ -81,6 +81,14 @@ class TorchEngine:
         self.runtime: Runtime | None = None
         self.runtime_name = resolve_runtime(config.cpu_runtime, self.device)
         if self.runtime_name == "openvino":
+            if self.max_tokens > OPENVINO_MAX_TOKENS:
+                # Its attention materializes each sequence's L x L scores per head: a Qwen3's
+                # 40,960-token limit took a worker past 22 GB in the start-up probe alone.
+                log.warning(
+                    "openvino runtime: input limit lowered to its bound",
+                    extra={"model_limit": self.max_tokens, "limit": OPENVINO_MAX_TOKENS},
+                )
+                self.max_tokens = OPENVINO_MAX_TOKENS
             self.dtype, self.model, self.runtime = openvino_at_dtype(
                 self.model_dir, config.dtype, config.threads, self.max_tokens, config.bidirectional
             )
