@@ -56,6 +56,15 @@ def _call(fleet: Fleet, path: str, body: dict[str, Any] | None = None) -> dict[s
     return dict(json.loads(proc.stdout))
 
 
+def _routed(fleet: Fleet) -> bool:
+    """The shared Service answers at its ClusterIP (kube-proxy has an endpoint for it)."""
+    ip = fleet.get("service", "-n", NAMESPACE, SERVICE)["spec"]["clusterIP"]
+    probe = "import socket, sys; socket.create_connection((sys.argv[1], 80), timeout=5).close()"
+    argv = [sys.executable, "-c", probe, ip]
+    proc = subprocess.run(fleet.in_node(argv), capture_output=True, timeout=30, check=False)
+    return proc.returncode == 0
+
+
 def _worker_pod(fleet: Fleet, name: str) -> dict[str, Any]:
     selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=worker"
     (pod,) = [
@@ -78,9 +87,14 @@ def test_two_fleets_behind_one_shared_gateway(installed: Fleet, reference: Any) 
         if not pods or not all(is_ready(p) for p in pods):
             return False
         try:
-            return all(_worker_pod(fleet, name) for name, _ in FLEETS)
+            if not all(_worker_pod(fleet, name) for name, _ in FLEETS):
+                return False
         except ValueError:  # not exactly one ready worker yet
             return False
+        # A Ready pod is not yet a routed Service: until the EndpointSlice controller and
+        # kube-proxy have caught up, the ClusterIP has no endpoint and kube-proxy rejects the
+        # connection (the refusal a CI run hit right after the pods turned Ready).
+        return _routed(fleet)
 
     try:
         fleet.wait("the shared gateway and both fleets' workers ready", ready, timeout=600)

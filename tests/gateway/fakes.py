@@ -129,6 +129,8 @@ class InMemoryFakeWorker:
     ready: bool = True
     queued_tokens: int = 0
     capacity: float = 0.0
+    #: what Info says the process is (a new value: the worker restarted)
+    instance: str = "first"
     #: the next calls fail with these codes, one each, in order
     failures: list[grpc.StatusCode] = field(default_factory=list)
     #: while not None and not set, calls wait on it (a stalled worker)
@@ -190,6 +192,7 @@ class InMemoryFakeWorker:
             model_name="fake",
             task="embed",
             dimensions=DIMS,
+            instance=self.instance,
             ready=self.ready,
             queued_tokens=self.queued_tokens,
             capacity_tokens_per_second=self.capacity,

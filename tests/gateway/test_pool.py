@@ -119,3 +119,15 @@ async def test_removed_workers_are_closed_and_leave_no_state(fleet: InMemoryFlee
             assert lease.address == "w1"
     await fleet.pool.close()
     assert fleet.fakes["w1"].closed
+
+
+async def test_a_restarted_worker_is_readmitted_at_its_first_probe(fleet: InMemoryFleet) -> None:
+    """A worker that restarts between two probes never looks unready to the pool; its new
+    instance is what ends the ejection its old process earned."""
+    with fleet.pool.lease(1, exclude={"w1"}) as lease:
+        assert lease.eject() is True
+    await fleet.pool._probe_once("w0")
+    assert fleet.pool.usable_workers() == 1  # the same process: it sits its ejection out
+    fleet.fakes["w0"].instance = "second"
+    await fleet.pool._probe_once("w0")
+    assert fleet.pool.usable_workers() == 2

@@ -209,18 +209,24 @@ class WorkerPool:
             self._sync_ready()
             return
         was = endpoint.ready
+        previous = self._infos.get(address)
+        restarted = previous is not None and previous.instance != info.instance
         endpoint.ready = info.ready and not info.draining
         endpoint.queued_tokens = int(info.queued_tokens)
         endpoint.queued_elsewhere = max(0, endpoint.queued_tokens - endpoint.outstanding_tokens)
         endpoint.capacity = info.capacity_tokens_per_second
         self._infos[address] = info
         self._sync_ready()
-        if endpoint.ready != was:
+        if restarted:
+            log.info("worker restarted", extra={"worker": address, "ready": endpoint.ready})
+        elif endpoint.ready != was:
             log.info("worker readiness", extra={"worker": address, "ready": endpoint.ready})
-            if endpoint.ready:
-                # Ejection guards against a worker that fails calls while claiming readiness; one
-                # that went unready and passed its start-up checks again is a fresh process.
-                self._balancer.readmit(endpoint)
+        if endpoint.ready and (restarted or not was):
+            # Ejection guards against a worker that fails calls while claiming readiness; one
+            # that passed its start-up checks again is a fresh process. A restart can be quicker
+            # than a probe, so the process's instance tells it, not only a readiness change: the
+            # killed worker of `embedfleet serve` was back in 0.5 s and then sat out its ejection.
+            self._balancer.readmit(endpoint)
 
     async def _probe_loop(self, address: str) -> None:
         while True:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -205,6 +206,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         self.bytes = ByteBudget(max_inflight_bytes, on_change=state.metrics.request_bytes.set)
         self._stages = state.metrics.stages
         self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
+        #: InfoResponse.instance: random, so a restart at the same address and pid still differs
+        self._instance = secrets.token_hex(8)
 
     async def refuse_overload(
         self, rpc: str, request: Refused, context: grpc.aio.ServicerContext[Any, Any]
@@ -323,6 +326,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             queued_tokens=queued_tokens,
             ready=state.ready and not state.draining,
             draining=state.draining,
+            instance=self._instance,
         )
         if state.engine is not None:
             info = state.engine.info
