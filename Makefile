@@ -67,9 +67,9 @@ images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
 # Images first (reused when their content key is cached): a build inside a test would count
-# against that test's timeout.
+# against that test's timeout. The 40 slowest tests are listed at the end: where CI time goes.
 test: install tools node prometheus images lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=40 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m embedfleet.bench
