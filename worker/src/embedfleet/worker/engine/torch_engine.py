@@ -90,7 +90,12 @@ class TorchEngine:
                 )
                 self.max_tokens = OPENVINO_MAX_TOKENS
             self.dtype, self.model, self.runtime = openvino_at_dtype(
-                self.model_dir, config.dtype, config.threads, self.max_tokens, config.bidirectional
+                self.model_dir,
+                config.dtype,
+                config.threads,
+                self.max_tokens,
+                config.bidirectional,
+                config.openvino_cache_dir,
             )
         else:
             self.dtype, self.model = load_model_at_dtype(
