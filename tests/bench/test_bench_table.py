@@ -19,7 +19,7 @@ from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
 from embedfleet.bench.layouts import table as layouts_table
 from embedfleet.bench.report import best_peer, suite_table
-from embedfleet.bench.stages import Breakdown, histogram_sums, stage_rows
+from embedfleet.bench.stages import Breakdown, engine_stages, histogram_sums, stage_rows
 from embedfleet.bench.stages import table as stages_table
 from embedfleet.bench.suites import Point, SystemRun
 
@@ -147,19 +147,25 @@ def test_stage_rows_account_for_the_client_latency() -> None:
                     ("validate", 0.0004),
                     ("reply", 0.0006),
                     ("serialize", 0.0008),
+                    ("forward", 0.012),
+                    ("pool", 0.001),
                 )
             ),
         ]
     )
     rows = stage_rows(30.0, (before, histogram_sums(gateway)), ({}, histogram_sums(worker)))
+    # The engine's own stages split compute; one it did not report (pack here) is left out.
+    split = engine_stages(({}, histogram_sums(worker)))
+    assert split == {"forward": pytest.approx(6.0), "pool": pytest.approx(0.5)}
     assert rows["client + HTTP server"] == pytest.approx(30.0 - 25.0)  # gateway: 50 ms / 2
     assert rows["gateway glue"] == pytest.approx(25.0 - 1.0 - 3.0 - 15.0 - 2.0)
     assert rows["gRPC out + back"] == pytest.approx(15.0 - 10.0 - 0.1 - 0.4)
     assert rows["worker glue"] == pytest.approx(10.0 - 0.2 - 1.0 - 7.0 - 0.3)
     assert sum(rows.values()) == pytest.approx(30.0)  # every millisecond lands in one row
-    text = stages_table([Breakdown("1x2", 128, 2, 29.0, 30.0, rows, {"forward": 6.0})])
+    text = stages_table([Breakdown("1x2", 128, 2, 29.0, 30.0, rows, split)])
     assert "| compute | worker | 7.00 |" in text
-    assert "| ↳ forward (in-process) | worker | 6.00 |" in text
+    assert "| ↳ forward (engine) | worker | 6.00 |" in text
+    assert "| ↳ pack (engine) | worker | – |" in text
     assert "| **sum = client mean** | | **30.00** |" in text
 
 

@@ -182,7 +182,13 @@ def test_the_cpu_worker_lock_is_the_gpu_one_without_triton() -> None:
     gpu = lock_pins((locks / "worker.txt").read_text())
     cpu = lock_pins((locks / "worker-cpu.txt").read_text())
     assert {"triton", "cuda-bindings"} <= set(gpu)
-    assert cpu == {name: version for name, version in gpu.items() if name not in CPU_UNUSED}
+    # The CPU image adds the openvino extra (the CPU runtime), which the GPU image never carries.
+    openvino = {"openvino", "openvino-telemetry"}
+    assert openvino <= set(cpu)
+    assert not openvino & set(gpu)
+    assert {name: version for name, version in cpu.items() if name not in openvino} == {
+        name: version for name, version in gpu.items() if name not in CPU_UNUSED
+    }
     # PyPI's torch links the CUDA runtime libraries: without them `import torch` fails.
     assert "nvidia-cuda-runtime" in cpu
     # The bundled model package comes alone: sentence-transformers is for the tests only.

@@ -553,3 +553,66 @@ def test_worker_memory_settings_reach_the_worker() -> None:
     assert plain["EMBEDFLEET_WORKER_MAX_INFLIGHT_BYTES"] == str(defaults.max_inflight_bytes)
     assert plain["EMBEDFLEET_WORKER_LIBRARY_CACHE_CAPACITY"] == str(defaults.library_cache_capacity)
     assert float(plain["EMBEDFLEET_WORKER_MALLOC_TRIM_SECONDS"]) == defaults.malloc_trim_seconds
+
+
+def _worker_engine(data: dict[str, str]) -> Any:
+    """The EngineConfig a worker builds from a rendered config map."""
+    from embedfleet.common.settings import load
+    from embedfleet.worker.engine.config import EngineConfig
+    from embedfleet.worker.settings import ENV_PREFIX
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in data.items():
+            if k.startswith(ENV_PREFIX):
+                mp.setenv(k, v)
+        return EngineConfig.from_settings(load(WorkerSettings, ENV_PREFIX, []))
+
+
+@pytest.mark.parametrize("runtime", ["eager", "inductor", "openvino"])
+def test_the_cpu_runtime_reaches_the_worker(runtime: str) -> None:
+    raw = {"model": {"source": "file:///m"}, "worker": {"engine": {"cpuRuntime": runtime}}}
+    data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_CPU_RUNTIME"] == runtime
+    assert _worker_engine(data).cpu_runtime == runtime
+    # No claim to share: the graph stays in the pod's own cache (its /tmp emptyDir).
+    assert "EMBEDFLEET_WORKER_OPENVINO_CACHE_DIR" not in data
+
+
+def test_auto_cpu_runtime_renders_nothing_so_no_fleet_rolls() -> None:
+    """A fleet that never set cpuRuntime (or set the default) keeps its config hash across the
+    operator upgrade that added the field."""
+    base = {"model": {"source": "file:///opt/m"}}
+    auto = {**base, "worker": {"engine": {"cpuRuntime": "auto"}}}
+    data = child_objects(auto)["ConfigMap/minilm-config"]["data"]
+    assert "EMBEDFLEET_WORKER_CPU_RUNTIME" not in data
+    assert _worker_engine(data).cpu_runtime == "auto"
+    assert _hash(auto, "worker") == _hash(base, "worker")
+    chosen = {**base, "worker": {"engine": {"cpuRuntime": "openvino"}}}
+    assert _hash(chosen, "worker") != _hash(base, "worker")
+
+
+def test_openvino_graphs_are_cached_in_the_model_cache_claim() -> None:
+    """With a shared model cache claim only a fleet's first pod converts (most of a new pod's
+    start-up); the claim is the one volume a worker may write that outlives it."""
+    raw: dict[str, Any] = {
+        "model": {"source": "hf://org/model", "cache": {"claimName": "models"}},
+        "worker": {"engine": {"cpuRuntime": "openvino"}},
+    }
+    objs = child_objects(raw)
+    data = objs["ConfigMap/minilm-config"]["data"]
+    cache = data["EMBEDFLEET_WORKER_OPENVINO_CACHE_DIR"]
+    assert _worker_engine(data).openvino_cache_dir == cache
+    pod = objs["Deployment/minilm-worker"]["spec"]["template"]["spec"]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if cache.startswith(m["mountPath"])]
+    assert not mount.get("readOnly")
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["claimName"] == "models"
+    # An emptyDir model cache dies with the pod, a pvc:// model is mounted read-only, eager
+    # reads no graph: none of them gets a cache directory.
+    for other in (
+        {**raw, "model": {"source": "hf://org/model"}},
+        {**raw, "model": {"source": "pvc://models/m"}},
+        {**raw, "worker": {"engine": {"cpuRuntime": "eager"}}},
+    ):
+        data = child_objects(other)["ConfigMap/minilm-config"]["data"]
+        assert "EMBEDFLEET_WORKER_OPENVINO_CACHE_DIR" not in data

@@ -74,6 +74,18 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("cache-file", "bad", _with("model.cache", {"sizeLimit": "1Gi"}), "applies only to hf://"),
     ("flash-cpu", "bad", _with("worker.engine.attention", "flash-attn"), "flash-attn needs a GPU"),
     (
+        "cpu-runtime-enum",
+        "bad",
+        _with("worker.engine.cpuRuntime", "onnx"),
+        'spec.worker.engine.cpuRuntime: Unsupported value: "onnx"',
+    ),
+    (
+        "openvino-gpu",
+        "bad",
+        _with("worker", {"gpus": 1, "engine": {"cpuRuntime": "openvino"}}),
+        "worker.engine.cpuRuntime inductor and openvino run on CPU only",
+    ),
+    (
         "gpu-in-limits",
         "bad",
         _with("worker.resources", {"limits": {"nvidia.com/gpu": 1}}),
@@ -284,7 +296,13 @@ def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namesp
     got = json.loads(cluster.kubectl("get", "emb", "graphs", "-n", ns, "-o", "json").stdout)
     assert got["spec"]["worker"]["enginesPerGPU"] == 4
     assert got["spec"]["worker"]["engine"]["tokenBucketSwitch"] == 1024  # defaulted
+    assert got["spec"]["worker"]["engine"]["cpuRuntime"] == "auto"  # defaulted, GPU or not
     cluster.kubectl("delete", "emb", "graphs", "-n", ns)
+    cpu = _with("worker.engine.cpuRuntime", "openvino")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("openvino", cpu))
+    got = json.loads(cluster.kubectl("get", "emb", "openvino", "-n", ns, "-o", "json").stdout)
+    assert got["spec"]["worker"]["engine"]["cpuRuntime"] == "openvino"
+    cluster.kubectl("delete", "emb", "openvino", "-n", ns)
 
 
 def test_tracing_settings_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:

@@ -109,3 +109,59 @@ def test_openvino_conversion_is_cached(
     # start-up probe at the model's own limit took the process past 22 GB).
     assert other.max_tokens == runtimes.OPENVINO_MAX_TOKENS
     assert len(list(tmp_path.glob("embedfleet/openvino/*/encoder.xml"))) == 2
+
+
+def test_openvino_cache_dir_is_where_graphs_are_kept(
+    family_dirs: FamilyDirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--openvino-cache-dir (the operator points it into a model cache claim, shared by a fleet's
+    pods): a second engine there reads the first one's graph instead of converting."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    shared = tmp_path / "claim" / ".openvino"
+    path = family_dirs.get("splade")
+    config = EngineConfig(
+        model=str(path),
+        device="cpu",
+        dtype="float32",
+        cpu_runtime="openvino",
+        openvino_cache_dir=str(shared),
+    )
+    seqs = random_sequences(300, (4, 21))
+    [first] = TorchEngine(config).run([item(seqs)])
+    assert len(list(shared.glob("*/encoder.xml"))) == 1
+    assert not (tmp_path / "xdg").exists()
+    assert not list(shared.glob(".partial-*"))
+
+    def no_conversion(model: object) -> None:
+        raise AssertionError("converted again although the graph was cached")
+
+    monkeypatch.setattr(runtimes, "convert", no_conversion)
+    [second] = TorchEngine(config).run([item(seqs)])
+    np.testing.assert_array_equal(first, second)
+
+
+class _FakeOV:
+    """openvino.save_model's file-writing alone, tagged with who wrote the pair."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def save_model(self, model: object, path: str, compress_to_fp16: bool) -> None:
+        xml = Path(path)
+        xml.write_text(self.tag)
+        xml.with_suffix(".bin").write_text(self.tag)
+
+
+def test_a_saved_graph_appears_whole_and_the_first_writer_wins(tmp_path: Path) -> None:
+    entry = tmp_path / "key"
+    runtimes._save(_FakeOV("first"), None, entry)
+    # A second pod converting the same checkpoint at the same time keeps the first's pair.
+    runtimes._save(_FakeOV("second"), None, entry)
+    assert (entry / "encoder.xml").read_text() == (entry / "encoder.bin").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key"]  # no partial folders left
+    # An entry without its graph (older code wrote partial files in place) is replaced.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "partial-1.bin").write_text("half")
+    runtimes._save(_FakeOV("new"), None, stale)
+    assert sorted(p.name for p in stale.iterdir()) == ["encoder.bin", "encoder.xml"]

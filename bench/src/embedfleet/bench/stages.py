@@ -9,8 +9,8 @@ read as the change of each histogram's sum over its count across the measured re
 benchmark also checks what the metrics say. What no histogram covers is derived: the client and
 HTTP server (client latency minus the gateway's request time), the gRPC hop (the gateway's call
 minus the worker's handler, decode and encode) and each process's glue. The worker's compute is
-split into pack / forward / pool in this process afterwards, on the torch engine's own functions,
-where the engine reports no such stages itself.
+split into pack / forward / pool by the engine's own stages (the same histogram, per batch: one
+batch per request here).
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from embedfleet.bench import corpus as corpus_mod
 from embedfleet.bench import peers
 from embedfleet.bench.targets import HttpTarget
-from embedfleet.common.cpus import detect_cores, layout, wait_policy
+from embedfleet.common.cpus import detect_cores, layout
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.workers import scrape
@@ -85,7 +82,7 @@ class Breakdown:
     mean_ms: float
     #: row label -> mean milliseconds per request
     stages: dict[str, float] = field(default_factory=dict)
-    #: pack / forward / pool, measured in-process (ms), when measured
+    #: pack / forward / pool mean ms per batch, from the engine's own stages where it reports them
     split: dict[str, float] = field(default_factory=dict)
 
 
@@ -153,6 +150,21 @@ def stage_rows(
         "worker serialize": serialize,
         "worker glue": handler - validate - queue - compute - reply,
         "JSON out": respond,
+    }
+
+
+def engine_stages(
+    wk: tuple[
+        dict[tuple[str, str], tuple[float, float]], dict[tuple[str, str], tuple[float, float]]
+    ],
+) -> dict[str, float]:
+    """Pure: the engine's pack / forward / pool mean ms per batch between the worker scrapes
+    before and after; a stage the engine did not report is left out."""
+    name = "embedfleet_worker_stage_seconds"
+    return {
+        stage: mean_ms(wk[0], wk[1], name, stage)
+        for stage in SPLIT
+        if wk[1].get((name, stage), (0.0, 0.0))[1] > wk[0].get((name, stage), (0.0, 0.0))[1]
     }
 
 
@@ -231,6 +243,7 @@ async def _measure_lengths(
                 statistics.median(latencies) * 1e3,
                 client,
                 stage_rows(client, (gw0, gw1), (wk0, wk1)),
+                engine_stages((wk0, wk1)),
             )
             out.append(row)
             print(f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms", flush=True)
@@ -252,71 +265,6 @@ def scrape_all(
     return gateway, workers
 
 
-def engine_split(texts: Sequence[str], threads: int, requests: int) -> dict[str, float]:
-    """pack / forward / pool mean ms of single texts, on the torch engine's functions in this
-    process (what its step runs on CPU), at `threads` torch threads."""
-    import numpy as np
-    import torch
-
-    from embedfleet.common.codec import Tokens
-    from embedfleet.worker.contract import WorkItem
-    from embedfleet.worker.engine.batch import pack, to_device
-    from embedfleet.worker.engine.config import EngineConfig
-    from embedfleet.worker.engine.outputs import apply_options
-    from embedfleet.worker.engine.pooling import pool
-    from embedfleet.worker.engine.torch_engine import TorchEngine
-
-    engine = TorchEngine(
-        EngineConfig(
-            model=str(peers.served_model_dir()),
-            device="cpu",
-            threads=threads,
-            max_input_tokens=peers.MAX_TOKENS,
-        )
-    )
-    tokenizer = engine.model_dir.tokenizer()
-    times = dict.fromkeys(SPLIT, 0.0)
-    offset = engine.shape.position_offset
-    with torch.inference_mode():
-        # Each text twice, the second timed: its shape is then warm, as the fleet's worker has
-        # its shapes warm from the warm-up (oneDNN builds kernels per shape on first use).
-        for i in range(2 * requests):
-            ids = np.asarray(tokenizer.encode(texts[i // 2 % len(texts)]).ids, np.int32)
-            item = WorkItem(Tokens(ids, np.asarray([len(ids)], np.int32)))
-            t0 = time.perf_counter_ns()
-            host = pack([item.tokens], offset)
-            batch = to_device(host, engine.device)
-            t1 = time.perf_counter_ns()
-            plan = engine.backend.plan(
-                batch.cu_seqlens, host.lengths, int(host.lengths.max()), engine.shape.causal
-            )
-            hidden = engine.model.forward(batch, plan)
-            t2 = time.perf_counter_ns()
-            head = pool(hidden, batch, engine.model_dir.pooling)
-            out, _ = apply_options([item], hidden, head, batch, host.real_sequences, engine.info)
-            out.numpy()
-            t3 = time.perf_counter_ns()
-            if i % 2:
-                for name, ns in zip(SPLIT, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-                    times[name] += ns / 1e6 / requests
-    return times
-
-
-def split_in_child(threads: int, length: int, requests: int, shape: str) -> dict[str, float]:
-    """engine_split in a fresh process with the worker's OpenMP environment (libgomp reads it
-    once, at load; one process measuring several thread counts measured its own leftovers)."""
-    policy = parse_shape(shape.replace(" ", ":")).wait_policy
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if policy != "DEFAULT":
-        env["OMP_WAIT_POLICY"] = policy or wait_policy(threads)
-    argv = [sys.executable, "-m", "embedfleet.bench.stages", "--requests", str(requests)]
-    argv += ["--split-only", f"{threads}:{length}"]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
-    split: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    return split
-
-
 def table(rows: Sequence[Breakdown]) -> str:
     """Pure: one column per (layout, length), one row per stage, in mean ms per request."""
     head = "| stage | where | " + " | ".join(f"{r.shape} @{r.length}" for r in rows) + " |"
@@ -330,7 +278,7 @@ def table(rows: Sequence[Breakdown]) -> str:
         if label == "compute":
             for name in SPLIT:
                 cells = [f"{r.split[name]:.2f}" if name in r.split else "–" for r in rows]
-                lines.append(f"| ↳ {name} (in-process) | worker | " + " | ".join(cells) + " |")
+                lines.append(f"| ↳ {name} (engine) | worker | " + " | ".join(cells) + " |")
     lines.append(
         "| **sum = client mean** | | "
         + " | ".join(f"**{sum(r.stages.values()):.2f}**" for r in rows)
@@ -351,15 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a fleet as WORKERSxTHREADS[:OMP_WAIT_POLICY], repeatable (default: the fleet's own "
         "decision for this machine)",
     )
-    parser.add_argument("--no-split", action="store_true", help="skip the in-process split")
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--split-only", default="", help=argparse.SUPPRESS)  # THREADS:LENGTH
     args = parser.parse_args(argv)
-    if args.split_only:
-        threads, _, length = args.split_only.partition(":")
-        texts = corpus_mod.load().texts[int(length)]
-        print(json.dumps(engine_split(texts, int(threads), args.requests)))
-        return 0
     lengths = [int(x) for x in args.lengths.split(",") if x]
     corpus = corpus_mod.load()
     logs = corpus_mod.cache_dir() / "bench-runs" / time.strftime("%Y%m%dT%H%M%S") / "stages"
@@ -371,10 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Breakdown] = []
     for shape in shapes:
         rows += measure_fleet(shape, lengths, args.requests, corpus, logs)
-    if not args.no_split:
-        for row in rows:
-            threads = parse_shape(row.shape.split()[0]).threads
-            row.split = split_in_child(threads, row.length, args.requests, row.shape)
     print()
     print(table(rows))
     if args.json:

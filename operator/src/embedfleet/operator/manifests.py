@@ -197,6 +197,17 @@ def worker_threads(resources: Resources) -> int:
     return max(1, math.ceil(cores)) if cores else 0
 
 
+def openvino_cache_dir(spec: Spec) -> str:
+    """Where an OpenVINO worker keeps its converted graph: in the model cache claim when there is
+    one (hf:// with model.cache.claimName, mounted writable at MODEL_DIR), so only the fleet's
+    first pod pays the conversion (most of a new pod's start-up); "" leaves the worker's default,
+    the pod's /tmp emptyDir, converted again by every pod."""
+    source, claim = spec.model.source, spec.model.cache.claim_name
+    if spec.worker.engine.cpu_runtime != "openvino" or source.kind != "hf" or not claim:
+        return ""
+    return f"{MODEL_DIR}/.openvino"
+
+
 def served_task(spec: Spec) -> str:
     """The worker's and gateway's --task: embed, the default, leaves the choice to the checkpoint
     (so a cross-encoder deployed without model.task still scores); the others are checked
@@ -252,6 +263,12 @@ def worker_env(spec: Spec) -> dict[str, str]:
     }
     if engine.graph_buckets:
         graphs["graph_buckets"] = ",".join(str(b) for b in engine.graph_buckets)
+    if engine.cpu_runtime != "auto":
+        # Only when chosen, so a fleet that never set it keeps its pods' config hash (no rollout
+        # of every CPU fleet when the operator is upgraded).
+        graphs["cpu_runtime"] = engine.cpu_runtime
+    if cache := openvino_cache_dir(spec):
+        graphs["openvino_cache_dir"] = cache
     return _env(
         WORKER_PREFIX,
         {

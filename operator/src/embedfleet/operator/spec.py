@@ -94,6 +94,9 @@ class Engine:
     graph_buckets: tuple[int, ...] = ()
     cuda_graphs: str = "lazy"
     attention: str = "auto"
+    #: how the encoder runs on a CPU worker (the worker's --cpu-runtime): auto, eager, inductor,
+    #: openvino
+    cpu_runtime: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,7 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
             graph_buckets=tuple(int(b) for b in engine.get("graphBuckets") or ()),
             cuda_graphs=str(engine.get("cudaGraphs", e.cuda_graphs)),
             attention=str(engine.get("attention", e.attention)),
+            cpu_runtime=str(engine.get("cpuRuntime", e.cpu_runtime)),
         ),
         memory=Memory(
             max_inflight_bytes=int(memory.get("maxInflightBytes", m.max_inflight_bytes)),

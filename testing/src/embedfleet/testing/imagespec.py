@@ -57,7 +57,8 @@ class ImageSpec:
     """Locked alone, not with what they require."""
     extras: tuple[str, ...] = ()
     """The component's optional extras the image carries (`tracing`: OpenTelemetry, imported
-    only when a process is started with a tracing endpoint)."""
+    only when a process is started with a tracing endpoint; `openvino`: the CPU worker's
+    OpenVINO runtime, imported only when selected)."""
 
     @property
     def dockerfile(self) -> str:
@@ -89,7 +90,8 @@ SPECS = {
             suffix=CPU_SUFFIX,
             exclude=CPU_UNUSED,
             extra_requirements=("huggingface_hub",),
-            extras=("tracing",),
+            # OpenVINO (worker.engine.cpuRuntime openvino) in the CPU image only.
+            extras=("tracing", "openvino"),
         ),
         ImageSpec(
             "worker",

@@ -58,11 +58,19 @@ class WorkerSettings:
         "auto",
         "How the encoder runs on a CPU: auto (eager), eager (PyTorch op by op), inductor "
         "(torch.compile, dynamic shapes), openvino (the fastest per batch, converted at start: "
-        "35-65 s the first time, cached under XDG_CACHE_HOME; the worker's [openvino] extra). "
+        "35-65 s the first time, then cached in --openvino-cache-dir; the worker's [openvino] "
+        "extra). "
         "Ignored on CUDA, which uses CUDA graphs. --dtype applies to each (bfloat16 on openvino "
         "is its inference precision hint). Measured in docs/benchmarks/README.md, CPU engine "
         "paths.",
         choices=("auto", "eager", "inductor", "openvino"),
+    )
+    openvino_cache_dir: str = setting(
+        "",
+        "Where --cpu-runtime openvino keeps converted graphs between starts (keyed by the "
+        "checkpoint's files, the engine's model code and the OpenVINO and torch versions); empty: "
+        "$XDG_CACHE_HOME/embedfleet/openvino. The operator points it into the model cache claim "
+        "(model.cache.claimName), so only a fleet's first pod converts.",
     )
     attention: str = setting(
         "auto",

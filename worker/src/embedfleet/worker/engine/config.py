@@ -25,6 +25,7 @@ class EngineConfig:
     dtype: str = "auto"
     threads: int = 0
     cpu_runtime: str = "auto"
+    openvino_cache_dir: str = ""
     attention: str = "auto"
     cuda_graphs: GraphMode = "lazy"
     graph_buckets: tuple[int, ...] = ()
@@ -46,6 +47,7 @@ class EngineConfig:
             dtype=s.dtype,
             threads=s.threads,
             cpu_runtime=s.cpu_runtime,
+            openvino_cache_dir=s.openvino_cache_dir,
             attention=s.attention,
             cuda_graphs=graph_mode(s.cuda_graphs),
             graph_buckets=tuple(s.graph_buckets),

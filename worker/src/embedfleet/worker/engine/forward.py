@@ -42,21 +42,39 @@ def forward(
     lengths: npt.NDArray[np.int64],
     runtime: Runtime | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`.
+    """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`:
+    `encode`, then `default_head`."""
+    hidden = encode(model, backend, batch, max_seqlen, lengths, runtime)
+    return hidden, default_head(model, pooling, hidden, batch)
+
+
+def encode(
+    model: Model,
+    backend: AttentionBackend,
+    batch: DeviceBatch,
+    max_seqlen: int,
+    lengths: npt.NDArray[np.int64],
+    runtime: Runtime | None = None,
+) -> torch.Tensor:
+    """The encoder's hidden states [T, H] for every token of `batch`.
 
     `lengths` are the host-side sequence lengths the attention plans with; graph captures pass
     none, as their plan may only read device tensors. With a compiled CPU `runtime` the encoder
-    runs there (`backend` unused); the head and pooling stay eager either way.
+    runs there (`backend` unused).
     """
     if runtime is not None:
-        hidden = runtime.hidden(batch, lengths)
-    else:
-        plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
-        hidden = model.forward(batch, plan)
+        return runtime.hidden(batch, lengths)
+    plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
+    return model.forward(batch, plan)
+
+
+def default_head(
+    model: Model, pooling: Pooling, hidden: torch.Tensor, batch: DeviceBatch
+) -> torch.Tensor:
+    """The model's head over `hidden` (scores, logits, sparse rows) or, for an embedder, the
+    default pooling [N, H] float32; always eager."""
     out = model.head(hidden, batch)
-    if out is not None:
-        return hidden, out
-    return hidden, pool(hidden, batch, pooling)
+    return out if out is not None else pool(hidden, batch, pooling)
 
 
 def default_outputs(

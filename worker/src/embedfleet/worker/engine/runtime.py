@@ -19,6 +19,8 @@ import importlib
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -160,8 +162,11 @@ def convert(model: Model) -> Any:
         )
 
 
-def cache_dir() -> Path:
-    """Where converted graphs are kept between starts ($XDG_CACHE_HOME or ~/.cache)."""
+def cache_dir(configured: str = "") -> Path:
+    """Where converted graphs are kept between starts: `configured` (--openvino-cache-dir), else
+    $XDG_CACHE_HOME/embedfleet/openvino (~/.cache without it)."""
+    if configured:
+        return Path(configured)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "embedfleet" / "openvino"
 
@@ -182,28 +187,49 @@ def cache_key(model_dir: ModelDir, bidirectional: bool | None) -> str:
     return digest.hexdigest()[:24]
 
 
-def converted_model(model_dir: ModelDir, model: Model, bidirectional: bool | None) -> Any:
-    """The encoder's OpenVINO graph: read from the cache when this checkpoint and code were
-    converted before (a start then costs a read, not a trace and a conversion), else converted
-    and saved there. A cache that cannot be written only costs the next start the conversion."""
+def converted_model(
+    model_dir: ModelDir, model: Model, bidirectional: bool | None, root: Path
+) -> Any:
+    """The encoder's OpenVINO graph: read from the cache under `root` when this checkpoint and
+    code were converted before (a start then costs a read, not a trace and a conversion), else
+    converted and saved there. A cache that cannot be written only costs the next start the
+    conversion."""
     ov: Any = importlib.import_module("openvino")
-    path = cache_dir() / cache_key(model_dir, bidirectional) / "encoder.xml"
+    entry = root / cache_key(model_dir, bidirectional)
+    path = entry / "encoder.xml"
     if path.is_file():
         try:
             return ov.Core().read_model(str(path))
         except RuntimeError:
             log.warning("unreadable cached OpenVINO graph %s: converting again", path)
+            shutil.rmtree(entry, ignore_errors=True)  # so this conversion replaces it
     converted = convert(model)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"partial-{os.getpid()}.xml")
-        # Weights stay float32 in the file: the precision hint decides at compile time.
-        ov.save_model(converted, str(partial), compress_to_fp16=False)
-        partial.with_suffix(".bin").replace(path.with_suffix(".bin"))
-        partial.replace(path)
+        _save(ov, converted, entry)
     except OSError as err:
-        log.warning("could not cache the OpenVINO graph in %s: %s", path.parent, err)
+        log.warning("could not cache the OpenVINO graph in %s: %s", entry, err)
     return converted
+
+
+def _save(ov: Any, converted: Any, entry: Path) -> None:
+    """Writes the graph into a folder of its own, then renames that to `entry`: a cache shared by
+    several pods (a model cache claim; every container is PID 1) never shows a half-written or
+    mixed pair of files, and the first writer's entry stays."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=entry.parent))
+    try:
+        # Weights stay float32 in the file: the precision hint decides at compile time.
+        ov.save_model(converted, str(partial / "encoder.xml"), compress_to_fp16=False)
+        if entry.is_dir() and not (entry / "encoder.xml").is_file():
+            shutil.rmtree(entry, ignore_errors=True)  # an entry left incomplete by older code
+        try:
+            partial.rename(entry)
+        except OSError:
+            if not (entry / "encoder.xml").is_file():
+                raise
+            # Another process saved the same graph first: keep its entry.
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 class OpenVINORuntime:
@@ -261,6 +287,7 @@ def openvino_at_dtype(
     threads: int,
     max_tokens: int,
     bidirectional: bool | None = None,
+    cache: str = "",
 ) -> tuple[torch.dtype, Model, OpenVINORuntime]:
     """The compute dtype for `choice`, the float32 model (the heads and the reference) and the
     OpenVINO runtime compiled at that dtype.
@@ -273,7 +300,7 @@ def openvino_at_dtype(
     model = load_model(model_dir, torch.float32, cpu, bidirectional)
     dtype, must_probe = candidate_dtype(choice, cpu)
     start = time.perf_counter()
-    converted = converted_model(model_dir, model, bidirectional)
+    converted = converted_model(model_dir, model, bidirectional, cache_dir(cache))
     converted_s = time.perf_counter() - start
     fast = OpenVINORuntime(converted, OV_PRECISIONS[dtype], threads)
     chosen: tuple[torch.dtype, OpenVINORuntime] = (dtype, fast)

@@ -37,7 +37,7 @@ from embedfleet.worker.engine.attention import (
 )
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
-from embedfleet.worker.engine.forward import Runtime, forward
+from embedfleet.worker.engine.forward import Runtime, default_head, encode, forward
 from embedfleet.worker.engine.graph_policy import (
     Action,
     GraphCache,
@@ -90,7 +90,12 @@ class TorchEngine:
                 )
                 self.max_tokens = OPENVINO_MAX_TOKENS
             self.dtype, self.model, self.runtime = openvino_at_dtype(
-                self.model_dir, config.dtype, config.threads, self.max_tokens, config.bidirectional
+                self.model_dir,
+                config.dtype,
+                config.threads,
+                self.max_tokens,
+                config.bidirectional,
+                config.openvino_cache_dir,
             )
         else:
             self.dtype, self.model = load_model_at_dtype(
@@ -198,9 +203,12 @@ class TorchEngine:
         for item in items:
             self.validate(item)
         with torch.inference_mode():
+            if not self._graphs_enabled and self.device.type != "cuda":
+                return self._step_cpu(items)
             out, slices = self._run(items)
             if self.device.type == "cuda":
                 return InFlight(out, slices, self._host_outputs)
+            # Graphs on a CPU: only the graph path's tests (the CUDA recording mocked).
             return Done(split(out.numpy(), slices))
 
     def counters(self) -> GraphCounters:
@@ -254,6 +262,28 @@ class TorchEngine:
         outputs = self._body(batch, int(host.lengths.max()), host)
         self._counts["eager_runs"] += 1
         return self._finish(items, outputs, batch, host)
+
+    def _step_cpu(self, items: Sequence[WorkItem]) -> Done:
+        """One batch on the CPU, synchronous, with its stages timed (pack: host batch and
+        tensors; forward: the encoder; pool: head, options and the copy out). On a CPU each op
+        is done on return, so reading the clock costs nothing else; CUDA's launches are
+        asynchronous and report no stages (timing them would need a synchronisation or events)."""
+        start = time.perf_counter_ns()
+        host = pack([it.tokens for it in items], self.shape.position_offset)
+        batch = to_device(host, self.device)
+        packed = time.perf_counter_ns()
+        longest = int(host.lengths.max())
+        hidden = encode(self.model, self.backend, batch, longest, host.lengths, self.runtime)
+        encoded = time.perf_counter_ns()
+        head = default_head(self.model, self.model_dir.pooling, hidden, batch)
+        out, slices = apply_options(items, hidden, head, batch, host.real_sequences, self._info)
+        results = split(out.numpy(), slices)
+        pooled = time.perf_counter_ns()
+        self._counts["eager_runs"] += 1
+        return Done(
+            results,
+            (("pack", packed - start), ("forward", encoded - packed), ("pool", pooled - encoded)),
+        )
 
     def _to_device(self, host: HostBatch) -> DeviceBatch:
         if self._staging is None or not self._staging.fits(host):
