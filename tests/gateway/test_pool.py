@@ -146,14 +146,16 @@ async def _hang(fleet: InMemoryFleet, address: str) -> None:
     await fleet.pool._probe_once(address)
 
 
+async def _guarded_call(fleet: InMemoryFleet) -> object:
+    """One guarded call on w0."""
+    with fleet.pool.lease(30, exclude={"w1"}) as lease:
+        return await lease.guard(lease.worker.embed(pack_tokens([[1, 2, 3]]), 0, timeout=5))
+
+
 async def test_a_guarded_call_on_a_worker_found_hung_gives_up_retryably(
     fleet: InMemoryFleet,
 ) -> None:
-    async def call() -> object:
-        with fleet.pool.lease(30, exclude={"w1"}) as lease:
-            return await lease.guard(lease.worker.embed(pack_tokens([[1, 2, 3]]), 0, timeout=5))
-
-    task = await fleet.stalled(call())
+    task = await fleet.stalled(_guarded_call(fleet))
     await _hang(fleet, "w0")
     with pytest.raises(UpstreamError) as failure:
         await task
@@ -180,11 +182,7 @@ async def test_a_hung_signal_after_the_answer_leaves_the_caller_alone(
 async def test_a_guarded_call_whose_caller_is_cancelled_stays_cancelled(
     fleet: InMemoryFleet,
 ) -> None:
-    async def call() -> object:
-        with fleet.pool.lease(30, exclude={"w1"}) as lease:
-            return await lease.guard(lease.worker.embed(pack_tokens([[1, 2, 3]]), 0, timeout=5))
-
-    task = await fleet.stalled(call())
+    task = await fleet.stalled(_guarded_call(fleet))
     task.cancel()  # the client went away ...
     await _hang(fleet, "w0")  # ... and the worker was found hung in the same turn
     with pytest.raises(asyncio.CancelledError):
