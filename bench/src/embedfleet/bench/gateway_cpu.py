@@ -187,39 +187,109 @@ def systems(baseline_src: str) -> dict[str, tuple[list[str], dict[str, str]]]:
         name: (flags, {}) for name, flags in VARIANTS.items()
     }
     if baseline_src:
-        chosen = {"baseline gateway": ([], {"PYTHONPATH": baseline_src}), **chosen}
+        chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
     return chosen
 
 
+BASELINE = "baseline gateway"
+
+
+@contextmanager
+def baseline_fleet(
+    baseline_src: str, worker_args: list[str], log_dir: Path
+) -> Iterator[Fleet | None]:
+    """A worker of the baseline tree (its gRPC front is measured too), or None without one."""
+    if not baseline_src:
+        yield None
+        return
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = baseline_src  # the fleet's children inherit it
+    (port,) = free_ports(1)
+    try:
+        fleet = Fleet(workers=1, port=port, worker_args=worker_args, log_dir=log_dir / "base")
+        fleet.__enter__()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        yield fleet
+    finally:
+        fleet.__exit__(None, None, None)
+
+
 async def run_cpu(
-    engine: str, seconds: float, baseline_src: str, shapes: Sequence[str], log_dir: Path
+    engine: str,
+    seconds: float,
+    baseline_src: str,
+    shapes: Sequence[str],
+    log_dir: Path,
+    repeat: int = 1,
 ) -> list[CpuRow]:
+    """Each variant against this tree's worker; `baseline gateway` against a worker of the
+    baseline tree, so the worker front's before/after is in the same run."""
     rows: list[CpuRow] = []
     worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
     (gw_port,) = free_ports(1)
-    with Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet:
+    chosen = systems(baseline_src)
+    with (
+        Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet,
+        baseline_fleet(baseline_src, worker_args, log_dir) as base,
+    ):
         worker = fleet.worker_children[0]
         assert worker.process is not None
-        wpid = worker.process.pid
-        # The fleet's own gateway idles; ours are started with the variants' flags.
-        with gateways(worker.address, systems(baseline_src), log_dir / "gateways.log") as gws:
+        workers = {"": (worker.address, worker.process.pid)}
+        if base is not None:
+            bw = base.worker_children[0]
+            assert bw.process is not None
+            workers[BASELINE] = (bw.address, bw.process.pid)
+        # The fleets' own gateways idle; ours are started with the variants' flags.
+        mine = {k: v for k, v in chosen.items() if k != BASELINE}
+        theirs = {k: v for k, v in chosen.items() if k == BASELINE}
+        with (
+            gateways(worker.address, mine, log_dir / "gateways.log") as gws,
+            gateways(workers.get(BASELINE, ("", 0))[0], theirs, log_dir / "base.log") as bgws,
+        ):
+            ports = {**bgws.ports, **gws.ports}
+            pids = {**bgws.pids, **gws.pids}
             for shape in shapes:
                 data = inputs(shape)
                 for clients in CLIENTS[engine][shape]:
                     batch = pack_tokens(data.token_ids[0])
-                    wcall, channel = worker_call(worker.address, batch)
-                    m, _, w = await measure(wcall, clients, seconds, [], wpid)
-                    await channel.close(None)
-                    rows.append(_row("worker alone (gRPC)", engine, shape, m, 0.0, w))
-                    _print(rows[-1])
-                    for name, port in gws.ports.items():
-                        call, conns = http_call([port], clients, data.bodies)
-                        m, g, w = await measure(call, clients, seconds, [gws.pids[name]], wpid)
-                        for c in conns:
-                            c.close()
-                        rows.append(_row(name, engine, shape, m, g, w))
-                        _print(rows[-1])
+                    point: list[CpuRow] = []
+                    # Rounds of every system in turn: a neighbour's load that comes and goes
+                    # then lands on all of them, and each system's median round is kept.
+                    for _ in range(repeat):
+                        for which, (address, wpid) in workers.items():
+                            wcall, channel = worker_call(address, batch)
+                            m, _, w = await measure(wcall, clients, seconds, [], wpid)
+                            await channel.close(None)
+                            alone = f"{'baseline ' if which else ''}worker alone (gRPC)"
+                            point.append(_row(alone, engine, shape, m, 0.0, w))
+                            _print(point[-1])
+                        for name, port in ports.items():
+                            wpid = workers.get(name, workers[""])[1]
+                            call, conns = http_call([port], clients, data.bodies)
+                            m, g, w = await measure(call, clients, seconds, [pids[name]], wpid)
+                            for c in conns:
+                                c.close()
+                            point.append(_row(name, engine, shape, m, g, w))
+                            _print(point[-1])
+                    rows += medians(point)
     return rows
+
+
+def medians(rows: Sequence[CpuRow]) -> list[CpuRow]:
+    """Per system (in first-seen order), its round of median total CPU per request. Pure."""
+    by: dict[str, list[CpuRow]] = {}
+    for r in rows:
+        by.setdefault(r.system, []).append(r)
+    out = []
+    for group in by.values():
+        ranked = sorted(group, key=lambda r: r.total_cpu_us)
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
 
 
 async def run_scaling(seconds: float, log_dir: Path, clients: int = 16) -> list[CpuRow]:
@@ -324,7 +394,7 @@ def _ratios(rows: Sequence[CpuRow]) -> list[str]:
     """Each variant's total CPU per request against the first gateway system of its point."""
     points: dict[tuple[str, str, int], list[CpuRow]] = {}
     for r in rows:
-        if r.system != "worker alone (gRPC)":
+        if not r.system.endswith("worker alone (gRPC)"):
             points.setdefault((r.engine, r.shape, r.clients), []).append(r)
     out = []
     for (engine, shape, clients), group in points.items():
