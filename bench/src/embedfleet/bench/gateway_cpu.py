@@ -19,6 +19,7 @@ with `git archive`) for a before/after in one run.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -152,6 +153,29 @@ async def measure(
     return m, g, w
 
 
+async def measure_together(
+    systems: Sequence[tuple[Call, Sequence[int], int]], clients: int, seconds: float
+) -> list[tuple[Measurement, float, float]]:
+    """`measure` for several (call, gateway pids, worker pid) systems loaded at the same time,
+    each by its own `clients`: whatever else the machine runs meanwhile falls on all alike."""
+
+    def cpu() -> list[tuple[float, float]]:
+        return [(sum(tree_cpu_seconds(p) for p in g), tree_cpu_seconds(w)) for _, g, w in systems]
+
+    warm = min(1.0, seconds / 3)
+    await asyncio.gather(*(run_point(c, clients, warm, 0, 0, 1) for c, _, _ in systems))
+    before = cpu()
+    ms = await asyncio.gather(
+        *(run_point(c, clients, seconds, 0, 0, 1, min_requests=3) for c, _, _ in systems)
+    )
+    after = cpu()
+    out = []
+    for m, (g0, w0), (g1, w1) in zip(ms, before, after, strict=True):
+        n = max(1, m.requests)
+        out.append((m, (g1 - g0) / n * 1e6, (w1 - w0) / n * 1e6))
+    return out
+
+
 @dataclass
 class Gateways:
     """Gateway processes by variant name, all in front of the same workers."""
@@ -276,8 +300,25 @@ async def run_cpu(
                                 c.close()
                             point.append(_row(name, engine, shape, m, g, w))
                             _print(point[-1])
+                        if BASELINE in ports and PAIRED in ports:
+                            pair = [BASELINE, PAIRED]
+                            calls = [http_call([ports[n]], clients, data.bodies) for n in pair]
+                            both = [
+                                (call, [pids[n]], workers.get(n, workers[""])[1])
+                                for n, (call, _) in zip(pair, calls, strict=True)
+                            ]
+                            results = await measure_together(both, clients, seconds)
+                            for n, (_, conns), (m, g, w) in zip(pair, calls, results, strict=True):
+                                for c in conns:
+                                    c.close()
+                                point.append(_row(f"{n}, paired", engine, shape, m, g, w))
+                                _print(point[-1])
                     rows += medians(point)
     return rows
+
+
+#: the variant that also runs at the same time as the baseline (rows "..., paired")
+PAIRED = "gateway (default)"
 
 
 def medians(rows: Sequence[CpuRow]) -> list[CpuRow]:
@@ -401,7 +442,12 @@ def _ratios(rows: Sequence[CpuRow]) -> list[str]:
         if len(group) < 2:
             continue
         base = group[0]
+        paired = next((r for r in group if r.system == f"{BASELINE}, paired"), None)
         for r in group[1:]:
+            if r is paired:
+                continue
+            # A paired row against the baseline that ran beside it, the rest against the first.
+            base = paired if paired is not None and r.system.endswith(", paired") else group[0]
             out.append(
                 f"| {engine} | {shape} | {clients} | {r.system} / {base.system} | "
                 f"{r.total_cpu_us / max(base.total_cpu_us, 1e-9):.2f} | "
