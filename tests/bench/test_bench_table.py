@@ -13,7 +13,7 @@ import pytest
 from embedfleet.bench import cpu_profile
 from embedfleet.bench.cpu_profile import stage_of
 from embedfleet.bench.gateway import Row, table
-from embedfleet.bench.gateway_cpu import CpuRow, cpu_table
+from embedfleet.bench.gateway_cpu import CpuRow, cpu_table, medians
 from embedfleet.bench.gateway_procs import tree_cpu_seconds
 from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
@@ -52,6 +52,29 @@ def test_cpu_rows_add_gateway_and_worker_and_ratio_against_the_first_gateway() -
     assert (
         "| null | 1x20 | 16 | gateway (default) / baseline gateway | 0.50 | 0.62 | 2.00 |" in text
     )
+
+
+def test_paired_rows_are_ratioed_against_the_baseline_that_ran_beside_them() -> None:
+    rows = [
+        CpuRow("baseline worker alone (gRPC)", "null", "1x20", 16, 9, 1.0, 1, 2, 0.0, 600.0, 0),
+        CpuRow("baseline gateway", "null", "1x20", 16, 100, 300.0, 5.0, 9.0, 800.0, 200.0, 0),
+        CpuRow("gateway (default)", "null", "1x20", 16, 100, 600.0, 3.0, 8.0, 500.0, 250.0, 0),
+        CpuRow("baseline gateway, paired", "null", "1x20", 16, 100, 400.0, 5, 9, 400.0, 100.0, 0),
+        CpuRow("gateway (default), paired", "null", "1x20", 16, 100, 200.0, 3, 8, 200.0, 50.0, 0),
+    ]
+    text = cpu_table(rows)
+    assert "gateway (default), paired / baseline gateway, paired | 0.50 | 0.50 | 0.50 |" in text
+    assert "baseline gateway, paired / baseline gateway" not in text
+    assert "worker alone (gRPC) / " not in text
+
+
+def test_each_systems_median_round_is_kept_in_first_seen_order() -> None:
+    def row(system: str, gateway_us: float) -> CpuRow:
+        return CpuRow(system, "null", "1x20", 1, 10, 1.0, 1.0, 1.0, gateway_us, 100.0, 0)
+
+    rounds = [row("b", 500), row("a", 900), row("b", 300), row("a", 100), row("b", 400)]
+    kept = medians(rounds)
+    assert [(r.system, r.gateway_cpu_us) for r in kept] == [("b", 400), ("a", 100)]
 
 
 def test_profile_stages_come_from_file_and_function_names() -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 
 from embedfleet.common.codec import pack_tokens
+from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.gateway.pool import NoWorkerError
+from embedfleet.gateway.upstream import UpstreamError
 
 from .fakes import InMemoryFleet
 
@@ -131,3 +134,66 @@ async def test_a_restarted_worker_is_readmitted_at_its_first_probe(fleet: InMemo
     fleet.fakes["w0"].instance = "second"
     await fleet.pool._probe_once("w0")
     assert fleet.pool.usable_workers() == 2
+
+
+async def _hang(fleet: InMemoryFleet, address: str) -> None:
+    """The pool's probe of `address` times out: the pool finds that worker hung."""
+
+    async def no_answer(timeout: float) -> pb.InfoResponse:
+        raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "probe timed out")
+
+    fleet.fakes[address].info = no_answer  # type: ignore[method-assign]
+    await fleet.pool._probe_once(address)
+
+
+async def _guarded_call(fleet: InMemoryFleet) -> object:
+    """One guarded call on w0."""
+    with fleet.pool.lease(30, exclude={"w1"}) as lease:
+        return await lease.guard(lease.worker.embed(pack_tokens([[1, 2, 3]]), 0, timeout=5))
+
+
+async def test_a_guarded_call_on_a_worker_found_hung_gives_up_retryably(
+    fleet: InMemoryFleet,
+) -> None:
+    task = await fleet.stalled(_guarded_call(fleet))
+    await _hang(fleet, "w0")
+    with pytest.raises(UpstreamError) as failure:
+        await task
+    assert failure.value.code == grpc.StatusCode.UNAVAILABLE
+    assert failure.value.retryable
+    assert fleet.cancelled() == 1  # the stalled call itself was given up
+    assert task.cancelling() == 0  # the hung signal's cancel was taken back
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_a_hung_signal_after_the_answer_leaves_the_caller_alone(
+    fleet: InMemoryFleet,
+) -> None:
+    async def call() -> str:
+        with fleet.pool.lease(1, exclude={"w1"}) as lease:
+            await lease.guard(lease.worker.embed(pack_tokens([[1, 2]]), 0, timeout=5))
+        await _hang(fleet, "w0")  # fires the signal this call listened to
+        await asyncio.sleep(0.01)  # its callbacks have run by now
+        return "finished"
+
+    assert await asyncio.wait_for(call(), 5) == "finished"
+
+
+async def test_a_guarded_call_whose_caller_is_cancelled_stays_cancelled(
+    fleet: InMemoryFleet,
+) -> None:
+    task = await fleet.stalled(_guarded_call(fleet))
+    task.cancel()  # the client went away ...
+    await _hang(fleet, "w0")  # ... and the worker was found hung in the same turn
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert fleet.outstanding() == {"w0": 0, "w1": 0}
+
+
+async def test_a_call_on_a_worker_already_found_hung_is_refused(fleet: InMemoryFleet) -> None:
+    with fleet.pool.lease(1, exclude={"w1"}) as lease:
+        await _hang(fleet, "w0")
+        with pytest.raises(UpstreamError) as failure:
+            await lease.guard(lease.worker.embed(pack_tokens([[1, 2]]), 0, timeout=5))
+    assert failure.value.code == grpc.StatusCode.UNAVAILABLE
+    assert fleet.fakes["w0"].calls == []

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from embedfleet.worker.cli import fit_machine
+import asyncio
+
+import uvloop
+
+from embedfleet.worker.cli import fit_machine, loop_factory
 from embedfleet.worker.settings import WorkerSettings
 
 
@@ -21,3 +25,12 @@ def test_given_threads_and_a_users_policy_are_kept() -> None:
     one: dict[str, str] = {}
     assert fit_machine(WorkerSettings(threads=1), one, lambda: 64).threads == 1
     assert one == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_grpc_front_runs_on_uvloop() -> None:
+    loop = loop_factory()()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+    finally:
+        loop.close()

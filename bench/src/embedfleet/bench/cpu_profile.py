@@ -69,7 +69,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("codec + numpy", ("codec.py", "numpy", "quantization.py", "splitting.py")),
     (
         "dispatch + balance",
-        ("dispatcher.py", "pool.py", "balancer.py", "racing.py", "admission.py", "coalescing.py"),
+        ("dispatcher.py", "pool.py", "balancer.py", "admission.py", "coalescing.py"),
     ),
     ("app + service", ("gateway/app.py", "gateway/service.py", "gateway/hold.py")),
     ("worker front", ("worker/server.py", "inflight.py", "runner.py", "scheduler.py")),

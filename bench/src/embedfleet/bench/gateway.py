@@ -181,7 +181,9 @@ def run_cpu_suites(args: argparse.Namespace) -> str:
     out = []
     if "cpu" in suites:
         shapes = args.shapes.split(",")
-        rows = asyncio.run(cpu.run_cpu(args.engine, args.seconds, args.baseline_src, shapes, logs))
+        rows = asyncio.run(
+            cpu.run_cpu(args.engine, args.seconds, args.baseline_src, shapes, logs, args.repeat)
+        )
         out.append(cpu.cpu_table(rows))
         if args.json:
             Path(args.json).with_suffix(".cpu.json").write_text(
@@ -215,6 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per point")
     parser.add_argument("--json", default="", help="also write the rows here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="cpu suite: rounds of every system per point; each system's median round is kept",
+    )
     args = parser.parse_args(argv)
     wanted = set(args.suites.split(","))
     rows = asyncio.run(run(args)) if wanted & {"overhead", "concurrency", "servers"} else []

@@ -19,6 +19,7 @@ with `git archive`) for a before/after in one run.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -152,6 +153,29 @@ async def measure(
     return m, g, w
 
 
+async def measure_together(
+    systems: Sequence[tuple[Call, Sequence[int], int]], clients: int, seconds: float
+) -> list[tuple[Measurement, float, float]]:
+    """`measure` for several (call, gateway pids, worker pid) systems loaded at the same time,
+    each by its own `clients`: whatever else the machine runs meanwhile falls on all alike."""
+
+    def cpu() -> list[tuple[float, float]]:
+        return [(sum(tree_cpu_seconds(p) for p in g), tree_cpu_seconds(w)) for _, g, w in systems]
+
+    warm = min(1.0, seconds / 3)
+    await asyncio.gather(*(run_point(c, clients, warm, 0, 0, 1) for c, _, _ in systems))
+    before = cpu()
+    ms = await asyncio.gather(
+        *(run_point(c, clients, seconds, 0, 0, 1, min_requests=3) for c, _, _ in systems)
+    )
+    after = cpu()
+    out = []
+    for m, (g0, w0), (g1, w1) in zip(ms, before, after, strict=True):
+        n = max(1, m.requests)
+        out.append((m, (g1 - g0) / n * 1e6, (w1 - w0) / n * 1e6))
+    return out
+
+
 @dataclass
 class Gateways:
     """Gateway processes by variant name, all in front of the same workers."""
@@ -187,39 +211,126 @@ def systems(baseline_src: str) -> dict[str, tuple[list[str], dict[str, str]]]:
         name: (flags, {}) for name, flags in VARIANTS.items()
     }
     if baseline_src:
-        chosen = {"baseline gateway": ([], {"PYTHONPATH": baseline_src}), **chosen}
+        chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
     return chosen
 
 
+BASELINE = "baseline gateway"
+
+
+@contextmanager
+def baseline_fleet(
+    baseline_src: str, worker_args: list[str], log_dir: Path
+) -> Iterator[Fleet | None]:
+    """A worker of the baseline tree (its gRPC front is measured too), or None without one."""
+    if not baseline_src:
+        yield None
+        return
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = baseline_src  # the fleet's children inherit it
+    (port,) = free_ports(1)
+    try:
+        fleet = Fleet(workers=1, port=port, worker_args=worker_args, log_dir=log_dir / "base")
+        fleet.__enter__()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        yield fleet
+    finally:
+        fleet.__exit__(None, None, None)
+
+
 async def run_cpu(
-    engine: str, seconds: float, baseline_src: str, shapes: Sequence[str], log_dir: Path
+    engine: str,
+    seconds: float,
+    baseline_src: str,
+    shapes: Sequence[str],
+    log_dir: Path,
+    repeat: int = 1,
 ) -> list[CpuRow]:
+    """Each variant against this tree's worker; `baseline gateway` against a worker of the
+    baseline tree, so the worker front's before/after is in the same run."""
     rows: list[CpuRow] = []
     worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
     (gw_port,) = free_ports(1)
-    with Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet:
+    chosen = systems(baseline_src)
+    with (
+        Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet,
+        baseline_fleet(baseline_src, worker_args, log_dir) as base,
+    ):
         worker = fleet.worker_children[0]
         assert worker.process is not None
-        wpid = worker.process.pid
-        # The fleet's own gateway idles; ours are started with the variants' flags.
-        with gateways(worker.address, systems(baseline_src), log_dir / "gateways.log") as gws:
+        workers = {"": (worker.address, worker.process.pid)}
+        if base is not None:
+            bw = base.worker_children[0]
+            assert bw.process is not None
+            workers[BASELINE] = (bw.address, bw.process.pid)
+        # The fleets' own gateways idle; ours are started with the variants' flags.
+        mine = {k: v for k, v in chosen.items() if k != BASELINE}
+        theirs = {k: v for k, v in chosen.items() if k == BASELINE}
+        with (
+            gateways(worker.address, mine, log_dir / "gateways.log") as gws,
+            gateways(workers.get(BASELINE, ("", 0))[0], theirs, log_dir / "base.log") as bgws,
+        ):
+            ports = {**bgws.ports, **gws.ports}
+            pids = {**bgws.pids, **gws.pids}
             for shape in shapes:
                 data = inputs(shape)
                 for clients in CLIENTS[engine][shape]:
                     batch = pack_tokens(data.token_ids[0])
-                    wcall, channel = worker_call(worker.address, batch)
-                    m, _, w = await measure(wcall, clients, seconds, [], wpid)
-                    await channel.close(None)
-                    rows.append(_row("worker alone (gRPC)", engine, shape, m, 0.0, w))
-                    _print(rows[-1])
-                    for name, port in gws.ports.items():
-                        call, conns = http_call([port], clients, data.bodies)
-                        m, g, w = await measure(call, clients, seconds, [gws.pids[name]], wpid)
-                        for c in conns:
-                            c.close()
-                        rows.append(_row(name, engine, shape, m, g, w))
-                        _print(rows[-1])
+                    point: list[CpuRow] = []
+                    # Rounds of every system in turn: a neighbour's load that comes and goes
+                    # then lands on all of them, and each system's median round is kept.
+                    for _ in range(repeat):
+                        for which, (address, wpid) in workers.items():
+                            wcall, channel = worker_call(address, batch)
+                            m, _, w = await measure(wcall, clients, seconds, [], wpid)
+                            await channel.close(None)
+                            alone = f"{'baseline ' if which else ''}worker alone (gRPC)"
+                            point.append(_row(alone, engine, shape, m, 0.0, w))
+                            _print(point[-1])
+                        for name, port in ports.items():
+                            wpid = workers.get(name, workers[""])[1]
+                            call, conns = http_call([port], clients, data.bodies)
+                            m, g, w = await measure(call, clients, seconds, [pids[name]], wpid)
+                            for c in conns:
+                                c.close()
+                            point.append(_row(name, engine, shape, m, g, w))
+                            _print(point[-1])
+                        if BASELINE in ports and PAIRED in ports:
+                            pair = [BASELINE, PAIRED]
+                            calls = [http_call([ports[n]], clients, data.bodies) for n in pair]
+                            both = [
+                                (call, [pids[n]], workers.get(n, workers[""])[1])
+                                for n, (call, _) in zip(pair, calls, strict=True)
+                            ]
+                            results = await measure_together(both, clients, seconds)
+                            for n, (_, conns), (m, g, w) in zip(pair, calls, results, strict=True):
+                                for c in conns:
+                                    c.close()
+                                point.append(_row(f"{n}, paired", engine, shape, m, g, w))
+                                _print(point[-1])
+                    rows += medians(point)
     return rows
+
+
+#: the variant that also runs at the same time as the baseline (rows "..., paired")
+PAIRED = "gateway (default)"
+
+
+def medians(rows: Sequence[CpuRow]) -> list[CpuRow]:
+    """Per system (in first-seen order), its round of median total CPU per request. Pure."""
+    by: dict[str, list[CpuRow]] = {}
+    for r in rows:
+        by.setdefault(r.system, []).append(r)
+    out = []
+    for group in by.values():
+        ranked = sorted(group, key=lambda r: r.total_cpu_us)
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
 
 
 async def run_scaling(seconds: float, log_dir: Path, clients: int = 16) -> list[CpuRow]:
@@ -324,14 +435,19 @@ def _ratios(rows: Sequence[CpuRow]) -> list[str]:
     """Each variant's total CPU per request against the first gateway system of its point."""
     points: dict[tuple[str, str, int], list[CpuRow]] = {}
     for r in rows:
-        if r.system != "worker alone (gRPC)":
+        if not r.system.endswith("worker alone (gRPC)"):
             points.setdefault((r.engine, r.shape, r.clients), []).append(r)
     out = []
     for (engine, shape, clients), group in points.items():
         if len(group) < 2:
             continue
         base = group[0]
+        paired = next((r for r in group if r.system == f"{BASELINE}, paired"), None)
         for r in group[1:]:
+            if r is paired:
+                continue
+            # A paired row against the baseline that ran beside it, the rest against the first.
+            base = paired if paired is not None and r.system.endswith(", paired") else group[0]
             out.append(
                 f"| {engine} | {shape} | {clients} | {r.system} / {base.system} | "
                 f"{r.total_cpu_us / max(base.total_cpu_us, 1e-9):.2f} | "

@@ -25,6 +25,7 @@ from embedfleet.gateway import errors, openapi, tracing
 from embedfleet.gateway.admission import Admission, current_ticket
 from embedfleet.gateway.auth import KeyFile, bearer
 from embedfleet.gateway.catalog import Catalog, parse_models
+from embedfleet.gateway.connection import PEER, Peer
 from embedfleet.gateway.discovery import Discovery
 from embedfleet.gateway.metrics import Metrics
 from embedfleet.gateway.pool import WorkerPool
@@ -137,6 +138,10 @@ class Gateway:
         self.discovery: Discovery | None = None
         self._openapi = orjson.dumps(openapi.document(VERSION, auth=self.keys is not None))
         self._posts: dict[str, Handler] = {}
+        #: (route, status, served model) -> its request count and duration children, resolved
+        #: once: `labels()` per request took a lock and built a key each time (few series: the
+        #: routes, the status codes, the served names)
+        self._children: dict[tuple[str, int, str], tuple[Any, Any]] = {}
 
     async def start(self) -> None:
         for served in self.served:
@@ -199,10 +204,22 @@ class Gateway:
                 span.set_attribute("http.response.status_code", status)
         finally:
             self.metrics.inflight.dec()
-            model = self.metrics.model_labels(_SERVED.get())
+            served = _SERVED.get()
             _SERVED.reset(routed)
-            self.metrics.requests.labels(route, str(status), *model).inc()
-            self.metrics.request_seconds.labels(route, *model).observe(time.perf_counter() - start)
+            children = self._children.get((route, status, served))
+            if children is None:
+                children = self._request_children(route, status, served)
+            children[0].inc()
+            children[1].observe(time.perf_counter() - start)
+
+    def _request_children(self, route: str, status: int, served: str) -> tuple[Any, Any]:
+        model = self.metrics.model_labels(served)
+        children = (
+            self.metrics.requests.labels(route, str(status), *model),
+            self.metrics.request_seconds.labels(route, *model),
+        )
+        self._children[(route, status, served)] = children
+        return children
 
     async def _route(
         self, route: str, method: str, scope: Scope, receive: Receive, send: Send
@@ -247,6 +264,9 @@ class Gateway:
                     "The request body must be JSON (Content-Type: application/json).",
                     code="unsupported_media_type",
                 )
+        peer: Peer | None = scope.get("extensions", {}).get(PEER)
+        if peer is not None and peer.body_in:
+            return await self._receive_body(receive, limit)  # nothing to wait for: no deadline
         try:
             async with asyncio.timeout(self.settings.body_timeout_seconds):
                 return await self._receive_body(receive, limit)
@@ -289,7 +309,7 @@ class Gateway:
         # The service corrects the ticket once it tokenized (admission.tokenized).
         token = current_ticket.set(ticket)
         try:
-            answered, doc = await _unless_gone(handler(request), receive)
+            answered, doc = await _unless_gone(handler(request), receive, scope)
             if not answered:
                 self.metrics.cancelled.inc()
                 return CLIENT_GONE
@@ -339,21 +359,39 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _unless_gone(work: Awaitable[Any], receive: Receive) -> tuple[bool, Any]:
+async def _unless_gone(
+    work: Awaitable[Any], receive: Receive, scope: Scope | None = None
+) -> tuple[bool, Any]:
     """(True, `work`'s result), or (False, None) once the client disconnected, which cancels
-    `work`. It runs in this (the request's) task and only the watcher gets a task of its own: one
-    task per request rather than two (docs/benchmarks, "Gateway CPU")."""
+    `work`. It runs in this (the request's) task. Behind the gateway's own server
+    (connection.py) the connection's `Peer` signal cancels it, with no task at all; under
+    any other ASGI server a watcher task awaits `receive()` for the disconnect (docs/benchmarks,
+    "Gateway CPU")."""
     task = asyncio.current_task()
     assert task is not None
+    signal: Peer | None = scope.get("extensions", {}).get(PEER) if scope is not None else None
     gone = False
 
-    async def watch() -> None:
+    def cancel() -> None:
         nonlocal gone
-        await _disconnected(receive)
         gone = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    watcher: asyncio.Future[None] | None = None
+    if signal is not None:
+        if signal.gone:
+            close = getattr(work, "close", None)
+            if close is not None:
+                close()  # never started: nothing to cancel
+            return False, None
+        signal.callback = cancel
+    else:
+
+        async def watch() -> None:
+            await _disconnected(receive)
+            cancel()
+
+        watcher = asyncio.ensure_future(watch())
     try:
         result = await work
     except BaseException:
@@ -361,10 +399,13 @@ async def _unless_gone(work: Awaitable[Any], receive: Receive) -> tuple[bool, An
             raise
         result = None  # whatever the cancel turned into on its way out is dropped
     finally:
-        watcher.cancel()
+        if signal is not None:
+            signal.callback = None
+        if watcher is not None:
+            watcher.cancel()
     if gone:
         if task.cancelling():
-            task.uncancel()  # the watcher's cancel, taken back: this task answers 499
+            task.uncancel()  # the disconnect's cancel, taken back: this task answers 499
         return False, None
     return True, result
 

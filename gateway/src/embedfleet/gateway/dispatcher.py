@@ -104,6 +104,8 @@ class Dispatcher:
         self, chunks: Sequence[Chunk], call: Callable[[Chunk, Worker], Awaitable[T]]
     ) -> list[T]:
         """Results in chunk order. Cancelling the caller (client gone) cancels every chunk."""
+        if not self.tracer.enabled:
+            return await self._run(chunks, call)
         with self.tracer.span("compute") as span:
             span.set_attribute("embedfleet.chunks", len(chunks))
             return await self._run(chunks, call)

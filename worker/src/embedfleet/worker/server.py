@@ -208,6 +208,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
         #: InfoResponse.instance: random, so a restart at the same address and pid still differs
         self._instance = secrets.token_hex(8)
+        #: (rpc, code) -> its request counter child, resolved once (a label lookup per call
+        #: took a lock and built a key; the series are few: the RPCs times the codes)
+        self._counted: dict[tuple[str, grpc.StatusCode], Any] = {}
 
     async def refuse_overload(
         self, rpc: str, request: Refused, context: grpc.aio.ServicerContext[Any, Any]
@@ -429,7 +432,10 @@ class WorkerService(pb_grpc.WorkerServicer):
 
     def _record(self, rpc: str, code: grpc.StatusCode, started: float | None) -> None:
         metrics = self.state.metrics
-        metrics.requests.labels(rpc, code.name).inc()
+        counter = self._counted.get((rpc, code))
+        if counter is None:
+            counter = self._counted[(rpc, code)] = metrics.requests.labels(rpc, code.name)
+        counter.inc()
         if started is not None:
             metrics.request.observe(time.perf_counter() - started)
 
