@@ -270,3 +270,23 @@ def test_each_post_observes_its_parse_and_respond_stages_once(
     httpx.get(gateway.url + "/health")
     after = counts()
     assert (after[0] - before[0], after[1] - before[1]) == (2, 2)
+
+
+def test_a_slow_fleets_chunks_hold_about_a_second_of_a_workers_work(
+    minilm: ModelDir, fakes: list[FakeWorker]
+) -> None:
+    # Two workers that measured 2 tokens/s each: with `--chunk-seconds 3`, 6-token chunks (two
+    # inputs), where the token budget alone (10) made 3-input chunks.
+    for fake in fakes:
+        fake.capacity = 2.0
+    gw = _gateway(minilm, fakes, chunk_seconds=3.0)
+    try:
+        pool = gw.app.pool
+        assert pool is not None
+        wait_until("capacities probed", lambda: pool.capacity() == 4.0)
+        reply = httpx.post(gw.url + "/v1/embeddings", json={"input": _inputs(40)}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert [int(d["embedding"][0]) for d in reply.json()["data"]] == list(range(1, 41))
+        assert sorted(fakes[0].calls + fakes[1].calls) == [2] * 20
+    finally:
+        gw.stop()

@@ -15,6 +15,7 @@ from embedfleet.worker.scheduler import (
     FcfsQueue,
     QueueFullError,
     admit,
+    paced,
 )
 
 
@@ -183,3 +184,23 @@ def test_random_streams_keep_every_invariant() -> None:
             tokens = sum(r.tokens for r in this)
             seqs = sum(r.sequences for r in this)
             assert tokens + head.tokens > 100 or seqs + head.sequences > 4
+
+
+def test_a_slow_devices_batches_hold_about_a_second_of_work() -> None:
+    budget = Budget(16384, 512, 65536)
+    # A shared CPU at 1,500 tokens/s: a full batch was ~11 s that no other worker could take over.
+    slow = paced(budget, capacity=1500.0, seconds=1.0)
+    assert slow.max_tokens == 1500
+    assert (slow.max_sequences, slow.hard_max_tokens) == (512, 65536)  # limits stay as set
+    queue: FcfsQueue[Req] = FcfsQueue(slow, 100)
+    for i in range(8):
+        queue.push(Req(f"r{i}", 500))
+    assert [r.name for r in queue.next_batch(0.0).items] == ["r0", "r1", "r2"]
+
+
+def test_pacing_leaves_fast_devices_unknown_capacity_and_tiny_budgets_alone() -> None:
+    budget = Budget(16384, 512, 65536)
+    assert paced(budget, capacity=200_000.0, seconds=1.0) == budget  # a GPU
+    assert paced(budget, capacity=0.0, seconds=1.0) == budget  # not measured
+    assert paced(budget, capacity=1500.0, seconds=0.0) == budget  # switched off
+    assert paced(budget, capacity=100.0, seconds=1.0).max_tokens == 512  # the floor

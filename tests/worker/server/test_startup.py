@@ -142,3 +142,19 @@ def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Pat
     messages = [r.get("msg") for r in worker.log_records()]
     assert messages.index("serving") < messages.index("capacity measured")
     assert "capacity measurement yielded to a request" in messages
+
+
+def test_a_slow_workers_batches_hold_about_a_second_of_its_measured_work(tmp_path: Path) -> None:
+    # A null engine paced at 2,000 tokens/s: once measured, a batch holds ~2,000 tokens, so six
+    # queued 1,000-token requests run two by two, not (all but the first) in one 5,000-token batch.
+    args = ("--engine", "null", "--null-tokens-per-second", "2000", "--warmup-seconds", "1",
+            "--capacity-measurement", "startup")  # fmt: skip
+    with running_worker(tmp_path, *args) as worker:
+        stub = worker_stub(worker.channel())
+        before = worker.metric("embedfleet_worker_batch_tokens_count")
+        request = embed_request([[7] * 250] * 4)
+        calls = [stub.Embed.future(request, timeout=60) for _ in range(6)]
+        assert all(len(vectors(c.result())) == 4 for c in calls)
+        assert worker.metric("embedfleet_worker_batch_tokens_count") - before >= 3
+    (measured,) = [r for r in worker.log_records() if r.get("msg") == "capacity measured"]
+    assert 1500 <= measured["batch_tokens"] <= 2500

@@ -100,3 +100,24 @@ def test_real_tokens_in_the_window_count_towards_capacity(monkeypatch: pytest.Mo
     assert counted is not None
     assert alone == pytest.approx(1e5 * 2 / 3, rel=0.05)
     assert counted == pytest.approx(1e5, rel=0.05)
+
+
+def test_a_worker_that_finds_no_idle_period_measures_through_its_traffic() -> None:
+    # Loaded from its first second, a worker never saw a run start, so none was ever stopped:
+    # counting stopped runs alone left it unmeasured for good.
+    assert not yields_to_traffic(0, found_idle=False)
+    assert yields_to_traffic(0, found_idle=True)
+
+
+def test_waiting_for_idle_gives_up_after_its_patience() -> None:
+    from types import SimpleNamespace
+
+    from embedfleet.worker import lifecycle
+
+    async def wait(inflight: int) -> bool:
+        state = SimpleNamespace(requests_inflight=inflight, arrived=asyncio.Event())
+        # The outer bound only turns a wait that never ends (the bug) into a failure.
+        return await asyncio.wait_for(lifecycle._idle_for(state, 0.05, 0.2), 10)  # type: ignore[arg-type]
+
+    assert asyncio.run(wait(0)) is True
+    assert asyncio.run(wait(1)) is False

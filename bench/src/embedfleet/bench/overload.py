@@ -1,7 +1,8 @@
 """Overload and abuse figures for the gateway through a real local fleet (`Fleet`: the gateway and
 worker processes on 127.0.0.1), the benchmark side of tests/stress/.
 
-    python -m embedfleet.bench.overload [--suites overload,batch,slowloris] [--engine null|torch]
+    python -m embedfleet.bench.overload [--suites overload,batch,slowloris,shapes]
+        [--engine null|torch]
 
 - overload: N clients (64) for S seconds (30) of mixed sizes (1-100 texts of 5-500 words),
   honouring Retry-After; goodput (tokens/s answered, first request to last answer) against the
@@ -13,6 +14,10 @@ worker processes on 127.0.0.1), the benchmark side of tests/stress/.
   gateway's defaults: how many were queued and answered, how many refused.
 - slowloris: short-query p50/p99 under 5,000 stalled connections from a process of their own,
   against an identical unattacked fleet loaded in the same seconds (the control).
+- shapes: whether the capacity the overload suite holds goodput to fits its traffic: one-thread
+  MiniLM's tokens per CPU-second (robust to the machine's other jobs) on the warm-up probe's
+  requests, on 128-token sequences (the probe before it ran at the model's limit) and on the
+  overload suite's own texts, interleaved in one process, batches of `--shape-batch-tokens`.
 
 `--engine null` workers are paced (`--pace` tokens/s each, asleep), so their capacity does not move
 with the machine's other jobs; `--engine torch` runs the bundled MiniLM on CPU. Figures print as
@@ -48,11 +53,14 @@ from embedfleet.testing.overload import (
 from embedfleet.testing.slowloris import raise_open_files, stalled
 from embedfleet.testing.workers import metric_value, scrape
 
-SUITES = ("overload", "batch", "slowloris")
+SUITES = ("overload", "batch", "slowloris", "shapes")
 
 
 def worker_args(engine: str, pace: float, max_tokens: int = 0) -> list[str]:
-    args = ["--engine", engine]
+    # Capacity measured before the worker serves: the load starts at once, so a background
+    # measurement (the default) would wait for an idle second that never comes, and admission
+    # with no capacity to measure the queue by admits everything.
+    args = ["--engine", engine, "--capacity-measurement", "startup"]
     if engine == "null":
         args += ["--warmup-seconds", "1", "--null-tokens-per-second", str(pace)]
     else:
@@ -74,7 +82,10 @@ def worker_sum(fleet: Fleet, name: str, **labels: str) -> float:
 
 
 def _capacity(fleet: Fleet) -> float:
-    return worker_sum(fleet, "embedfleet_worker_capacity_tokens_per_second")
+    capacity = worker_sum(fleet, "embedfleet_worker_capacity_tokens_per_second")
+    if capacity <= 0:
+        raise RuntimeError("the workers report no measured capacity: nothing to hold goodput to")
+    return capacity
 
 
 @dataclass(frozen=True)
@@ -263,6 +274,71 @@ async def _both(a: int, b: int, seconds: float, body: bytes) -> list[tuple[list[
     )
 
 
+def shapes(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from embedfleet.common.codec import Tokens
+    from embedfleet.worker.contract import WorkItem
+    from embedfleet.worker.engine.torch_engine import TorchEngine
+    from embedfleet.worker.settings import WorkerSettings
+    from embedfleet.worker.warmup import probe_items, request_tokens_of
+
+    torch.set_num_threads(1)
+    engine = TorchEngine.from_settings(WorkerSettings(device="cpu", threads=1))
+    limit, vocab = engine.info.max_input_tokens, engine.info.vocab_size
+    tokenizer = load_model_dir(default_model_path()).tokenizer()
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    bodies = mixed_bodies(words_of(list(tokenizer.get_vocab())), seed=args.seed, count=20)
+    texts = [t for b in bodies for t in orjson.loads(b)["input"]][: args.shape_texts]
+    traffic = [np.asarray(e.ids[:limit], np.int32) for e in tokenizer.encode_batch(texts)]
+    rng = np.random.default_rng(0)
+    short = [rng.integers(1000, vocab, 128, dtype=np.int32) for _ in range(len(traffic))]
+
+    def items(seqs: list[np.ndarray[Any, Any]], per: int) -> list[WorkItem]:
+        return [
+            WorkItem(Tokens(np.concatenate(part), np.array([len(s) for s in part], np.int32)))
+            for part in (seqs[i : i + per] for i in range(0, len(seqs), per))
+        ]
+
+    request = request_tokens_of(16384)
+    n = max(2, sum(len(t) for t in traffic) // request // 2)
+    runs = {
+        "128-token probe (before)": items(short[: n * request // 128], request // 128),
+        f"{min(limit, request)}-token probe (now)": probe_items(n, vocab, limit, request),
+        "overload traffic": items(traffic, 16),
+    }
+
+    def per_cpu_second(work: list[WorkItem]) -> float:
+        done, tokens, c0 = 0, 0, time.process_time()
+        batch: list[WorkItem] = []
+        for item in [*work, None]:
+            if batch and (item is None or tokens + item.total_tokens > args.shape_batch_tokens):
+                engine.run(batch)
+                done, batch, tokens = done + tokens, [], 0
+            if item is not None:
+                batch.append(item)
+                tokens += item.total_tokens
+        return done / (time.process_time() - c0)
+
+    for work in runs.values():
+        engine.run(work[:2])  # one-off costs
+    got: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.shape_rounds):
+        for name, work in runs.items():
+            got[name].append(per_cpu_second(work))
+    median = {name: float(np.median(v)) for name, v in got.items()}
+    base = median["overload traffic"]
+    print(
+        f"shapes: one-thread MiniLM tokens per CPU-second, median of {args.shape_rounds} "
+        f"interleaved rounds, batches of {args.shape_batch_tokens} tokens: "
+        + "; ".join(f"{k} {v:.0f} ({v / base:.3f} x the traffic's)" for k, v in median.items())
+        + f"; the traffic's sequences {np.mean([len(t) for t in traffic]):.0f} tokens on average",
+        flush=True,
+    )
+    return {"tokens_per_cpu_second": median, "rounds": got}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.overload")
     parser.add_argument("--suites", default=",".join(SUITES))
@@ -281,12 +357,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-seconds", type=float, default=30.0)
     parser.add_argument("--stalled", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--shape-texts", type=int, default=150, help="shapes: traffic texts")
+    parser.add_argument("--shape-rounds", type=int, default=4, help="shapes: interleaved rounds")
+    parser.add_argument("--shape-batch-tokens", type=int, default=4096, help="shapes: batch size")
     parser.add_argument("--max-queue-seconds", type=float, default=0.0, help="0: the default")
     parser.add_argument("--upstream-timeout-seconds", type=float, default=0.0, help="0: default")
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp/embedfleet-bench-overload"))
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args(argv)
-    runs = {"overload": overload, "batch": batch, "slowloris": slowloris}
+    runs = {"overload": overload, "batch": batch, "slowloris": slowloris, "shapes": shapes}
     results: dict[str, Any] = {"engine": args.engine, "pace": args.pace}
     for name in args.suites.split(","):
         results[name] = runs[name](args, args.log_dir / name)

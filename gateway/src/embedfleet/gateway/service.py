@@ -31,7 +31,7 @@ from embedfleet.gateway.schemas import (
     TruncationSide,
 )
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.gateway.splitting import Chunk, chunk_budget, join, plan
+from embedfleet.gateway.splitting import Chunk, chunk_budget, join, paced_chunk_tokens, plan
 from embedfleet.gateway.tokenization import Batch, Tokenization
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,10 @@ class Service:
     def _chunks(self, batch: Batch) -> list[Chunk]:
         s = self.settings
         workers = max(1, self.pool.usable_workers())
-        budget = chunk_budget(batch.total, workers, s.chunk_tokens, s.min_chunk_tokens)
+        most = paced_chunk_tokens(
+            s.chunk_tokens, self.pool.capacity() / workers, s.chunk_seconds, s.min_chunk_tokens
+        )
+        budget = chunk_budget(batch.total, workers, most, s.min_chunk_tokens)
         return plan(batch.lengths, budget, s.chunk_sequences)
 
     async def _embed(

@@ -107,6 +107,12 @@ class GatewaySettings:
         512, "Requests are split to spread over workers only into chunks of at least this size."
     )
     chunk_sequences: int = setting(256, "Most inputs in one chunk.")
+    chunk_seconds: float = setting(
+        1.0,
+        "A chunk also holds at most this many seconds of one worker's work at the workers' "
+        "measured capacity (never below --min-chunk-tokens): a slow CPU worker's last large "
+        "chunk would leave the others idle; 0 keeps --chunk-tokens.",
+    )
     max_queue_seconds: float = setting(
         30.0,
         "Admission: a request is taken while the work queued ahead of it (admitted, not yet "

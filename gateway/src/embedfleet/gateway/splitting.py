@@ -32,6 +32,19 @@ def chunk_budget(total_tokens: int, workers: int, max_tokens: int, min_tokens: i
     return max(1, min(max_tokens, max(min_tokens, spread)))
 
 
+def paced_chunk_tokens(
+    max_tokens: int, worker_tokens_per_second: float, seconds: float, min_tokens: int
+) -> int:
+    """The most tokens one chunk carries: `max_tokens`, or `seconds` of one worker's work at its
+    measured speed when that is less (never below `min_tokens`). A chunk is work that no other
+    worker can take over: at the end of a burst on a slow CPU fleet, one worker still computing an
+    8,192-token chunk (7.6 s at the 1,074 tokens/s a shared CPU gave it) idled the others for
+    most of that. Unknown speed (0) or no bound (`seconds` 0) keeps `max_tokens`."""
+    if worker_tokens_per_second <= 0 or seconds <= 0:
+        return max_tokens
+    return max(1, min(max_tokens, max(min_tokens, int(worker_tokens_per_second * seconds))))
+
+
 def plan(lengths: Sequence[int], budget: int, max_sequences: int) -> list[Chunk]:
     """Contiguous chunks of at most `budget` tokens and `max_sequences` inputs, in order.
 

@@ -31,11 +31,16 @@ from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.runner import BatchRunner, Entry
-from embedfleet.worker.scheduler import Budget, FcfsQueue
+from embedfleet.worker.scheduler import Budget, FcfsQueue, paced
 from embedfleet.worker.selfcheck import ReferenceFn, reference_outputs, run_selfcheck
 from embedfleet.worker.server import WorkerService, WorkerState, add_to_server
 from embedfleet.worker.settings import WorkerSettings
-from embedfleet.worker.warmup import measure_capacity, warm_up, yields_to_traffic
+from embedfleet.worker.warmup import (
+    BUSY_PATIENCE_SECONDS,
+    measure_capacity,
+    warm_up,
+    yields_to_traffic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +166,15 @@ async def _measure(
         return False
     state.capacity = capacity
     state.metrics.capacity.set(capacity)
+    batches = paced(state.budget, capacity, settings.max_batch_seconds)
+    if runner is not None:
+        runner.set_batch_budget(batches)
     log.info(
         "capacity measured",
         extra={
             "seconds": round(time.monotonic() - started, 3),
             "capacity_tokens_per_second": round(capacity, 1),
+            "batch_tokens": batches.max_tokens,
         },
     )
     return True
@@ -179,8 +188,8 @@ async def _measure_in_background(
     a run must go through them. Ends with the process (the startup task is cancelled on drain)."""
     interruptions = 0
     while True:
-        await _idle_for(state, settings.capacity_idle_seconds)
-        yields = yields_to_traffic(interruptions)
+        idle = await _idle_for(state, settings.capacity_idle_seconds, BUSY_PATIENCE_SECONDS)
+        yields = yields_to_traffic(interruptions, idle)
         state.arrived.clear()
         if await _measure(settings, state, shape, stop=state.arrived if yields else None):
             return
@@ -188,17 +197,23 @@ async def _measure_in_background(
         log.info("capacity measurement yielded to a request", extra={"count": interruptions})
 
 
-async def _idle_for(state: WorkerState, seconds: float) -> None:
-    """Returns once no real request has been in flight for `seconds`."""
+async def _idle_for(state: WorkerState, seconds: float, patience: float) -> bool:
+    """True once no real request has been in flight for `seconds`; False if there was no such
+    period within `patience` seconds."""
+    give_up = time.monotonic() + patience
     while True:
         while state.requests_inflight:
+            if time.monotonic() >= give_up:
+                return False
             await asyncio.sleep(0.05)
         state.arrived.clear()
         try:
             await asyncio.wait_for(state.arrived.wait(), seconds)
         except TimeoutError:
             if not state.requests_inflight:
-                return
+                return True
+        if time.monotonic() >= give_up:
+            return False
 
 
 async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health) -> None:

@@ -20,7 +20,7 @@ from embedfleet.common.arrays import FloatArray
 from embedfleet.worker.contract import Engine, Pending, StageTimes, WorkItem
 from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
-from embedfleet.worker.scheduler import Batch, DropReason, FcfsQueue
+from embedfleet.worker.scheduler import Batch, Budget, DropReason, FcfsQueue
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,11 @@ class BatchRunner:
             self._publish_queue()
             self._cond.notify()
         return entry
+
+    def set_batch_budget(self, budget: Budget) -> None:
+        """The budget of batches from now on (the one being computed keeps its size)."""
+        with self._cond:
+            self._queue.budget = budget
 
     def queued(self) -> tuple[int, int]:
         """(requests, tokens) waiting; racy by design, for Info and balancing."""

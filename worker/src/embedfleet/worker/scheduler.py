@@ -32,6 +32,27 @@ class Budget:
             raise ValueError("the hard request limit must be at least the batch token budget")
 
 
+#: the least a paced batch budget holds: below it the per-batch costs outweigh what is saved
+MIN_PACED_TOKENS = 512
+
+
+def paced(budget: Budget, capacity: float, seconds: float, floor: int = MIN_PACED_TOKENS) -> Budget:
+    """The batch budget once the worker has measured its speed: at most `seconds` of work per
+    batch at `capacity` tokens/s, never below `floor` tokens nor above the configured budget.
+
+    A batch is work no other worker can take over. At the end of a burst one worker may still be
+    computing a full 16,384-token batch, about 11 s at a shared CPU's 1,500 tokens/s, while the
+    others idle, and a request arriving behind it waits the whole batch out. A fast device's
+    budget is unchanged (a GPU makes its configured batch in milliseconds). Unknown capacity (0)
+    or no time bound (`seconds` 0) leaves the budget as configured."""
+    if capacity <= 0 or seconds <= 0:
+        return budget
+    tokens = max(floor, int(capacity * seconds))
+    if tokens >= budget.max_tokens:
+        return budget
+    return Budget(max(1, tokens), budget.max_sequences, budget.hard_max_tokens)
+
+
 class Admission(enum.Enum):
     SHARE = "share"  # fits a batch with others
     ALONE = "alone"  # over the batch budget: it will run as a batch of its own

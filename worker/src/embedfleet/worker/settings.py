@@ -129,6 +129,13 @@ class WorkerSettings:
         16384, "Token budget of one batch; a longer single request runs alone."
     )
     max_batch_sequences: int = setting(512, "Most sequences in one batch.")
+    max_batch_seconds: float = setting(
+        1.0,
+        "Once capacity is measured, a batch holds at most this many seconds of work at that "
+        "capacity (within --max-batch-tokens, never below 512 tokens): on a slow device a full "
+        "batch would keep its requests, and the ones behind it, waiting for many seconds; 0 "
+        "keeps --max-batch-tokens.",
+    )
     max_queue_requests: int = setting(
         1024, "Requests waiting beyond this are refused with RESOURCE_EXHAUSTED."
     )
