@@ -114,6 +114,12 @@ def test_client_rate_reaches_the_controller_manager_and_scheduler_only_when_set(
         assert "--kube-api-qps=500" in argv
         assert "--kube-api-burst=1000" in argv
     assert ClusterConfig().client_rate is None
+    assert ClusterConfig().controller_syncs is None
+    default = components.controller_manager_argv(tools, layout)
+    assert not any(arg.startswith("--concurrent-") for arg in default)
+    scaled = components.controller_manager_argv(tools, layout, syncs=50)
+    assert "--concurrent-deployment-syncs=50" in scaled
+    assert "--concurrent-replicaset-syncs=50" in scaled
     with pytest.raises(ValueError, match="qps > 0"):
         components.ClientRate(qps=0, burst=10)
 

@@ -165,9 +165,12 @@ def _rate_flags(rate: ClientRate | None) -> list[str]:
 
 
 def controller_manager_argv(
-    tools: Toolset, layout: Layout, rate: ClientRate | None = None
+    tools: Toolset, layout: Layout, rate: ClientRate | None = None, syncs: int | None = None
 ) -> list[str]:
-    """`rate`: the client limit of every controller in it; None keeps its default."""
+    """`rate`: the client limit of every controller in it; `syncs`: how many Deployments and
+    how many ReplicaSets their controllers sync at once. None keeps each default (5 syncs: at
+    N=1,000 fleets the Deployment controller, its syncs waiting on a loaded API server, made
+    under 2 ReplicaSets a second, once the client limit no longer bounded it)."""
     pki = layout.pki
     kubeconfig = layout.kubeconfigs["kube-controller-manager"]
     return [
@@ -178,6 +181,11 @@ def controller_manager_argv(
         f"--cluster-signing-key-file={pki.ca.key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         *_rate_flags(rate),
+        *(
+            [f"--concurrent-deployment-syncs={syncs}", f"--concurrent-replicaset-syncs={syncs}"]
+            if syncs is not None
+            else []
+        ),
     ]
 
 
