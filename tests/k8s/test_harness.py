@@ -7,9 +7,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from embedfleet.common.net import free_ports
 from embedfleet.testing import components
-from embedfleet.testing.cluster import stop_recorded
+from embedfleet.testing.cluster import ClusterConfig, stop_recorded
 from embedfleet.testing.components import Layout
 from embedfleet.testing.kubeconfig import kubeconfig_document
 from embedfleet.testing.nodes import GPU_RESOURCE, NodeShape, fake_gpu_node, node_is_ready
@@ -94,6 +96,32 @@ def test_component_flags_use_the_layout_ports_on_localhost(tmp_path: Path) -> No
         assert any(arg.startswith("--secure-port=") for arg in argv)
         assert "--bind-address=127.0.0.1" in argv
     assert "0.0.0.0" not in flat
+
+
+def test_client_rate_reaches_the_controller_manager_and_scheduler_only_when_set(
+    tmp_path: Path,
+) -> None:
+    pki = create_pki(tmp_path, server_names=(), server_ips=("127.0.0.1",), clients={})
+    ports = dict(zip(components.PORT_NAMES, free_ports(len(components.PORT_NAMES)), strict=True))
+    kubeconfigs = {name: tmp_path / f"{name}.kubeconfig" for name in components.CLIENTS}
+    layout = Layout(run_dir=tmp_path, ports=ports, pki=pki, kubeconfigs=kubeconfigs)
+    tools = Toolset(bin_dir=tmp_path / "bin", built=False)
+    rate = components.ClientRate(qps=500, burst=1000)
+    for argv_of in (components.controller_manager_argv, components.scheduler_argv):
+        # Unset: the components' own defaults, as every test cluster had them.
+        assert not any("--kube-api-" in arg for arg in argv_of(tools, layout))
+        argv = argv_of(tools, layout, rate)
+        assert "--kube-api-qps=500" in argv
+        assert "--kube-api-burst=1000" in argv
+    assert ClusterConfig().client_rate is None
+    assert ClusterConfig().controller_syncs is None
+    default = components.controller_manager_argv(tools, layout)
+    assert not any(arg.startswith("--concurrent-") for arg in default)
+    scaled = components.controller_manager_argv(tools, layout, syncs=50)
+    assert "--concurrent-deployment-syncs=50" in scaled
+    assert "--concurrent-replicaset-syncs=50" in scaled
+    with pytest.raises(ValueError, match="qps > 0"):
+        components.ClientRate(qps=0, burst=10)
 
 
 def test_stop_signals_only_the_recorded_processes(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import asyncio
 
-from embedfleet.operator.workqueue import CHILD_CHANGED, RESYNC, Key, Lanes, Queue
+from embedfleet.operator.workqueue import CHILD_CHANGED, FLEET_CHANGED, RESYNC, Key, Lanes, Queue
 from embedfleet.testing.polling import wait_for_async
 
 
@@ -124,3 +124,27 @@ def test_lanes_keep_a_key_once_at_its_most_urgent() -> None:
     assert lanes.add(("ns", "b"), RESYNC)
     assert len(lanes) == 2
     assert [lanes.pop(), lanes.pop(), lanes.pop()] == [("ns", "a"), ("ns", "b"), None]
+
+
+async def test_waits_are_reported_by_lane_from_the_first_trigger() -> None:
+    gate = asyncio.Event()
+    waits: list[tuple[int, float]] = []
+
+    async def run(key: Key) -> bool:
+        await gate.wait()
+        return True
+
+    queue = Queue(run, workers=1, waited=lambda lane, seconds: waits.append((lane, seconds)))
+    queue.trigger(("ns", "a"), RESYNC)
+    await asyncio.sleep(0)  # a runs (its wait: ~0) and holds the only worker
+    queue.trigger(("ns", "b"), CHILD_CHANGED)
+    queue.trigger(("ns", "a"))  # during a's own run: waits for it, from now
+    await asyncio.sleep(0.05)
+    queue.trigger(("ns", "b"), CHILD_CHANGED)  # a repeat: b still waits from its first trigger
+    gate.set()
+    await queue.idle()
+    # a's second run goes first: its trigger was more urgent than b's
+    assert [lane for lane, _ in waits] == [RESYNC, FLEET_CHANGED, CHILD_CHANGED]
+    assert waits[0][1] < 0.05
+    assert waits[1][1] >= 0.05  # a's second run waited for its first
+    assert waits[2][1] >= 0.05  # b waited behind both

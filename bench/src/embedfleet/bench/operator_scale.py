@@ -42,6 +42,7 @@ from embedfleet.common.net import free_ports
 from embedfleet.testing import apimetrics, process
 from embedfleet.testing.apiclient import ApiClient, ApiError
 from embedfleet.testing.cluster import Cluster, ClusterConfig
+from embedfleet.testing.components import ClientRate
 from embedfleet.testing.nodes import NodeShape
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
@@ -70,6 +71,13 @@ OPERATOR_RESOURCES = (
     "embeddingdeployments", "configmaps", "services", "serviceaccounts", "deployments", "roles",
     "rolebindings", "poddisruptionbudgets",
 )  # fmt: skip
+#: The controller-manager's and scheduler's client limit in this benchmark: their defaults (20/s
+#: and 50/s) made the ReplicaSet controller, not the operator or the API server, the bound on
+#: N=1,000's 6,000 pods (3 to 4 pods a second). High enough that the API server limits instead.
+CONTROL_PLANE_RATE = ClientRate(qps=500, burst=1000)
+#: With the client limit lifted, the Deployment controller's 5 syncs at once (each waiting on
+#: the loaded API server) made 1,272 of N=1,000's 2,000 ReplicaSets in 12 minutes.
+CONTROLLER_SYNCS = 50
 TARGETS = {
     "change_applied_p99_s": 2.0,
     "operator_rss_peak_mb": 500.0,
@@ -364,6 +372,14 @@ class Operator:
             for labels, value in self._samples("embedfleet_operator_api_requests_total")
         }
 
+    def histogram(self, name: str, label: str = "") -> dict[str, tuple[float, float]]:
+        """One of the operator's histograms: (sum, count) by `label`'s value ("" unlabelled)."""
+        found: dict[str, list[float]] = {}
+        for suffix, at in (("_sum", 0), ("_count", 1)):
+            for labels, value in self._samples(name + suffix):
+                found.setdefault(labels.get(label, ""), [0.0, 0.0])[at] += value
+        return {k: (v[0], v[1]) for k, v in found.items()}
+
     def counter(self, name: str) -> float:
         """One of the operator's counters, summed over its labels."""
         return sum(value for _, value in self._samples(name))
@@ -414,6 +430,10 @@ class Phase:
     """The API server's mean request duration by verb (every client; watches aside)."""
     etcd_latency_ms: dict[str, float] = field(default_factory=dict)
     """The API server's mean etcd request duration by operation."""
+    operator_queue_wait_ms: dict[str, float] = field(default_factory=dict)
+    """The operator's mean wait in its work queue by lane (fleet, child, resync): trigger to run."""
+    operator_reconcile_ms: float | None = None
+    """The operator's mean reconcile duration (applies and status write)."""
 
 
 @dataclass(frozen=True)
@@ -446,6 +466,8 @@ class Meter:
         self.began = time.monotonic()
         self.reading = Reading.of(cluster)
         self.own = op.requests()
+        self.waits = op.histogram(QUEUE_WAIT, "lane")
+        self.reconciles = op.histogram(RECONCILE)
 
     def end(self) -> Phase:
         now = time.monotonic()
@@ -481,18 +503,41 @@ class Meter:
             operator_rss_peak_mb=_round(max((s.rss_mb for s in window), default=None), 1),
             apiserver_latency_ms=_ms(mean(reading.latency, self.reading.latency)),
             etcd_latency_ms=_ms(mean(reading.etcd, self.reading.etcd)),
+            operator_queue_wait_ms=_ms(_means(self.op.histogram(QUEUE_WAIT, "lane"), self.waits)),
+            operator_reconcile_ms=_ms(_means(self.op.histogram(RECONCILE), self.reconciles)).get(
+                ""
+            ),
         )
+
+
+QUEUE_WAIT = "embedfleet_operator_queue_wait_seconds"
+RECONCILE = "embedfleet_operator_reconcile_seconds"
+
+
+def _means(
+    now: Mapping[str, tuple[float, float]], before: Mapping[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Mean seconds per label between two histogram readings (those with observations)."""
+    out = {}
+    for key, (total, count) in now.items():
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            out[key] = (total - total0) / (count - count0)
+    return out
 
 
 def _per_min(counts: Mapping[str, float], minutes: float) -> dict[str, float]:
     return {k: round(v / minutes, 1) for k, v in sorted(counts.items())}
 
 
-def _boot(n: int, replicas: int) -> Cluster:
+def _boot(n: int, replicas: int, rate: ClientRate | None, syncs: int | None) -> Cluster:
     pods = n * (replicas + 1)
     nodes = max(1, math.ceil(pods * 1.2 / PODS_PER_NODE))
     shape = NodeShape(cpu="4000", memory="16Ti", pods=PODS_PER_NODE)
-    cluster = Cluster.start(ClusterConfig(gpu_nodes=nodes, node_shape=shape, build=False))
+    config = ClusterConfig(
+        gpu_nodes=nodes, node_shape=shape, build=False, client_rate=rate, controller_syncs=syncs
+    )
+    cluster = Cluster.start(config)
     try:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD))
         cluster.kubectl(
@@ -597,7 +642,12 @@ class Scenario:
 def scenario(n: int, args: argparse.Namespace) -> Iterator[Scenario]:
     """A fresh cluster sized for n fleets, the operator leading, the watcher recording; all of
     it stopped (processes by pid) however the scenario ends."""
-    cluster = _boot(n, args.replicas)
+    rate = (
+        ClientRate(args.control_plane_qps, args.control_plane_burst)
+        if args.control_plane_qps
+        else None
+    )
+    cluster = _boot(n, args.replicas, rate, args.controller_syncs or None)
     op: Operator | None = None
     try:
         op = Operator(cluster, cluster.layout.run_dir, args.operator_pythonpath, args.lease_seconds)
@@ -885,6 +935,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{operator_kind_writes(ph['idle'])} | "
             f"{s['delete']['all_children_gone_s']} |"
         )
+    for s in result["sizes"]:
+        change = {p["name"]: p for p in s["phases"]}["change"]
+        if change.get("operator_queue_wait_ms"):
+            lines += ["", change_breakdown(s["n"], change)]
     if result.get("prometheus"):
         p = result["prometheus"]
         ph = p["phase"]
@@ -920,6 +974,25 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ms_list(ms: Mapping[str, float]) -> str:
+    return ", ".join(f"{key} {value:g} ms" for key, value in ms.items())
+
+
+def _api_latency(ph: Mapping[str, Any]) -> str:
+    return _ms_list({k: v for k, v in ph["apiserver_latency_ms"].items() if k != "WATCH"})
+
+
+def change_breakdown(n: int, ph: Mapping[str, Any]) -> str:
+    """Where a spec change's time went: the operator's queue, its reconcile, the API server."""
+    return (
+        f"Spec change at N={n}: the operator's mean wait in its work queue by lane "
+        f"{_ms_list(ph['operator_queue_wait_ms'])}; its "
+        f"mean reconcile {ph.get('operator_reconcile_ms')} ms; the API server's mean "
+        + _api_latency(ph)
+        + "."
+    )
+
+
 def kill_breakdown(k: Mapping[str, Any]) -> str:
     """Where the time after a kill went: the Lease, the successor's applies, the rollouts."""
     ph = k["phase"]
@@ -938,14 +1011,18 @@ def kill_breakdown(k: Mapping[str, Any]) -> str:
         f"Available. The successor applied about {applies_done} children of "
         f"{k['fleets_applied_by_successor']} fleets and skipped {k['successor_skipped_applies']:g} "
         f"applies of children already as desired; the API server's mean latency meanwhile: "
-        + ", ".join(
-            f"{verb} {ms:g} ms"
-            for verb, ms in ph["apiserver_latency_ms"].items()
-            if verb != "WATCH"
-        )
+        + _api_latency(ph)
         + "; etcd's: "
-        + ", ".join(f"{op} {ms:g} ms" for op, ms in ph["etcd_latency_ms"].items())
-        + f"; the successor's CPU {ph['operator_cpu_cores']} cores."
+        + _ms_list(ph["etcd_latency_ms"])
+        + f"; the successor's CPU {ph['operator_cpu_cores']} cores"
+        + (
+            "; its mean wait in the work queue by lane: "
+            + _ms_list(ph["operator_queue_wait_ms"])
+            + f", its mean reconcile {ph.get('operator_reconcile_ms')} ms"
+            if ph.get("operator_queue_wait_ms")
+            else ""
+        )
+        + "."
     )
 
 
@@ -1023,6 +1100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--prometheus", type=int, default=0, help="N for the Prometheus-mode autoscaler run"
     )
     parser.add_argument("--lease-seconds", type=float, default=15.0)
+    parser.add_argument(
+        "--control-plane-qps",
+        type=float,
+        default=CONTROL_PLANE_RATE.qps,
+        help="client QPS of the controller-manager and scheduler (0: their defaults, 20 and 50)",
+    )
+    parser.add_argument("--control-plane-burst", type=int, default=CONTROL_PLANE_RATE.burst)
+    parser.add_argument(
+        "--controller-syncs",
+        type=int,
+        default=CONTROLLER_SYNCS,
+        help="Deployments and ReplicaSets the controller-manager syncs at once (0: its 5)",
+    )
     parser.add_argument(
         "--seconds-per-fleet",
         type=float,

@@ -34,7 +34,14 @@ from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.settings import OperatorSettings, cpu_worker_image
 from embedfleet.operator.spec import GROUP, PLURAL, VERSION
-from embedfleet.operator.workqueue import CHILD_CHANGED, FLEET_CHANGED, RESYNC, Key, Queue
+from embedfleet.operator.workqueue import (
+    CHILD_CHANGED,
+    FLEET_CHANGED,
+    LANE_NAMES,
+    RESYNC,
+    Key,
+    Queue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +251,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         lambda key: _run_one(holder[0], key),
         max_backoff=op.resync_seconds,
         workers=op.reconcile_workers,
+        waited=lambda lane, seconds: metrics.QUEUE_WAIT_SECONDS.labels(LANE_NAMES[lane]).observe(
+            seconds
+        ),
     )
     memo["queue"] = queue
     queues.append(queue)

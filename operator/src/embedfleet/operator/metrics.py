@@ -20,6 +20,13 @@ RECONCILE_SECONDS = Histogram(
     "Duration of one reconcile: apply every child and write status.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+QUEUE_WAIT_SECONDS = Histogram(
+    "embedfleet_operator_queue_wait_seconds",
+    "From a fleet's first trigger to the start of its reconcile, by the work queue's lane "
+    "(fleet: its spec or status changed; child: a child changed; resync).",
+    ["lane"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
 API_REQUESTS = Counter(
     "embedfleet_operator_api_requests_total",
     "Requests the operator's own client sent to the API server (kopf's watch of "

@@ -14,6 +14,7 @@ behind a resync of every fleet.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 Key = tuple[str, str]
@@ -22,6 +23,8 @@ Key = tuple[str, str]
 FLEET_CHANGED, CHILD_CHANGED, RESYNC = 0, 1, 2
 """Priorities, most urgent first."""
 PRIORITIES = 3
+LANE_NAMES = ("fleet", "child", "resync")
+"""Each priority's name in metrics."""
 
 
 class Lanes:
@@ -45,12 +48,17 @@ class Lanes:
         return current is None
 
     def pop(self) -> Key | None:
-        for lane in self._lanes:
+        entry = self.pop_entry()
+        return None if entry is None else entry[0]
+
+    def pop_entry(self) -> tuple[Key, int] | None:
+        """The next key and the lane it waited in."""
+        for priority, lane in enumerate(self._lanes):
             if lane:
                 key = next(iter(lane))
                 del lane[key]
                 del self._where[key]
-                return key
+                return key, priority
         return None
 
     def __len__(self) -> int:
@@ -70,7 +78,11 @@ class Queue:
         min_backoff: float = 1.0,
         max_backoff: float = 60.0,
         workers: int = 4,
+        waited: Callable[[int, float], None] | None = None,
     ) -> None:
+        """`waited(lane, seconds)` hears, as each run starts, how long its key waited since its
+        first trigger (a trigger during its own run counts from then: that run is waited for
+        too), by the lane it was taken from: where a change's latency goes before its run."""
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self._run = run
@@ -80,12 +92,16 @@ class Queue:
         """Keys triggered while running -> the most urgent priority of those triggers."""
         self._failures: dict[Key, int] = {}
         self._retries: dict[Key, asyncio.TimerHandle] = {}
+        self._since: dict[Key, float] = {}
+        """Keys triggered and not yet run -> monotonic time of the first such trigger."""
+        self._waited = waited
         self._workers: set[asyncio.Task[None]] = set()
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
         self.max_workers = workers
 
     def trigger(self, key: Key, priority: int = FLEET_CHANGED) -> None:
+        self._since.setdefault(key, time.monotonic())
         if key in self._running:
             self._dirty[key] = min(self._dirty.get(key, priority), priority)
             return
@@ -106,7 +122,11 @@ class Queue:
             task.add_done_callback(self._workers.discard)
 
     async def _work(self) -> None:
-        while (key := self._pending.pop()) is not None:
+        while (entry := self._pending.pop_entry()) is not None:
+            key, lane = entry
+            since = self._since.pop(key, None)
+            if self._waited is not None and since is not None:
+                self._waited(lane, time.monotonic() - since)
             self._running.add(key)
             try:
                 ok = await self._run(key)

@@ -68,6 +68,13 @@ class ClusterConfig:
     """Certs, kubeconfigs, etcd data and logs; default: a fresh temp dir, removed on stop."""
     api_address: str = components.LOCALHOST
     """The API server's bind and advertise address (see components.Layout.api_address)."""
+    client_rate: components.ClientRate | None = None
+    """The controller-manager's and the scheduler's limit on their API requests; None keeps
+    their defaults, which tests' few pods never reach. A scale run (bench.operator_scale) raises
+    it so that pod creation and binding keep up with the API server (components.ClientRate)."""
+    controller_syncs: int | None = None
+    """Deployments and ReplicaSets the controller-manager syncs at once (each; None: its default,
+    5). A scale run raises it with client_rate (components.controller_manager_argv)."""
 
 
 class Cluster:
@@ -132,10 +139,12 @@ class Cluster:
         # The rest only needs the API; start them together.
         started: list[tuple[ProcessRecord, str]] = []
         if config.controller_manager:
-            argv = components.controller_manager_argv(tools, layout)
+            argv = components.controller_manager_argv(
+                tools, layout, config.client_rate, config.controller_syncs
+            )
             started.append((self._spawn("kube-controller-manager", argv), "controller_manager"))
         if config.scheduler:
-            argv = components.scheduler_argv(tools, layout)
+            argv = components.scheduler_argv(tools, layout, config.client_rate)
             started.append((self._spawn("kube-scheduler", argv), "scheduler"))
         if config.kwok:
             kwok = self._spawn("kwok", components.kwok_argv(tools, layout))

@@ -51,6 +51,27 @@ PORT_NAMES = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "sc
 
 
 @dataclass(frozen=True)
+class ClientRate:
+    """A Go component's own limit on its requests to the API server (client-go's token bucket,
+    `--kube-api-qps` / `--kube-api-burst`).
+
+    The defaults (controller-manager 20/s, burst 30; scheduler 50/s, burst 100) suit a test's
+    handful of pods. A scale run needs more: at 20/s the ReplicaSet controller alone takes five
+    minutes to create 6,000 pods, however fast the API server answers, so that run measured the
+    controller-manager's throttle instead of the operator or the control plane."""
+
+    qps: float
+    burst: int
+
+    def __post_init__(self) -> None:
+        if self.qps <= 0 or self.burst < 1:
+            raise ValueError(f"client rate needs qps > 0 and burst >= 1, got {self}")
+
+    def flags(self) -> list[str]:
+        return [f"--kube-api-qps={self.qps:g}", f"--kube-api-burst={self.burst}"]
+
+
+@dataclass(frozen=True)
 class Layout:
     """Where one cluster's files live and which ports it listens on."""
 
@@ -139,7 +160,17 @@ def _serving_flags(layout: Layout, port: str, kubeconfig: Path) -> list[str]:
     ]
 
 
-def controller_manager_argv(tools: Toolset, layout: Layout) -> list[str]:
+def _rate_flags(rate: ClientRate | None) -> list[str]:
+    return rate.flags() if rate is not None else []
+
+
+def controller_manager_argv(
+    tools: Toolset, layout: Layout, rate: ClientRate | None = None, syncs: int | None = None
+) -> list[str]:
+    """`rate`: the client limit of every controller in it; `syncs`: how many Deployments and
+    how many ReplicaSets their controllers sync at once. None keeps each default (5 syncs: at
+    N=1,000 fleets the Deployment controller, its syncs waiting on a loaded API server, made
+    under 2 ReplicaSets a second, once the client limit no longer bounded it)."""
     pki = layout.pki
     kubeconfig = layout.kubeconfigs["kube-controller-manager"]
     return [
@@ -149,12 +180,24 @@ def controller_manager_argv(tools: Toolset, layout: Layout) -> list[str]:
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        *_rate_flags(rate),
+        *(
+            [f"--concurrent-deployment-syncs={syncs}", f"--concurrent-replicaset-syncs={syncs}"]
+            if syncs is not None
+            else []
+        ),
     ]
 
 
-def scheduler_argv(tools: Toolset, layout: Layout) -> list[str]:
+def scheduler_argv(tools: Toolset, layout: Layout, rate: ClientRate | None = None) -> list[str]:
+    """`rate`: the scheduler's client limit (its bindings); None keeps its default. The flags
+    are deprecated in favour of a --config file, which this harness does not use."""
     kubeconfig = layout.kubeconfigs["kube-scheduler"]
-    return [str(tools.path("kube-scheduler")), *_serving_flags(layout, "scheduler", kubeconfig)]
+    return [
+        str(tools.path("kube-scheduler")),
+        *_serving_flags(layout, "scheduler", kubeconfig),
+        *_rate_flags(rate),
+    ]
 
 
 def kwok_argv(tools: Toolset, layout: Layout) -> list[str]:
