@@ -7,7 +7,7 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint format proto tools node prometheus image-tools images images-lock \
+.PHONY: install prepare run test lint format proto tools node prometheus image-tools images images-lock \
 	bench clean
 
 install: $(STAMP)
@@ -66,9 +66,17 @@ images: install image-tools
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
+# Everything a test needs, built or reused. `tools` (Go compiles: CPU, tens of minutes cold) runs
+# beside the rest (pip, apt, debootstrap: mostly network and disk), so a cold machine waits for the
+# longer of the two chains, not their sum.
+prepare:
+	@$(MAKE) --no-print-directory tools & tools=$$!; \
+	$(MAKE) --no-print-directory install node prometheus images lint; rc=$$?; \
+	wait $$tools || rc=$$?; exit $$rc
+
 # Images first (reused when their content key is cached): a build inside a test would count
 # against that test's timeout. The 40 slowest tests are listed at the end: where CI time goes.
-test: install tools node prometheus images lint
+test: prepare
 	$(BIN)/pytest --durations=40 $(PYTEST_ARGS)
 
 bench: install
