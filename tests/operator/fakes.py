@@ -50,3 +50,41 @@ class NoFleetsKube:
     def get_or_none(self, path: str) -> Any:
         self.gets.append(path)
         return None
+
+
+TERMINATING_STATUS = (
+    '{"kind":"Status","apiVersion":"v1","status":"Failure","message":"configmaps \\"f-config\\" is'
+    ' forbidden: unable to create new content in namespace ns because it is being terminated",'
+    '"reason":"Forbidden","details":{"name":"f-config","kind":"configmaps","causes":[{"reason":'
+    '"NamespaceTerminating","message":"namespace ns is being terminated","field":'
+    '"metadata.namespace"}]},"code":403}'
+)
+"""kube-apiserver's NamespaceLifecycle admission's answer to a create in a terminating namespace."""
+
+
+class TerminatingNamespaceKube:
+    """A FAKE Kube whose namespace is being deleted: the fleet is still there (the namespace
+    controller has not got to it), every apply is refused as the API server refuses a create
+    there; it records the writes asked for."""
+
+    def __init__(self, fleet: dict[str, Any]) -> None:
+        self.fleet = fleet
+        self.writes: list[str] = []
+
+    def get_or_none(self, path: str) -> Any:
+        return self.fleet if path.endswith(f"/{self.fleet['metadata']['name']}") else None
+
+    def has_resource(self, api_version: str, plural: str) -> bool:
+        return False
+
+    def apply(self, path: str, body: Any, manager: str) -> Any:
+        self.writes.append(f"APPLY {path}")
+        raise KubeError("PATCH", path, 403, TERMINATING_STATUS)
+
+    def merge_status(self, path: str, status: Any) -> Any:
+        self.writes.append(f"PATCH {path}/status")
+        return None
+
+    def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
+        self.writes.append(f"{method} {path}")
+        return None

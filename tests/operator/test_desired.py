@@ -13,12 +13,12 @@ from embedfleet.operator.desired import (
     stamped,
 )
 from embedfleet.operator.informer import Bodies, Change, newer, trim
-from embedfleet.operator.kube import Kube, resource_of
+from embedfleet.operator.kube import Kube, KubeError, resource_of
 from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner, children
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.spec import parse_spec
 
-from .fakes import NoFleetsKube
+from .fakes import TERMINATING_STATUS, NoFleetsKube, TerminatingNamespaceKube
 
 IMAGES = Images("w:1", "g:1", worker_cpu="w:1-cpu")
 OWNER = Owner(name="fleet", namespace="ns", uid="u-1")
@@ -185,3 +185,28 @@ def test_a_reconcile_of_a_fleet_known_deleted_asks_the_api_server_nothing() -> N
     for _ in range(10):  # e.g. one per deleted child's watch event
         assert reconciler.reconcile("ns", "a").body is None
     assert len(kube.gets) == 1
+
+
+def test_a_fleet_in_a_terminating_namespace_is_left_to_go_with_it() -> None:
+    fleet = {
+        "metadata": {"name": "f", "namespace": "ns", "uid": "u-f", "generation": 1},
+        "spec": {"model": {"source": "hf://org/model"}},
+    }
+    kube = TerminatingNamespaceKube(fleet)
+    reconciler = Reconciler(cast(Kube, kube), IMAGES)
+    outcome = reconciler.reconcile("ns", "f")
+    # No error (a retry with backoff would be refused again until the fleet is deleted), no
+    # status write, and no apply after the first refusal.
+    assert (outcome.error, outcome.body) == ("", None)
+    assert len(kube.writes) == 1, kube.writes
+    assert kube.writes[0].startswith("APPLY ")
+
+
+def test_a_kube_error_reads_the_causes_of_a_status() -> None:
+    err = KubeError("PATCH", "/api/v1/namespaces/ns/configmaps/f-config", 403, TERMINATING_STATUS)
+    assert err.causes == ("NamespaceTerminating",)
+    assert err.namespace_terminating
+    assert "being terminated" in err.message
+    plain = KubeError("PATCH", "/x", 403, '{"message": "forbidden: no rights"}')
+    assert not plain.namespace_terminating
+    assert not KubeError("GET", "/x", 500, "not json").namespace_terminating

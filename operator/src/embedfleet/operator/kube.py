@@ -54,12 +54,24 @@ def resource_of(path: str) -> str:
 
 class KubeError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
-        message = body
-        with contextlib.suppress(ValueError, AttributeError):
-            message = json.loads(body).get("message", body)
+        message: Any = body
+        causes: tuple[str, ...] = ()
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            parsed = json.loads(body)
+            message = parsed.get("message", body)
+            details = parsed.get("details") or {}
+            causes = tuple(str(c.get("reason", "")) for c in details.get("causes") or ())
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
         self.status = status
         self.message = str(message)
+        self.causes = causes
+        """The Status's details.causes reasons ("NamespaceTerminating", "FieldValueInvalid")."""
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """Refused because the namespace is being deleted: nothing new can be made there, and
+        whatever asked for it goes with the namespace, so a retry only adds load."""
+        return self.status == 403 and "NamespaceTerminating" in self.causes
 
 
 class KubeClosedError(RuntimeError):

@@ -149,7 +149,18 @@ class Reconciler:
         except SpecError as err:
             return self._write_invalid(path, body, owner, str(err))
         desired = worker_replicas(spec, old)
-        observed, error, monitoring = self._apply(owner, spec, desired, old)
+        try:
+            observed, error, monitoring = self._apply(owner, spec, desired, old)
+        except KubeError as err:
+            if not err.namespace_terminating:
+                raise
+            # The namespace controller deletes children before it gets to the fleet: re-making
+            # them is refused, and retrying with backoff until the fleet's own deletion would
+            # only load the API server. The fleet goes with its namespace.
+            log.info("%s/%s: namespace is terminating, not re-making children", namespace, name)
+            metrics.forget(namespace, name)
+            self._seen.pop((namespace, name), None)
+            return Outcome()
         try:
             self._apply_shared(namespace, spec.gateway.shared)
         except KubeError as err:
@@ -211,6 +222,8 @@ class Reconciler:
             if monitors and not spec.service_monitor.enabled and _may_have_made_one(old):
                 self._delete_monitor(owner, spec)
         except KubeError as err:
+            if err.namespace_terminating:
+                raise
             log.warning("applying children of %s/%s: %s", owner.namespace, owner.name, err)
             return observed, err.message, monitoring
         return observed, "", monitoring
