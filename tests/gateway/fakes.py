@@ -58,6 +58,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     queued_tokens: int = 0
     #: the tokens/s it reports as measured at warm-up (0: none)
     capacity: float = 0.0
+    saturated: float = 0.0
     ready: bool = True
     _server: grpc.Server | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,6 +104,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             ready=self.ready,
             queued_tokens=self.queued_tokens,
             capacity_tokens_per_second=self.capacity,
+            saturated_tokens_per_second=self.saturated,
         )
 
     def start(self) -> FakeWorker:
@@ -129,6 +131,7 @@ class InMemoryFakeWorker:
     ready: bool = True
     queued_tokens: int = 0
     capacity: float = 0.0
+    saturated: float = 0.0
     #: what Info says the process is (a new value: the worker restarted)
     instance: str = "first"
     #: the next calls fail with these codes, one each, in order
@@ -196,6 +199,7 @@ class InMemoryFakeWorker:
             ready=self.ready,
             queued_tokens=self.queued_tokens,
             capacity_tokens_per_second=self.capacity,
+            saturated_tokens_per_second=self.saturated,
         )
 
     async def close(self) -> None:

@@ -107,6 +107,11 @@ async def test_probe_answers_decide_readiness_load_and_model_facts() -> None:
         with fleet.pool.lease(300):
             await fleet.pool._probe_once("w1")
             assert fleet.pool.queued_elsewhere() == 200  # 300 of the 500 are this gateway's
+        # Once the worker reports the rate it sustained saturated on real traffic, admission
+        # queues by that instead of the warm-up probe's figure.
+        fleet.fakes["w1"].saturated = 1500.0
+        await fleet.pool._probe_once("w1")
+        assert fleet.pool.capacity() == 1500.0
     finally:
         await fleet.pool.close()
 

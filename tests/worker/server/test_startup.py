@@ -119,10 +119,12 @@ def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Pat
     # it stops it; the next idle period measures the pace.
     pace = 20_000.0
     args = ("--engine", "null", "--null-tokens-per-second", str(pace), "--warmup-seconds", "2",
-            "--capacity-idle-seconds", "1")  # fmt: skip
+            "--capacity-idle-seconds", "1", "--max-batch-seconds", "0.1")  # fmt: skip
     with running_worker(tmp_path, *args) as worker:
         stub = worker_stub(worker.channel())
-        assert stub.Info(pb.InfoRequest()).capacity_tokens_per_second == 0
+        unmeasured = stub.Info(pb.InfoRequest())
+        assert unmeasured.capacity_tokens_per_second == 0
+        assert unmeasured.max_batch_tokens == 16384  # the configured budget (the default)
         # The test sends nothing yet, so new batches are the run's. Not the queue: the run keeps
         # few requests outstanding, a batch takes them all, and the queue sits empty while it
         # computes (under load the test never saw it non-empty: CI).
@@ -140,9 +142,12 @@ def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Pat
             lambda: worker.metric("embedfleet_worker_capacity_tokens_per_second") > 0,
             timeout=30,
         )
-        assert stub.Info(pb.InfoRequest()).capacity_tokens_per_second == pytest.approx(
-            pace, rel=0.2
-        )
+        measured = stub.Info(pb.InfoRequest())
+        assert measured.capacity_tokens_per_second == pytest.approx(pace, rel=0.2)
+        # Info reports the batch budget in force: paced to 0.1 s of work at the measured pace.
+        paced = next(r for r in worker.log_records() if r.get("msg") == "capacity measured")
+        assert measured.max_batch_tokens == paced["batch_tokens"]
+        assert measured.max_batch_tokens == pytest.approx(0.1 * pace, rel=0.2)
     messages = [r.get("msg") for r in worker.log_records()]
     assert messages.index("serving") < messages.index("capacity measured")
     assert "capacity measurement yielded to a request" in messages

@@ -7,11 +7,13 @@ the true count once the request is tokenized. The work queued ahead of a new req
 this gateway admitted and has not answered yet (tokenizing, queued or computing), plus what other
 gateways queued at the same workers (each worker's reported queue beyond this gateway's share).
 Divided by the fleet's capacity it is seconds of work. The capacity is what each usable worker
-measured at saturation during its warm-up, times how much of that the fleet really delivers now:
-while the queue stays at least a second deep the workers are saturated, so the rate at which this
-gateway's requests are answered is the fleet's throughput; its ratio to the warm-up figure
-(`delivered_ratio`) corrects a measurement that a busy or throttled machine has made stale, and
-follows the warm-up figure when workers come and go. A request is admitted while the work ahead
+reports it sustains saturated (timed on its own back-to-back batches of real traffic; its
+warm-up measurement until it has been saturated), times how much of that the fleet really
+delivers to this gateway now: while the queue stays at least a second deep the workers are
+saturated, so the rate at which this gateway's requests are answered is the fleet's throughput;
+its ratio to the reported figure (`delivered_ratio`) corrects what the workers' own figure cannot
+see (the gateway's side, a figure not yet refreshed), and follows the reported figures when
+workers come and go. A request is admitted while the work ahead
 is within `max_queue_seconds`; beyond it, it is shed with 429 and a Retry-After of the seconds
 until the queue is back within the bound. Its own size plays no part in the decision, so under
 overload small requests cannot starve large ones; an admitted request waits about the bound at

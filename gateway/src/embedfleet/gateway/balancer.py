@@ -25,7 +25,8 @@ class Endpoint:
     queued_tokens: int = 0
     #: of that, what other gateways queued: the report less this gateway's tokens there then
     queued_elsewhere: int = 0
-    #: tokens/s the worker measured at saturation during warm-up (0: not reported)
+    #: tokens/s the worker sustains saturated: its own batches' figure, else its warm-up
+    #: measurement (0: neither reported yet)
     capacity: float = 0.0
 
 

@@ -165,9 +165,9 @@ class Metrics:
         )
         self.delivered_ratio = Gauge(
             "embedfleet_gateway_delivered_capacity_ratio",
-            "Tokens/s the fleet answered while this gateway's queue was deep, over what its "
-            "workers measured at warm-up (1 until learned); admission's capacity is the "
-            "measurement times this.",
+            "Tokens/s the fleet answered while this gateway's queue was deep, over the capacity "
+            "its workers report (1 until learned); admission's capacity is that figure times "
+            "this.",
             labelnames=m,
             registry=r,
         )

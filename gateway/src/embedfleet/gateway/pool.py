@@ -252,7 +252,9 @@ class WorkerPool:
         endpoint.ready = info.ready and not info.draining
         endpoint.queued_tokens = int(info.queued_tokens)
         endpoint.queued_elsewhere = max(0, endpoint.queued_tokens - endpoint.outstanding_tokens)
-        endpoint.capacity = info.capacity_tokens_per_second
+        # The rate it sustains on the real traffic and its current share of the machine, once
+        # it has been saturated; the warm-up probe's figure until then.
+        endpoint.capacity = info.saturated_tokens_per_second or info.capacity_tokens_per_second
         self._infos[address] = info
         self._sync_ready()
         if restarted:

@@ -225,6 +225,12 @@ class WorkerMetrics:
             "Tokens/s this worker sustained at saturation during warm-up; the autoscaler reads it.",
             registry=r,
         )
+        self.saturated = Gauge(
+            _PREFIX + "saturated_tokens_per_second",
+            "Tokens/s over this worker's latest back-to-back batches cut by the budget (saturated "
+            "on real traffic, on its current share of the machine); 0 until it has been.",
+            registry=r,
+        )
         self.ready = Gauge(
             _PREFIX + "ready", "1 once warm-up and the self-check passed, 0 otherwise.", registry=r
         )

@@ -21,6 +21,7 @@ from embedfleet.worker.contract import Engine, Pending, StageTimes, WorkItem
 from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.scheduler import Batch, Budget, DropReason, FcfsQueue
+from embedfleet.worker.throughput import BusyThroughput
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class _Launched:
     pending: Pending | None
     started: float
     tokens: int
+    #: the budget cut this batch while more work waited: the worker was saturated
+    saturated: bool = False
     error: BaseException | None = None
 
 
@@ -94,6 +97,7 @@ class BatchRunner:
         metrics: WorkerMetrics,
         loop: asyncio.AbstractEventLoop,
         trimmer: Trimmer | None = None,
+        throughput: BusyThroughput | None = None,
     ) -> None:
         self.engine = engine
         self._trimmer = trimmer or Trimmer(0.0)
@@ -106,6 +110,12 @@ class BatchRunner:
         self._batches = 0
         #: tokens computed so far, every request's (the capacity measurement reads it)
         self.computed_tokens = 0
+        self._throughput = throughput or BusyThroughput()
+        #: when the last batch finished, while the engine has had work since (None: it idled)
+        self._last_done: float | None = None
+        #: tokens/s over the latest saturated batches (throughput.py); 0 until seen. One float,
+        #: stored whole by the engine thread and read by Info on the event loop.
+        self.saturated_rate = 0.0
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> None:
@@ -127,6 +137,10 @@ class BatchRunner:
         """The budget of batches from now on (the one being computed keeps its size)."""
         with self._cond:
             self._queue.budget = budget
+
+    def batch_budget(self) -> Budget:
+        """The budget of the next batch (paced once capacity is measured)."""
+        return self._queue.budget
 
     def queued(self) -> tuple[int, int]:
         """(requests, tokens) waiting; racy by design, for Info and balancing."""
@@ -156,15 +170,17 @@ class BatchRunner:
                     if prev is None:
                         if self._stopping:
                             return
+                        self._last_done = None  # idle: the next batch's wait is not compute
                         self._cond.wait()
                     else:
                         self._cond.wait(_POLL_SECONDS)
                     continue
                 self._publish_queue()
+                saturated = len(self._queue) > 0
             self._drop(batch)
             if not batch.items:
                 continue
-            launched = self._launch(batch)
+            launched = self._launch(batch, saturated)
             if prev is not None:
                 self._finish(prev)
             prev = launched
@@ -180,7 +196,7 @@ class BatchRunner:
             self.metrics.dropped.labels(reason.value).inc()
         self._loop.call_soon_threadsafe(_fail, [e for e, _ in batch.dropped], None, batch.dropped)
 
-    def _launch(self, batch: Batch[Entry]) -> _Launched:
+    def _launch(self, batch: Batch[Entry], saturated: bool) -> _Launched:
         self._batches += 1
         started = time.monotonic()
         for entry in batch.items:
@@ -190,7 +206,7 @@ class BatchRunner:
             self.metrics.queue_wait.observe(started - entry.arrival)
         self.metrics.batch_tokens.observe(batch.tokens)
         self.metrics.batch_sequences.observe(batch.sequences)
-        launched = _Launched(batch.items, None, started, batch.tokens)
+        launched = _Launched(batch.items, None, started, batch.tokens, saturated)
         try:
             launched.pending = self.engine.step([e.item for e in batch.items])
         except Exception as exc:
@@ -214,14 +230,28 @@ class BatchRunner:
         if results is None or len(results) != len(launched.entries):
             error = launched.error or RuntimeError("engine returned a wrong number of results")
             self._loop.call_soon_threadsafe(_fail, launched.entries, error, None)
+            self._last_done = done  # its time was spent, but on no tokens: not a sample
             return
         self.computed_tokens += launched.tokens
+        self._time(launched, done)
         served = sum(e.tokens for e in launched.entries if not e.internal)
         if served:
             self.metrics.tokens.inc(served)
         self._loop.call_soon_threadsafe(_deliver, launched.entries, results)
         # After the results are on their way, so the trim delays no reply.
         self._trimmer.maybe_trim(time.monotonic())
+
+    def _time(self, launched: _Launched, done: float) -> None:
+        # Since the previous batch finished, not since this one launched: with two batches in
+        # flight a launch overlaps the batch before, and completions are what the engine paces
+        # (the packing between batches is the worker's cost too).
+        last, self._last_done = self._last_done, done
+        if launched.saturated and last is not None:
+            self._throughput.add(launched.tokens, done - last)
+            rate = self._throughput.rate()
+            if rate > 0:
+                self.saturated_rate = rate
+                self.metrics.saturated.set(rate)
 
     def _observe_stages(self, pending: Pending | None) -> None:
         # Optional in the contract (StageTimes): an engine that reports none costs one getattr.

@@ -316,13 +316,16 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.InfoRequest, pb.InfoResponse],
     ) -> pb.InfoResponse:
         state = self.state
-        queued_requests, queued_tokens = state.runner.queued() if state.runner else (0, 0)
+        runner = state.runner
+        queued_requests, queued_tokens = runner.queued() if runner else (0, 0)
+        budget = runner.batch_budget() if runner else state.budget
         reply = pb.InfoResponse(
             model_name=state.model.name,
             task=state.model.task,
-            max_batch_tokens=state.budget.max_tokens,
+            max_batch_tokens=budget.max_tokens,
             vocab_size=state.model.vocab_size,
             capacity_tokens_per_second=state.capacity,
+            saturated_tokens_per_second=runner.saturated_rate if runner else 0.0,
             default_pooling=_POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
             default_normalize=state.model.normalize,
             queued_requests=queued_requests,

@@ -85,7 +85,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "task", "dimensions", "max_input_tokens", "vocab_size", "max_batch_tokens", "capacity_tokens_per_second", "dtype", "device", "default_pooling", "default_normalize", "queued_requests", "queued_tokens", "ready", "draining", "instance")
+    __slots__ = ("model_name", "task", "dimensions", "max_input_tokens", "vocab_size", "max_batch_tokens", "capacity_tokens_per_second", "dtype", "device", "default_pooling", "default_normalize", "queued_requests", "queued_tokens", "ready", "draining", "instance", "saturated_tokens_per_second")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class InfoResponse(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     task: str
     dimensions: int
@@ -118,7 +119,8 @@ class InfoResponse(_message.Message):
     ready: bool
     draining: bool
     instance: str
-    def __init__(self, model_name: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., capacity_tokens_per_second: _Optional[float] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., default_pooling: _Optional[_Union[Pooling, str]] = ..., default_normalize: _Optional[bool] = ..., queued_requests: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., ready: _Optional[bool] = ..., draining: _Optional[bool] = ..., instance: _Optional[str] = ...) -> None: ...
+    saturated_tokens_per_second: float
+    def __init__(self, model_name: _Optional[str] = ..., task: _Optional[str] = ..., dimensions: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., capacity_tokens_per_second: _Optional[float] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., default_pooling: _Optional[_Union[Pooling, str]] = ..., default_normalize: _Optional[bool] = ..., queued_requests: _Optional[int] = ..., queued_tokens: _Optional[int] = ..., ready: _Optional[bool] = ..., draining: _Optional[bool] = ..., instance: _Optional[str] = ..., saturated_tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
     __slots__ = ("batch", "activate")
