@@ -8,7 +8,7 @@ worker processes on 127.0.0.1), the benchmark side of tests/stress/.
   honouring Retry-After; goodput (tokens/s answered, first request to last answer) against the
   capacity the workers measured at warm-up in the same run, the 429 count, the work in flight when
   each 429 came, 5xx, timeouts, admitted latency, worker deadline drops, goodput against the
-  capacity the workers report at the end (timed on their own saturated batches); and where
+  capacity the workers reported while saturated (their own batches' figure); and where
   goodput went against the warm-up figure: the workers' busy fraction, computed tokens not
   answered, their rate while computing (`busy_capacity`) and the CPU they, the gateway and the
   load generator got.
@@ -46,6 +46,7 @@ from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.overload import (
     NORMAL_INTERVAL,
+    Outcome,
     closed_loop,
     mixed_bodies,
     short_requests,
@@ -56,6 +57,7 @@ from embedfleet.testing.slowloris import raise_open_files, stalled
 from embedfleet.testing.workers import metric_value, scrape
 
 SUITES = ("overload", "batch", "slowloris", "shapes")
+SATURATED = "embedfleet_worker_saturated_tokens_per_second"
 
 
 def worker_args(engine: str, pace: float, max_tokens: int = 0) -> list[str]:
@@ -129,6 +131,27 @@ def busy_capacity(work: Sequence[WorkerWork]) -> float:
     return sum(w.tokens / w.compute_seconds for w in work if w.compute_seconds > 0)
 
 
+async def _sampled(
+    fleet: Fleet, args: argparse.Namespace, bodies: Sequence[bytes]
+) -> tuple[list[Outcome], list[float]]:
+    """The closed-loop load, and the workers' saturated figure summed once a second meanwhile."""
+    samples: list[float] = []
+
+    async def sample() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            samples.append(await asyncio.to_thread(worker_sum, fleet, SATURATED))
+
+    sampler = asyncio.create_task(sample())
+    try:
+        outcomes = await closed_loop(
+            "127.0.0.1", fleet.port, args.clients, args.seconds, bodies, timeout=180
+        )
+    finally:
+        sampler.cancel()
+    return outcomes, samples
+
+
 def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     words = words_of(list(load_model_dir(default_model_path()).tokenizer().get_vocab()))
     bodies = mixed_bodies(words, seed=args.seed, count=300)
@@ -146,15 +169,16 @@ def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
             time.process_time(),
         )
         start = time.monotonic()
-        outcomes = asyncio.run(
-            closed_loop("127.0.0.1", fleet.port, args.clients, args.seconds, bodies, timeout=180)
-        )
+        outcomes, saturated_samples = asyncio.run(_sampled(fleet, args, bodies))
         wall = time.monotonic() - start
         work = [b - a for a, b in zip(before, _work(fleet), strict=True)]
         gateway_cpu = (tree_cpu_seconds(gateway_pid) - gateway_cpu) / wall
         own_cpu = (time.process_time() - own_cpu) / wall
         drops = worker_sum(fleet, "embedfleet_worker_dropped_requests_total", reason="deadline")
-        saturated = worker_sum(fleet, "embedfleet_worker_saturated_tokens_per_second")
+    # The figure admission queued by once the workers had been saturated, over the run (each
+    # second's sum over the workers; 0 before any had been).
+    known = [x for x in saturated_samples if x > 0]
+    saturated = sum(known) / len(known) if known else 0.0
     s = summarize(outcomes, capacity)
     busy = busy_capacity(work)
     answered = sum(o.tokens for o in outcomes if o.status == 200)
@@ -182,11 +206,12 @@ def overload(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         f"{s.goodput / busy if busy else 0:.3f} x the workers' rate while computing",
         flush=True,
     )
-    # What admission queued by once the workers had been saturated: their own batches' figure.
     print(
-        f"overload, against the capacity the workers report at the end (saturated on this "
-        f"traffic): {saturated:.0f} tokens/s; goodput "
-        f"{s.goodput / saturated if saturated else 0:.3f} x that",
+        f"overload, against the capacity the workers reported while saturated on this traffic "
+        f"(their own batches' figure, what admission queued by; mean of {len(known)} per-second "
+        f"samples, min {min(known, default=0):.0f}, max {max(known, default=0):.0f}): "
+        f"{saturated:.0f} tokens/s; goodput {s.goodput / saturated if saturated else 0:.3f} x "
+        f"that",
         flush=True,
     )
     doc = asdict(s)
