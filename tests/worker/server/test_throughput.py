@@ -17,7 +17,7 @@ from embedfleet.worker.runner import BatchRunner, Entry
 from embedfleet.worker.scheduler import Budget, FcfsQueue
 from embedfleet.worker.throughput import BusyThroughput
 
-PACE = 8000.0  # tokens/s of the paced null engine: a batch of 400 tokens sleeps 50 ms
+PACE = 8000.0  # tokens/s of the paced null engine: a batch of 1,600 tokens sleeps 0.2 s
 SATURATED = "embedfleet_worker_saturated_tokens_per_second"
 
 
@@ -56,7 +56,7 @@ def test_empty_or_timeless_batches_are_not_samples() -> None:
 
 def _runner(metrics: WorkerMetrics) -> BatchRunner:
     info = EngineInfo("null", "embed", 4, 512, 100, "none", "null", "mean", False)
-    queue: FcfsQueue[Entry] = FcfsQueue(Budget(800, 64, 3200), 1000)
+    queue: FcfsQueue[Entry] = FcfsQueue(Budget(1600, 64, 6400), 1000)
     return BatchRunner(
         NullEngine(info, PACE),
         queue,
@@ -66,8 +66,9 @@ def _runner(metrics: WorkerMetrics) -> BatchRunner:
     )
 
 
-def _item(tokens: int = 400) -> WorkItem:
-    return WorkItem(Tokens(np.ones(tokens, np.int32), np.array([tokens], np.int32)))
+def _item() -> WorkItem:
+    """800 tokens: two sequences of 400."""
+    return WorkItem(Tokens(np.ones(800, np.int32), np.array([400, 400], np.int32)))
 
 
 async def test_a_backlog_measures_the_engines_pace() -> None:
@@ -75,8 +76,9 @@ async def test_a_backlog_measures_the_engines_pace() -> None:
     runner = _runner(metrics)
     runner.start()
     try:
-        # 24 x 400 tokens, two per batch: 12 batches of 0.1 s, all queued at once.
-        entries = [runner.submit(_item()) for _ in range(24)]
+        # 16 x 800 tokens, two per batch: 8 batches of 0.2 s, all queued at once (the first
+        # may leave before the rest arrive, the last leaves none behind: 6 samples at least).
+        entries = [runner.submit(_item()) for _ in range(16)]
         await asyncio.wait_for(asyncio.gather(*(e.future for e in entries)), 30)
     finally:
         runner.stop()
@@ -93,7 +95,7 @@ async def test_a_trickle_of_requests_is_not_saturation() -> None:
     runner.start()
     try:
         # The same work one request at a time: every batch leaves the queue empty behind it.
-        for _ in range(24):
+        for _ in range(8):
             await asyncio.wait_for(runner.submit(_item()).future, 5)
     finally:
         runner.stop()
