@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from embedfleet.bench.operator_scale import applied_at, latencies
+from embedfleet.bench.operator_scale import applied_at, change_applied_p99, latencies
 from embedfleet.operator.manifests import MANAGER
 
 
@@ -38,3 +38,10 @@ def test_latencies_count_what_never_arrived() -> None:
     got = latencies({"a": 10.0, "b": 20.0, "c": 30.0}, {"a": 11.0, "b": 24.0})
     assert (got["count"], got["missing"]) == (2, 1)
     assert (got["p50_s"], got["p99_s"], got["max_s"]) == (1.0, 4.0, 4.0)
+
+
+def test_the_change_target_reads_the_api_servers_record_rounded_up() -> None:
+    watch = {"p99_s": 20.0}
+    assert change_applied_p99({"applied": watch, "applied_server": {"p99_s": 3.68}}) == 4.68
+    assert change_applied_p99({"applied": watch}) == 20.0  # an older run: no record read
+    assert change_applied_p99({"applied": watch, "applied_server": {"p99_s": None}}) == 20.0

@@ -891,6 +891,18 @@ def operator_kind_writes(phase: Mapping[str, Any]) -> float:
     )
 
 
+def change_applied_p99(change: Mapping[str, Any]) -> float | None:
+    """The operator's spec change -> children applied p99: by the API server's record of its
+    applies, plus the 1 s that record can read early (whole seconds), so the figure never flatters;
+    the benchmark's watch saw them up to tens of seconds later at N = 1,000 (its own lag). The
+    watch's figure where there is no record (runs before it was read)."""
+    server = (change.get("applied_server") or {}).get("p99_s")
+    if server is not None:
+        return round(float(server) + 1.0, 3)
+    value: float | None = change["applied"]["p99_s"]
+    return value
+
+
 def check_targets(sizes: Sequence[dict[str, Any]], kill: dict[str, Any] | None) -> dict[str, Any]:
     """Each target at the largest N: the figure, the limit, whether it holds."""
     out: dict[str, Any] = {}
@@ -899,7 +911,7 @@ def check_targets(sizes: Sequence[dict[str, Any]], kill: dict[str, Any] | None) 
         idle = next(p for p in top["phases"] if p["name"] == "idle")
         own = sum(n for k, n in idle["operator_writes_per_min"].items() if "leases" not in k)
         figures = {
-            "change_applied_p99_s": top["change"]["applied"]["p99_s"],
+            "change_applied_p99_s": change_applied_p99(top["change"]),
             "operator_rss_peak_mb": top["operator_rss_peak_mb"],
             # Both counts: the operator's own, and the API server's (which sees kopf too).
             "idle_operator_writes_per_min": max(round(own, 1), operator_kind_writes(idle)),
