@@ -35,13 +35,18 @@ def prometheus(
                    capacity=10_000, queued_tokens=100),
         start_stub(stub_workers, tmp_path, tokens_per_second=4_000, latency_seconds=0.3,
                    capacity=12_000, queued_tokens=50),
+        # Fleet "fleet-worker-b": its pods start with fleet "fleet"'s worker prefix.
+        start_stub(stub_workers, tmp_path, tokens_per_second=1_000, latency_seconds=0.05,
+                   capacity=5_000, queued_tokens=7),
     ]  # fmt: skip
+    pods = [
+        ("ns1", "fleet-worker-5d4f8b7c9-x2k4p"),
+        ("ns1", "fleet-worker-5d4f8b7c9-p4x2k"),
+        ("ns1", "fleet-worker-b-worker-7c9d6f-k2x4p"),
+    ]
     targets = [
-        {
-            "targets": [f"127.0.0.1:{s.port}"],
-            "labels": {"namespace": "ns1", "pod": f"fleet-worker-{i}"},
-        }
-        for i, s in enumerate(stubs)
+        {"targets": [f"127.0.0.1:{s.port}"], "labels": {"namespace": ns, "pod": pod}}
+        for s, (ns, pod) in zip(stubs, pods, strict=True)
     ]
     config = {
         "global": {"scrape_interval": "1s"},
@@ -84,35 +89,50 @@ def prometheus(
         log.close()
 
 
-async def observe(url: str, namespace: str) -> signals.Observation | None:
+async def observe(url: str, namespace: str = "", fleet: str = "") -> signals.Answers:
     # A range shorter than the operator's 1m: rate() over a series younger than its range
     # reads low, and these series are seconds old.
-    queries = signals.prometheus_queries(namespace, "fleet-worker-.*", "fleet-gateway-.*", "10s")
+    queries = signals.prometheus_queries("10s", namespace, fleet)
     async with aiohttp.ClientSession() as session:
-        values = await signals.query_prometheus(session, url, queries)
-    return signals.observation_from_prometheus(values, ready_replicas=2)
+        return await signals.query_prometheus(session, url, queries)
+
+
+def fleet_of(answers: signals.Answers, key: signals.FleetKey) -> signals.Observation | None:
+    return signals.observation_from_prometheus(signals.values_of(answers, key), ready_replicas=2)
 
 
 def test_prometheus_signals(prometheus: tuple[str, list[StubWorker]]) -> None:
     url, _ = prometheus
-    o = None
+    answers: signals.Answers = {}
 
     def settled() -> bool:
-        nonlocal o
-        o = asyncio.run(observe(url, "ns1"))
+        nonlocal answers
+        answers = asyncio.run(observe(url))
+        o = fleet_of(answers, ("ns1", "fleet"))
         # Enough scrapes for rate() and the histogram to settle on both pods.
         return o is not None and o.tokens_per_second > 9_000 and o.p99_seconds is not None
 
     with contextlib.suppress(WaitTimeoutError):
         wait_for("the signals to settle", settled, timeout=60, interval=1)
+    # One set of queries answers for every fleet, each from its own pods only.
+    assert set(answers["worker_tokens"]) == {("ns1", "fleet"), ("ns1", "fleet-worker-b")}
+    o = fleet_of(answers, ("ns1", "fleet"))
     assert o is not None
     assert o.tokens_per_second == pytest.approx(10_000, rel=0.15)
     assert o.p99_seconds is not None
     assert 0.25 < o.p99_seconds <= 0.5
     assert o.capacity_tokens_per_second == pytest.approx(11_000)
     assert o.queued_tokens == 150
-    # Another namespace's fleet: no series, no observation.
-    assert asyncio.run(observe(url, "elsewhere")) is None
+    other = fleet_of(answers, ("ns1", "fleet-worker-b"))
+    assert other is not None
+    assert other.tokens_per_second == pytest.approx(1_000, rel=0.25)
+    assert other.capacity_tokens_per_second == pytest.approx(5_000)
+    assert other.queued_tokens == 7
+    # The queries of one fleet (a wake) see that fleet alone; another namespace has no series.
+    alone = asyncio.run(observe(url, "ns1", "fleet"))
+    assert set(alone["queued"]) == {("ns1", "fleet")}
+    assert alone["queued"][("ns1", "fleet")] == 150
+    assert fleet_of(asyncio.run(observe(url, "elsewhere", "fleet")), ("elsewhere", "fleet")) is None
 
 
 def test_prometheus_errors_surface() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 import time
 from pathlib import Path
 
@@ -151,11 +152,49 @@ def test_held_requests_at_the_gateways_are_seen_from_the_first_scrape() -> None:
     from_prometheus = signals.observation_from_prometheus(values, 0)
     assert from_prometheus is not None
     assert (from_prometheus.held_requests, from_prometheus.held_tokens) == (2, 20)
-    queries = signals.prometheus_queries("ns", "w-.*", "g-.*", "1m")
-    assert (
-        queries["held_requests"]
-        == 'sum(embedfleet_gateway_held_requests{namespace="ns",pod=~"g-.*"})'
+    queries = signals.prometheus_queries("1m", "ns", "g")
+    pods = '"(g)-gateway-[a-z0-9]+-[a-z0-9]+"'
+    assert queries["held_requests"] == (
+        "sum by (namespace, fleet) (label_replace(embedfleet_gateway_held_requests"
+        f'{{pod=~{pods},namespace="ns"}}, "fleet", "$1", "pod", {pods}))'
     )
+
+
+def test_prometheus_answers_are_read_by_fleet() -> None:
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {"metric": {"namespace": "a", "fleet": "f"}, "value": [1.0, "12.5"]},
+                {"metric": {"namespace": "b", "fleet": "f"}, "value": [1.0, "7"]},
+                {"metric": {"namespace": "a", "fleet": "g"}, "value": [1.0, "NaN"]},
+                {"metric": {"namespace": "a"}, "value": [1.0, "3"]},  # no fleet: not ours
+            ],
+        },
+    }
+    vectors = {"worker_tokens": signals.by_fleet(body)}
+    assert vectors["worker_tokens"] == {("a", "f"): 12.5, ("b", "f"): 7.0}
+    assert signals.values_of(vectors, ("a", "g")) == {"worker_tokens": None}
+    with pytest.raises(ValueError, match="bad_data"):
+        signals.by_fleet({"status": "error", "error": "bad_data"})
+
+
+def test_a_fleet_named_like_another_fleets_pods_is_told_apart() -> None:
+    # Fleet "web" and fleet "web-worker-a": the pod pattern has two dash-free tails, so neither
+    # fleet's queries read the other's pods, and the capture names the right one.
+    pattern = re.compile(signals.pods_pattern("worker", ""))
+    for pod, fleet in (
+        ("web-worker-5d4f8b7c9-x2k4p", "web"),
+        ("web-worker-a-worker-7c9d-p4x2k", "web-worker-a"),
+    ):
+        found = pattern.fullmatch(pod)
+        assert found is not None
+        assert found.group(1) == fleet
+    only_web = re.compile(signals.pods_pattern("worker", "web"))
+    assert only_web.fullmatch("web-worker-5d4f8b7c9-x2k4p")
+    assert not only_web.fullmatch("web-worker-a-worker-7c9d-p4x2k")
+    assert not re.fullmatch(signals.pods_pattern("worker", "a.b"), "axb-worker-1-2")
 
 
 def test_capacity_ignores_workers_still_warming_up() -> None:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from embedfleet.operator.autoscaling import autoscaler, signals, wake
+from embedfleet.operator.autoscaling import autoscaler, wake
 from embedfleet.operator.spec import parse_spec
 
 
@@ -51,7 +51,7 @@ def test_a_held_request_is_decided_for_before_the_next_tick(
     # nothing, or does not answer, is not.
     woken: list[tuple[str, float]] = []
 
-    async def fake_wake(kube: Any, session: Any, scraper: Any, fleet: wake.Sleeping) -> None:
+    async def fake_wake(scaler: Any, fleet: wake.Sleeping) -> None:
         woken.append((fleet.name, time.monotonic()))
 
     monkeypatch.setattr(autoscaler, "_wake", fake_wake)
@@ -82,13 +82,8 @@ def test_a_held_request_is_decided_for_before_the_next_tick(
         arrival = asyncio.create_task(request_arrives())
         try:
             async with aiohttp.ClientSession() as session:
-                await autoscaler.until_next_tick(
-                    None,
-                    session,
-                    signals.Scraper(),
-                    fleets,
-                    start + 6.0,  # type: ignore[arg-type]
-                )
+                scaler = autoscaler.Autoscaler(None, session)  # type: ignore[arg-type]
+                await autoscaler.until_next_tick(scaler, fleets, start + 6.0)
         finally:
             await arrival
             await runner.cleanup()

@@ -1,10 +1,17 @@
-"""The operator-scale benchmark's pure parts: when the API server recorded the operator's apply."""
+"""The operator-scale benchmark's pure parts (when the API server recorded the operator's apply)
+and its MOCK Prometheus."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 from datetime import UTC, datetime
 
+import aiohttp
+
+from embedfleet.bench import operator_scale
 from embedfleet.bench.operator_scale import applied_at, change_applied_p99, latencies
+from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.manifests import MANAGER
 
 
@@ -45,3 +52,38 @@ def test_the_change_target_reads_the_api_servers_record_rounded_up() -> None:
     assert change_applied_p99({"applied": watch, "applied_server": {"p99_s": 3.68}}) == 4.68
     assert change_applied_p99({"applied": watch}) == 20.0  # an older run: no record read
     assert change_applied_p99({"applied": watch, "applied_server": {"p99_s": None}}) == 20.0
+
+
+def test_the_fake_prometheus_answers_the_operators_queries_for_every_fleet() -> None:
+    # The MOCK must answer the queries the operator really sends (signals.prometheus_queries),
+    # one series per fleet, or the Prometheus-mode run would measure fleets without signals.
+    fake = operator_scale.FakePrometheus(["f0000", "f0001"])
+    try:
+
+        async def ask(namespace: str, fleet: str) -> signals.Answers:
+            queries = signals.prometheus_queries("1m", namespace, fleet)
+            async with aiohttp.ClientSession() as session:
+                return await signals.query_prometheus(session, fake.url, queries)
+
+        every = asyncio.run(ask("", ""))
+        for name in ("f0000", "f0001"):
+            values = signals.values_of(every, (operator_scale.NAMESPACE, name))
+            observation = signals.observation_from_prometheus(values, ready_replicas=1)
+            assert observation is not None
+            assert 95 <= observation.tokens_per_second <= 105
+            assert observation.capacity_tokens_per_second == 1000
+            assert observation.p99_seconds == 0.05
+        assert {fleet for _, fleet, _ in fake.queries} == {""}  # asked for every fleet at once
+        assert len(fake.queries) == len(signals.prometheus_queries("1m"))
+    finally:
+        fake.stop()
+
+
+def test_a_phases_p99_reads_only_what_its_histogram_grew_by() -> None:
+    # 100 waits under 0.1 s before the phase; during it, 99 under 0.1 s and one between 5 and
+    # 10 s: the phase's p99 falls in the 0.05-0.1 bucket, not among the earlier ones.
+    before = {"fleet": {0.05: 50.0, 0.1: 100.0, 5.0: 100.0, 10.0: 100.0, math.inf: 100.0}}
+    now = {"fleet": {0.05: 50.0, 0.1: 199.0, 5.0: 199.0, 10.0: 200.0, math.inf: 200.0}}
+    p99 = operator_scale.p99s(now, before)["fleet"]
+    assert 0.05 < p99 <= 0.1
+    assert operator_scale.p99s(before, before) == {}  # nothing observed in the phase

@@ -96,14 +96,19 @@ def test_trim_keeps_what_the_reconciler_reads() -> None:
             "annotations": {HASH_ANNOTATION: "h", "big": "x" * 1000},
             "managedFields": [{"manager": "m"}],
         },
-        "spec": {"replicas": 3, "template": {"spec": {"containers": []}}},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {"spec": {"containers": []}},
+        },
         "status": {"readyReplicas": 3},
     }
     kept = trim("Deployment", deployment)
     assert kept["metadata"]["labels"] == {LABEL_OWNER: "fleet"}
     assert kept["metadata"]["annotations"] == {HASH_ANNOTATION: "h"}
     assert "managedFields" not in kept["metadata"]
-    assert kept["spec"] == {"replicas": 3}
+    # The selector: the autoscaler finds the pods to scrape from the informer's copy.
+    assert kept["spec"] == {"replicas": 3, "selector": {"matchLabels": {"app": "w"}}}
     assert kept["status"] == {"readyReplicas": 3}
     assert "status" not in trim("ConfigMap", {**deployment, "kind": "ConfigMap"})
 

@@ -40,6 +40,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedfleet.common.net import free_ports
+from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.manifests import MANAGER
 from embedfleet.testing import apimetrics, process
 from embedfleet.testing.apiclient import ApiClient, ApiError
@@ -118,11 +119,17 @@ def fleet(name: str, replicas: int, prometheus: str = "") -> dict[str, Any]:
 
 
 class FakePrometheus:
-    """A Prometheus query API answering every query with a steady fleet's value; it counts the
-    queries per fleet (by the pod regex in the PromQL) and when they came."""
+    """A MOCK of Prometheus's query API (this benchmark measures the control plane, not
+    Prometheus): it answers a query for one fleet (`pod=~"<fleet>-worker-..."`, as an operator
+    before grouped queries asked) with that fleet's value, and a query for every fleet (`by
+    (namespace, fleet)`) with one series per fleet of `fleets`. The load moves by up to 5 % from
+    one tick to the next, as a real fleet's does, so the measured figures change every tick.
+    It records when each query came and which fleet it named ("" for every fleet)."""
 
-    def __init__(self) -> None:
-        self.queries: list[tuple[float, str]] = []
+    def __init__(self, fleets: Sequence[str] = ()) -> None:
+        self.queries: list[tuple[float, str, str]] = []
+        """(monotonic time, fleet named or "", the signal's metric name)."""
+        self.fleets = list(fleets)
         self.lock = threading.Lock()
         outer = self
 
@@ -130,20 +137,26 @@ class FakePrometheus:
             def do_GET(self) -> None:
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                 promql = (query.get("query") or [""])[0]
-                found = re.search(r'pod=~"(f\d+)-', promql)
+                found = re.search(r'pod=~"\(?(f\d+)\)?-', promql)
+                metric = re.search(r"(embedfleet_[a-z_]+)", promql)
                 with outer.lock:
-                    outer.queries.append((time.monotonic(), found.group(1) if found else ""))
-                value = "0.05" if "histogram_quantile" in promql else "100"
-                if "capacity" in promql:
-                    value = "1000"
+                    outer.queries.append(
+                        (
+                            time.monotonic(),
+                            found.group(1) if found else "",
+                            metric.group(1) if metric else "",
+                        )
+                    )
+                value = outer.value(promql)
+                if "by (namespace, fleet" in promql:
+                    result = [
+                        {"metric": {"namespace": NAMESPACE, "fleet": name}, "value": [0, value]}
+                        for name in outer.fleets
+                    ]
+                else:
+                    result = [{"metric": {}, "value": [0, value]}]
                 body = json.dumps(
-                    {
-                        "status": "success",
-                        "data": {
-                            "resultType": "vector",
-                            "result": [{"metric": {}, "value": [time.time(), value]}],
-                        },
-                    }
+                    {"status": "success", "data": {"resultType": "vector", "result": result}}
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -158,7 +171,17 @@ class FakePrometheus:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def between(self, began: float, ended: float) -> list[tuple[float, str]]:
+    @staticmethod
+    def value(promql: str) -> str:
+        if "histogram_quantile" in promql:
+            return "0.05"
+        if "capacity" in promql:
+            return "1000"
+        if "tokens_total" in promql:  # the load: a new value every 5 s tick
+            return f"{100 * (1 + 0.05 * math.sin(time.time() // 5)):.3f}"
+        return "0"  # nothing queued, nothing held
+
+    def between(self, began: float, ended: float) -> list[tuple[float, str, str]]:
         with self.lock:
             return [q for q in self.queries if began <= q[0] <= ended]
 
@@ -401,6 +424,22 @@ class Operator:
                 found.setdefault(labels.get(label, ""), [0.0, 0.0])[at] += value
         return {k: (v[0], v[1]) for k, v in found.items()}
 
+    def labelled(self, name: str, label: str) -> dict[str, float]:
+        """One of the operator's counters by `label`'s value (empty when it has none)."""
+        found: dict[str, float] = {}
+        for labels, value in self._samples(name):
+            found[labels.get(label, "")] = found.get(labels.get(label, ""), 0.0) + value
+        return found
+
+    def buckets(self, name: str, label: str = "") -> dict[str, dict[float, float]]:
+        """One of the operator's histograms: cumulative counts by bound, by `label`'s value."""
+        found: dict[str, dict[float, float]] = {}
+        for labels, value in self._samples(name + "_bucket"):
+            by_bound = found.setdefault(labels.get(label, ""), {})
+            le = float(labels["le"])
+            by_bound[le] = by_bound.get(le, 0.0) + value
+        return found
+
     def counter(self, name: str) -> float:
         """One of the operator's counters, summed over its labels."""
         return sum(value for _, value in self._samples(name))
@@ -455,6 +494,9 @@ class Phase:
     """The operator's mean wait in its work queue by lane (fleet, child, resync): trigger to run."""
     operator_reconcile_ms: float | None = None
     """The operator's mean reconcile duration (applies and status write)."""
+    operator_queue_wait_p99_ms: dict[str, float] = field(default_factory=dict)
+    """The same waits' p99 by lane, interpolated in the histogram's buckets."""
+    operator_reconcile_p99_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -489,6 +531,8 @@ class Meter:
         self.own = op.requests()
         self.waits = op.histogram(QUEUE_WAIT, "lane")
         self.reconciles = op.histogram(RECONCILE)
+        self.wait_buckets = op.buckets(QUEUE_WAIT, "lane")
+        self.reconcile_buckets = op.buckets(RECONCILE)
 
     def end(self) -> Phase:
         now = time.monotonic()
@@ -528,7 +572,26 @@ class Meter:
             operator_reconcile_ms=_ms(_means(self.op.histogram(RECONCILE), self.reconciles)).get(
                 ""
             ),
+            operator_queue_wait_p99_ms=_ms(
+                p99s(self.op.buckets(QUEUE_WAIT, "lane"), self.wait_buckets)
+            ),
+            operator_reconcile_p99_ms=_ms(
+                p99s(self.op.buckets(RECONCILE), self.reconcile_buckets)
+            ).get(""),
         )
+
+
+def p99s(
+    now: Mapping[str, Mapping[float, float]], before: Mapping[str, Mapping[float, float]]
+) -> dict[str, float]:
+    """p99 of what a histogram observed between two reads, by label value (none observed: left
+    out); linear within a bucket, as Prometheus's histogram_quantile."""
+    found: dict[str, float] = {}
+    for key, buckets in now.items():
+        grown = signals.bucket_deltas(before.get(key, {}), buckets)
+        if (p99 := signals.histogram_quantile(0.99, grown)) is not None:
+            found[key] = p99
+    return found
 
 
 QUEUE_WAIT = "embedfleet_operator_queue_wait_seconds"
@@ -802,40 +865,65 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_prometheus(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """n autoscaled fleets in Prometheus mode at steady load: how often the autoscaler gets to
-    each fleet, what it asks of Prometheus and what it writes."""
+    """n autoscaled fleets in Prometheus mode at a steady, slightly moving load: how often the
+    autoscaler decides for each fleet, what it asks of Prometheus and what it writes."""
     prometheus = FakePrometheus()
     try:
         with scenario(n, args) as sc:
             cluster, op, t, names, timeout = sc.cluster, sc.op, sc.t, sc.names, sc.timeout
+            prometheus.fleets = list(names)
             print(f"Prometheus mode at N={n}: creating", flush=True)
             _create(cluster.api, names, args.replicas, t, prometheus.url)
             converged = _wait_all("fleets available", lambda: len(t.available), n, timeout)
             time.sleep(args.settle_seconds)
+            decisions, writes = op.counter(DECISIONS), op.labelled(STATUS_WRITES, "kind")
+            ticks = op.histogram(TICK)
             meter = Meter(cluster, op, "autoscaled")
             time.sleep(args.idle_seconds)
             phase = meter.end()
+            decided = op.counter(DECISIONS) - decisions
+            written = {
+                k: v - writes.get(k, 0.0) for k, v in op.labelled(STATUS_WRITES, "kind").items()
+            }
+            tick_ms = _ms(_means(op.histogram(TICK), ticks)).get("")
     finally:
         prometheus.stop()
     asked = prometheus.between(meter.began, meter.began + phase.seconds)
     minutes = phase.seconds / 60
-    per_fleet: dict[str, int] = {}
-    for _, name in asked:
-        per_fleet[name] = per_fleet.get(name, 0) + 1
-    queries_per_tick = 6  # signals.prometheus_queries
-    ticks = [per_fleet.get(name, 0) / queries_per_tick / minutes for name in names]
+    if decided:  # the operator counts its decisions
+        per_fleet = [decided / n / minutes] * n
+        source = "the operator's decisions counter"
+    else:  # an operator of before that counter: one worker-tokens query per fleet per tick
+        counts: dict[str, int] = {}
+        for _, name, metric in asked:
+            if metric == "embedfleet_worker_tokens_total":
+                counts[name] = counts.get(name, 0) + 1
+        per_fleet = [counts.get(name, 0) / minutes for name in names]
+        source = "one worker-tokens query per fleet per decision"
     return {
         "n": n,
         "converged": converged,
         "prometheus_queries_per_s": round(len(asked) / phase.seconds, 1),
-        "fleets_measured": sum(1 for name in names if per_fleet.get(name)),
-        "ticks_per_fleet_per_min": {
-            "min": _round(min(ticks), 1),
-            "p50": _round(percentile(ticks, 50), 1),
+        "prometheus_queries_per_fleet_decision": _round(
+            len(asked) / max(sum(per_fleet) * minutes, 1e-9), 3
+        ),
+        "decisions_per_fleet_per_min": {
+            "min": _round(min(per_fleet), 1),
+            "p50": _round(percentile(per_fleet, 50), 1),
             "ideal": round(60 / 5.0, 1),
+            "source": source,
         },
+        "status_writes_per_decision": (
+            {k: _round(v / decided, 3) for k, v in sorted(written.items())} if decided else None
+        ),
+        "autoscaler_tick_ms": tick_ms,
         "phase": asdict(phase),
     }
+
+
+DECISIONS = "embedfleet_operator_autoscaler_decisions_total"
+TICK = "embedfleet_operator_autoscaler_tick_seconds"
+STATUS_WRITES = "embedfleet_operator_autoscaler_status_writes_total"
 
 
 def _audit(api: ApiClient, names: Sequence[str], replicas: int) -> dict[str, Any]:
@@ -981,12 +1069,17 @@ def markdown(result: dict[str, Any]) -> str:
         ph = p["phase"]
         lines += [
             "",
-            f"Autoscaler in Prometheus mode at N={p['n']} (steady load, replicas pinned): "
-            f"{p['fleets_measured']}/{p['n']} fleets measured, ticks per fleet per minute "
-            f"min {p['ticks_per_fleet_per_min']['min']} / p50 {p['ticks_per_fleet_per_min']['p50']}"
-            f" (ideal {p['ticks_per_fleet_per_min']['ideal']}), "
-            f"{p['prometheus_queries_per_s']} Prometheus queries/s, operator writes/min "
-            f"{ph['operator_writes_per_min']}, operator CPU {ph['operator_cpu_cores']} cores, "
+            f"Autoscaler in Prometheus mode at N={p['n']} (steady load moving by up to 5 %, "
+            f"replicas pinned): decisions per fleet per minute "
+            f"min {p['decisions_per_fleet_per_min']['min']} / "
+            f"p50 {p['decisions_per_fleet_per_min']['p50']}"
+            f" (ideal {p['decisions_per_fleet_per_min']['ideal']}; from "
+            f"{p['decisions_per_fleet_per_min']['source']}), mean tick "
+            f"{p['autoscaler_tick_ms']} ms, {p['prometheus_queries_per_s']} Prometheus queries/s "
+            f"({p['prometheus_queries_per_fleet_decision']} per fleet decision), status writes "
+            f"per decision {p['status_writes_per_decision']}, operator writes/min "
+            f"{ph['operator_writes_per_min']}, API server requests/min "
+            f"{ph['apiserver_per_min']}, operator CPU {ph['operator_cpu_cores']} cores, "
             f"RSS peak {ph['operator_rss_peak_mb']} MB.",
         ]
     if result.get("kill"):
@@ -1032,8 +1125,10 @@ def change_breakdown(n: int, ph: Mapping[str, Any], change: Mapping[str, Any]) -
     )
     return (
         f"Spec change at N={n}: {recorded}the operator's mean wait in its work queue by lane "
-        f"{_ms_list(ph['operator_queue_wait_ms'])}; its "
-        f"mean reconcile {ph.get('operator_reconcile_ms')} ms; the API server's mean "
+        f"{_ms_list(ph['operator_queue_wait_ms'])} (p99 "
+        f"{_ms_list(ph.get('operator_queue_wait_p99_ms') or {})}); its "
+        f"mean reconcile {ph.get('operator_reconcile_ms')} ms (p99 "
+        f"{ph.get('operator_reconcile_p99_ms')} ms); the API server's mean "
         + _api_latency(ph)
         + "."
     )

@@ -261,7 +261,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo["bodies"] = bodies
     holder.append(Reconciler(kube, images, informer, bodies))
     tasks.append(asyncio.create_task(_resync(kube, queue, op.namespace, op.resync_seconds)))
-    tasks.append(asyncio.create_task(autoscaler.run(kube, op.namespace)))
+    caches = autoscaler.Caches(informer)
+    tasks.append(
+        asyncio.create_task(
+            autoscaler.run(kube, op.namespace, caches, op.autoscaler_status_seconds)
+        )
+    )
 
 
 @kopf.on.cleanup()

@@ -5,7 +5,7 @@ ConfigMap, Service, Deployment, ... of the cluster and dropped the ones not its 
 so its CPU and memory grew with everything else running there. Here each kind is listed and
 watched with `labelSelector=app.kubernetes.io/managed-by=embedfleet-operator`, and only what the
 reconciler reads is kept of each object (`trim`): its identity, its desired-state hash, its
-generation and resourceVersion, and a Deployment's rollout status.
+generation and resourceVersion, and a Deployment's replicas, selector and rollout status.
 
 Each kind runs on a daemon thread (blocking client calls; see kube.py): list (paged), then watch
 from the list's resourceVersion, re-watch from the last one seen when the server ends a watch,
@@ -65,7 +65,9 @@ def trim(kind: str, obj: Mapping[str, Any]) -> dict[str, Any]:
     if meta.get("deletionTimestamp"):
         kept["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
     if kind == "Deployment":
-        kept["spec"] = {"replicas": (obj.get("spec") or {}).get("replicas")}
+        spec = obj.get("spec") or {}
+        # The selector finds its pods (the autoscaler's scrape targets).
+        kept["spec"] = {"replicas": spec.get("replicas"), "selector": spec.get("selector") or {}}
         kept["status"] = obj.get("status") or {}
     return kept
 

@@ -47,6 +47,14 @@ class Lanes:
         self._where[key] = priority
         return current is None
 
+    def remove(self, key: Key) -> bool:
+        """Unqueues `key`; False when it was not queued."""
+        priority = self._where.pop(key, None)
+        if priority is None:
+            return False
+        del self._lanes[priority][key]
+        return True
+
     def pop(self) -> Key | None:
         entry = self.pop_entry()
         return None if entry is None else entry[0]

@@ -250,35 +250,59 @@ class Scraper:
             return None
 
 
-def prometheus_queries(
-    namespace: str, worker_pods: str, gateway_pods: str, window: str
-) -> dict[str, str]:
-    """PromQL for each signal, selecting this fleet's series by namespace and pod-name regex."""
-    w = f'namespace="{namespace}",pod=~"{worker_pods}"'
-    g = f'namespace="{namespace}",pod=~"{gateway_pods}"'
+FleetKey = tuple[str, str]
+"""(namespace, name) of an EmbeddingDeployment, as the Prometheus queries label their series."""
+Answers = Mapping[str, Mapping[FleetKey, float]]
+"""Every fleet's value of each query, from one Prometheus (`query_prometheus`)."""
+
+
+def pods_pattern(component: str, fleet: str) -> str:
+    """RE2 matching the pods of a fleet's `component` Deployment, `<fleet>-<component>-<pod
+    template hash>-<suffix>`, capturing the fleet: any fleet when `fleet` is empty. The two
+    dash-free tails keep fleet `a` from claiming the pods of fleet `a-worker-b`."""
+    name = fleet.replace(".", "[.]") if fleet else ".+"  # DNS names: only '.' is special
+    return f"({name})-{component}-[a-z0-9]+-[a-z0-9]+"
+
+
+def prometheus_queries(window: str, namespace: str = "", fleet: str = "") -> dict[str, str]:
+    """PromQL for each signal, one series per fleet (labels `namespace` and `fleet`), from the
+    `namespace` and `pod` labels a ServiceMonitor attaches: one query per signal for every fleet
+    on one Prometheus, not one per fleet. `namespace`/`fleet` narrow it (a single fleet's wake)."""
+
+    def series(metric: str, component: str) -> str:
+        where = [f'pod=~"{pods_pattern(component, fleet)}"']
+        if namespace:
+            where.append(f'namespace="{namespace}"')
+        return f"{metric}{{{','.join(where)}}}"
+
+    def by_fleet(expr: str, component: str) -> str:
+        return f'label_replace({expr}, "fleet", "$1", "pod", "{pods_pattern(component, fleet)}")'
+
+    def total(expr: str, component: str, by: str = "namespace, fleet", op: str = "sum") -> str:
+        return f"{op} by ({by}) ({by_fleet(expr, component)})"
+
+    def p99(metric: str, component: str) -> str:
+        rate = f"rate({series(metric + '_bucket', component)}[{window}])"
+        return f"histogram_quantile({QUANTILE}, {total(rate, component, 'namespace, fleet, le')})"
+
     return {
-        "worker_tokens": f"sum(rate({WORKER_TOKENS}{{{w}}}[{window}]))",
-        "gateway_tokens": f"sum(rate({GATEWAY_TOKENS}{{{g}}}[{window}]))",
-        "gateway_p99": (
-            f"histogram_quantile({QUANTILE}, sum by (le) "
-            f"(rate({GATEWAY_LATENCY}_bucket{{{g}}}[{window}])))"
-        ),
-        "worker_p99": (
-            f"histogram_quantile({QUANTILE}, sum by (le) "
-            f"(rate({WORKER_LATENCY}_bucket{{{w}}}[{window}])))"
-        ),
-        "queued": f"sum({WORKER_QUEUED}{{{w}}})",
-        "capacity": f"avg({WORKER_CAPACITY}{{{w}}} > 0)",
-        "held_requests": f"sum({GATEWAY_HELD_REQUESTS}{{{g}}})",
-        "held_tokens": f"sum({GATEWAY_HELD_TOKENS}{{{g}}})",
+        "worker_tokens": total(f"rate({series(WORKER_TOKENS, 'worker')}[{window}])", "worker"),
+        "gateway_tokens": total(f"rate({series(GATEWAY_TOKENS, 'gateway')}[{window}])", "gateway"),
+        "gateway_p99": p99(GATEWAY_LATENCY, "gateway"),
+        "worker_p99": p99(WORKER_LATENCY, "worker"),
+        "queued": total(series(WORKER_QUEUED, "worker"), "worker"),
+        "capacity": total(f"{series(WORKER_CAPACITY, 'worker')} > 0", "worker", op="avg"),
+        "held_requests": total(series(GATEWAY_HELD_REQUESTS, "gateway"), "gateway"),
+        "held_tokens": total(series(GATEWAY_HELD_TOKENS, "gateway"), "gateway"),
     }
 
 
 async def query_prometheus(
     session: aiohttp.ClientSession, base_url: str, queries: Mapping[str, str], timeout: float = 5.0
-) -> dict[str, float | None]:
-    """Each query's scalar value (an empty result or NaN is None). Raises aiohttp errors."""
-    results: dict[str, float | None] = {}
+) -> Answers:
+    """Each query's value per fleet (NaN and series without a fleet are left out). Raises
+    aiohttp errors, and ValueError for a query Prometheus refused."""
+    results: dict[str, dict[FleetKey, float]] = {}
     url = base_url.rstrip("/") + "/api/v1/query"
     for name, promql in queries.items():
         async with session.get(
@@ -286,18 +310,27 @@ async def query_prometheus(
         ) as response:
             response.raise_for_status()
             body = await response.json()
-        results[name] = _scalar(body)
+        results[name] = by_fleet(body)
     return results
 
 
-def _scalar(body: Mapping[str, Any]) -> float | None:
+def by_fleet(body: Mapping[str, Any]) -> dict[FleetKey, float]:
+    """An instant-vector answer's finite values by (namespace, fleet)."""
     if body.get("status") != "success":
         raise ValueError(f"Prometheus query failed: {body.get('error', body)}")
-    result = body.get("data", {}).get("result", [])
-    if not result:
-        return None
-    value = float(result[0]["value"][1])
-    return value if math.isfinite(value) else None
+    values: dict[FleetKey, float] = {}
+    for item in body.get("data", {}).get("result", []):
+        labels = item.get("metric") or {}
+        fleet = labels.get("fleet", "")
+        value = float(item["value"][1])
+        if fleet and math.isfinite(value):
+            values[(labels.get("namespace", ""), fleet)] = value
+    return values
+
+
+def values_of(vectors: Answers, key: FleetKey) -> dict[str, float | None]:
+    """One fleet's value of each query (None: no series)."""
+    return {name: vector.get(key) for name, vector in vectors.items()}
 
 
 def observation_from_prometheus(
