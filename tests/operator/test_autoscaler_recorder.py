@@ -19,6 +19,7 @@ class RecordingKube:
         self.calls: list[tuple[str, str, Any]] = []
         self.refuse = refuse
         self.refused = 0
+        self.tops: list[dict[str, Any]] = []
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         await asyncio.sleep(0)  # a real call yields to the loop
@@ -29,6 +30,7 @@ class RecordingKube:
             self.refused += 1
             raise KubeError("PATCH", path, self.refuse, '{"message": "refused"}')
         self.calls.append(("status", path.rsplit("/", 1)[1], status["autoscaling"]))
+        self.tops.append({k: v for k, v in status.items() if k != "autoscaling"})
         return {}
 
     def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
@@ -121,3 +123,16 @@ def test_writers_are_bounded() -> None:
     _run(kube, fill, writers=3)
     assert len(kube.calls) == 20
     assert in_flight["most"] == 3
+
+
+def test_the_printer_columns_go_with_the_write() -> None:
+    # So the reconcile that the write triggers finds nothing of its own to write (status.py).
+    kube = RecordingKube()
+
+    def fill(recorder: Recorder, memory: Memory) -> None:
+        fleet = memory.recall(("ns", "a"), "uid", {}, now=0)
+        patch = {"observedTokensPerSecond": 5.0, "p99LatencyMilliseconds": None, "reason": "x"}
+        recorder.status(("ns", "a"), fleet, patch, True, 0)
+
+    _run(kube, fill)
+    assert kube.tops == [{"observedTokensPerSecond": 5.0, "p99LatencyMilliseconds": None}]

@@ -153,6 +153,25 @@ def test_bodies_tell_a_spec_change_from_a_status_change_and_an_echo() -> None:
     assert bodies.get(("ns", "a")) is None
 
 
+def test_bodies_tell_the_autoscalers_measurements_from_what_a_reconcile_acts_on() -> None:
+    bodies = Bodies()
+
+    def body(rv: str, **status: Any) -> dict[str, Any]:
+        meta = {"name": "a", "namespace": "ns", "resourceVersion": rv, "generation": 1}
+        return {"metadata": meta, "spec": {"x": 1}, "status": status}
+
+    auto = {"desiredReplicas": 2, "observedTokensPerSecond": 100.0, "policyState": {"load": []}}
+    assert bodies.put(body("1", autoscaling=auto, observedTokensPerSecond=100.0)) is Change.SPEC
+    moved = {**auto, "observedTokensPerSecond": 120.0, "policyState": {"load": [[1.0, 120.0]]}}
+    measured = body("2", autoscaling=moved, observedTokensPerSecond=120.0)
+    assert bodies.put(measured) is Change.MEASURED
+    assert (bodies.get(("ns", "a")) or {})["metadata"]["resourceVersion"] == "2"  # still kept
+    decided = body("3", autoscaling={**moved, "desiredReplicas": 3}, observedTokensPerSecond=120.0)
+    assert bodies.put(decided) is Change.OTHER  # the reconcile sets the Deployment's replicas
+    ours = body("4", autoscaling={**moved, "desiredReplicas": 3}, readyReplicas=3)
+    assert bodies.put(ours) is Change.OTHER  # a field of the reconciler's own
+
+
 def _fleet(uid: str, rv: str) -> dict[str, Any]:
     meta = {"name": "a", "namespace": "ns", "uid": uid, "resourceVersion": rv, "generation": 1}
     return {"metadata": meta}

@@ -47,7 +47,7 @@ def test_an_idle_operator_writes_nothing(
     time.sleep(2)
 
     before = apimetrics.request_counts(cluster.api)
-    reconciles = _reconciles(operator)
+    reconciles, unchanged = _reconciles(operator), _metric(operator, UNCHANGED)
     time.sleep(IDLE_SECONDS)
     during = apimetrics.delta(apimetrics.request_counts(cluster.api), before)
     reconciled = _reconciles(operator) - reconciles
@@ -58,18 +58,26 @@ def test_an_idle_operator_writes_nothing(
     assert not fleets, f"writes to EmbeddingDeployments at idle: {fleets}"
     # The operator did look (a resync reconciles every fleet): this is idleness, not absence.
     assert reconciled >= FLEETS
+    # And those passes found nothing they read changed, so they rendered nothing either.
+    assert _metric(operator, UNCHANGED) - unchanged >= FLEETS
+
+
+UNCHANGED = "embedfleet_operator_reconciles_unchanged_total"
 
 
 def _reconciles(op: OperatorProcess) -> float:
     """embedfleet_operator_reconciles_total{result="ok"} from the operator's /metrics."""
+    return _metric(op, "embedfleet_operator_reconciles_total", {"result": "ok"})
+
+
+def _metric(op: OperatorProcess, name: str, labels: dict[str, str] | None = None) -> float:
+    """One sample of the operator's /metrics (0 before it is first counted)."""
     url = f"http://127.0.0.1:{op.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "embedfleet_operator_reconciles_total" and sample.labels == {
-                "result": "ok"
-            }:
+            if sample.name == name and sample.labels == (labels or {}):
                 return float(sample.value)
     return 0.0
 

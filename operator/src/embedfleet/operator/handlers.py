@@ -334,6 +334,8 @@ async def embedding_deployment_changed(
         change = bodies.put(copy.deepcopy(dict(body)))
     if change is Change.NOTHING:
         return  # the echo of our own status write: that reconcile has seen it
+    if change is Change.MEASURED:
+        return  # the autoscaler's measurements: no child and no status field of ours follows
     if namespace and (queue := _queue(memo)) is not None:
         priority = FLEET_CHANGED if change is Change.SPEC else CHILD_CHANGED
         queue.trigger((namespace, name), priority)

@@ -33,6 +33,11 @@ API_REQUESTS = Counter(
     "EmbeddingDeployments and its Events aside), by HTTP verb and resource.",
     ["verb", "resource"],
 )
+RECONCILES_UNCHANGED = Counter(
+    "embedfleet_operator_reconciles_unchanged_total",
+    "Reconciles that found nothing they read changed since the fleet's last clean reconcile "
+    "(its body, its children's versions), so rendered nothing (reconciler.py).",
+)
 RECONCILE_SKIPPED_APPLIES = Counter(
     "embedfleet_operator_skipped_applies_total",
     "Children not applied because they already matched the desired state (desired.py).",

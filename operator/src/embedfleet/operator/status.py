@@ -18,11 +18,14 @@ from embedfleet.operator.conditions import (
 from embedfleet.operator.replicas import autoscaler_desired
 from embedfleet.operator.spec import Spec
 
-# Mirrored from status.autoscaling (written by the autoscaler) for the printer columns.
-_MIRRORED = {
-    "observedTokensPerSecond": "observedTokensPerSecond",
-    "p99LatencyMilliseconds": "p99LatencyMilliseconds",
-}
+#: Mirrored from status.autoscaling to the top of status, for the printer columns (same names).
+MIRRORED = ("observedTokensPerSecond", "p99LatencyMilliseconds")
+
+
+def mirrored(autoscaling: Mapping[str, Any]) -> dict[str, Any]:
+    """The printer columns status.autoscaling gives the top of status: the autoscaler writes
+    them with its own write, so the reconcile that write triggers has nothing left to write."""
+    return {key: autoscaling[key] for key in MIRRORED if key in autoscaling}
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,9 @@ def compute_status(
     }
     auto = old.get("autoscaling")
     if isinstance(auto, Mapping):
-        for ours, theirs in _MIRRORED.items():
-            value = auto.get(theirs)
+        for key, value in mirrored(auto).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
-                out[ours] = value
+                out[key] = value
     return out
 
 

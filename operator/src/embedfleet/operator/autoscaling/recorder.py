@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from embedfleet.operator import paths
 from embedfleet.operator.autoscaling.memory import Fleet, Memory
 from embedfleet.operator.kube import Kube, KubeError
+from embedfleet.operator.status import mirrored
 from embedfleet.operator.workqueue import Lanes
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,9 @@ class Recorder:
         kube = self._kube
         try:
             await kube.call(
-                kube.merge_status, paths.embedding_deployment(*key), {"autoscaling": patch}
+                kube.merge_status,
+                paths.embedding_deployment(*key),
+                {"autoscaling": patch, **mirrored(patch)},
             )
         except KubeError as err:
             STATUS_WRITES.labels(kind, "error").inc()

@@ -1,0 +1,128 @@
+"""A reconcile that finds nothing it reads changed since the fleet's last clean one renders
+nothing (reconciler.py `_fingerprint`); anything it reads that changed makes it a full one."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import pytest
+
+from embedfleet.operator import metrics, reconciler
+from embedfleet.operator.informer import Bodies, Informer, trim
+from embedfleet.operator.kube import Kube
+from embedfleet.operator.manifests import Images
+from embedfleet.operator.reconciler import Reconciler
+
+
+class FakeInformer:
+    """The informer's lookups over a dict (the real one lists and watches an API server)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def informs(self, kind: str) -> bool:
+        return kind != "ServiceMonitor"
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, namespace, name))
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[(kind, meta["namespace"], meta["name"])] = trim(kind, obj)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return True
+
+    def shared_gateways(self, namespace: str) -> set[str]:
+        return set()
+
+
+class ApplyingKube:
+    """An API server that accepts every apply and status write, numbering versions in order
+    (the test's own edits take theirs from it too, as etcd's revisions would)."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+        self.version = 100
+
+    def next_version(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def has_resource(self, group_version: str, plural: str) -> bool:
+        return False
+
+    def apply(self, path: str, body: Any, manager: str) -> Any:
+        self.writes.append(f"APPLY {path}")
+        reply = copy.deepcopy(body)
+        reply["metadata"]["resourceVersion"] = self.next_version()
+        reply["metadata"]["generation"] = 1
+        return reply
+
+    def merge_status(self, path: str, status: Any) -> Any:
+        self.writes.append(f"STATUS {path}")
+        fleet = copy.deepcopy(FLEET)
+        fleet["metadata"]["resourceVersion"] = self.next_version()
+        fleet["status"] = status
+        return fleet
+
+
+FLEET: dict[str, Any] = {
+    "apiVersion": "embedfleet.dev/v1alpha1",
+    "kind": "EmbeddingDeployment",
+    "metadata": {
+        "name": "f", "namespace": "ns", "uid": "u-f", "generation": 1, "resourceVersion": "1",
+    },
+    "spec": {"model": {"source": "hf://org/model"}},
+}  # fmt: skip
+
+
+def test_nothing_read_changed_renders_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[int] = []
+    real = reconciler.children
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        rendered.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reconciler, "children", counting)
+    kube, informer, bodies = ApplyingKube(), FakeInformer(), Bodies()
+    bodies.put(copy.deepcopy(FLEET))
+    rec = Reconciler(cast(Kube, kube), Images("w", "g"), cast(Informer, informer), bodies)
+    first = rec.reconcile("ns", "f")
+    assert not first.error
+    assert any(w.startswith("APPLY") for w in kube.writes)
+    assert len(rendered) == 1
+    writes, unchanged = len(kube.writes), metrics.RECONCILES_UNCHANGED._value.get()
+
+    again = rec.reconcile("ns", "f")  # e.g. the resync: the same body, the same children
+    assert len(rendered) == 1
+    assert len(kube.writes) == writes
+    assert metrics.RECONCILES_UNCHANGED._value.get() == unchanged + 1
+    assert (again.desired, again.ready, again.events) == (first.desired, first.ready, [])
+
+    # A measurement the autoscaler wrote is not read: still nothing to render.
+    measured = copy.deepcopy(bodies.get(("ns", "f")) or {})
+    measured["metadata"]["resourceVersion"] = kube.next_version()
+    measured["status"]["autoscaling"] = {"observedTokensPerSecond": 5.0}
+    bodies.put(measured)
+    rec.reconcile("ns", "f")
+    assert len(rendered) == 1
+
+    # A child changed (its Deployment's status, a hand edit): a full reconcile.
+    worker = informer.objects[("Deployment", "ns", "f-worker")]
+    worker["metadata"]["resourceVersion"] = kube.next_version()
+    worker["status"] = {"readyReplicas": 1, "replicas": 1, "updatedReplicas": 1}
+    rec.reconcile("ns", "f")
+    assert len(rendered) == 2
+    rec.reconcile("ns", "f")
+    assert len(rendered) == 2  # and that one is remembered in turn
+
+    # The spec changed: a full reconcile.
+    edited = copy.deepcopy(bodies.get(("ns", "f")) or {})
+    edited["metadata"].update(resourceVersion=kube.next_version(), generation=2)
+    edited["spec"]["worker"] = {"replicas": 3}
+    bodies.put(edited)
+    rec.reconcile("ns", "f")
+    assert len(rendered) == 3
