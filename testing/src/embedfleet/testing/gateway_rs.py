@@ -1,0 +1,59 @@
+"""The Rust gateway binary (gateway-rs/), built on first use by hack/build-gateway-rs.sh and cached
+under ~/.cache/embedfleet/gateway-rs by a key of its sources and toolchain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from embedfleet.testing.tools import REPO_ROOT, ToolsError, run_build_script
+
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-gateway-rs.sh"
+CRATE = REPO_ROOT / "gateway-rs"
+#: a prebuilt binary to use instead of building (e.g. outside a clone)
+BINARY_ENV = "EMBEDFLEET_GATEWAY_RS"
+
+
+def gateway_rs_binary(*, build: bool = True) -> Path:
+    """The binary of this tree's gateway-rs sources, compiled first when no cached build matches
+    (minutes cold: its progress goes to this process's stderr)."""
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        return Path(override)
+    expected = Path(run_build_script("--key", capture_stderr=True, script=BUILD_SCRIPT))
+    if expected.is_file():
+        return expected
+    if not build:
+        raise ToolsError(f"{expected} not built yet; run {BUILD_SCRIPT}")
+    built = Path(run_build_script(capture_stderr=False, script=BUILD_SCRIPT))
+    if not built.is_file():
+        raise ToolsError(f"{BUILD_SCRIPT.name} printed {built}, which is not a file")
+    return built
+
+
+def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """`cargo test --release --locked --offline` of gateway-rs in the build script's target
+    directory (the dependencies it compiled are reused), under nice with one job."""
+    gateway_rs_binary()  # builds the dependencies into the target directory when cold
+    target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
+    env = {**os.environ, "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": "1"}
+    return subprocess.run(
+        ["nice", "-n", "19", os.environ.get("CARGO", _tool("cargo")), "test", "--release"]
+        + ["--locked", "--offline", "-j", "1"],
+        cwd=CRATE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _tool(name: str) -> str:
+    """A cargo toolchain binary from PATH, else rustup's default place."""
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory) / name
+        if candidate.is_file():
+            return str(candidate)
+    return str(Path.home() / ".cargo" / "bin" / name)
