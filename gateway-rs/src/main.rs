@@ -95,7 +95,6 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let settings = settings::load(&args, std::env::vars()).unwrap_or_else(|e| fail(e));
-    let service = Arc::new(build(settings).unwrap_or_else(|e| fail(e)));
     // One event loop, as the Python gateway runs: at ~20 tokens a query the work per request is
     // microseconds, and cross-thread wake-ups would cost more CPU than a second core saves.
     // Large tokenizations go to the blocking pool (service.rs).
@@ -103,7 +102,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(e.to_string()));
-    if let Err(e) = runtime.block_on(serve(service)) {
+    // Inside the runtime: the workers' channels spawn their tasks on it.
+    let served = runtime.block_on(async {
+        let service = Arc::new(build(settings)?);
+        serve(service).await
+    });
+    if let Err(e) = served {
         fail(e);
     }
 }

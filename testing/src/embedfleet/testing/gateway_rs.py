@@ -3,10 +3,18 @@ under ~/.cache/embedfleet/gateway-rs by a key of its sources and toolchain."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from embedfleet.common.net import free_ports
+from embedfleet.testing.polling import WaitTimeoutError, wait_for
+from embedfleet.testing.process import log_tail
 from embedfleet.testing.tools import REPO_ROOT, ToolsError, run_build_script
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-gateway-rs.sh"
@@ -39,8 +47,18 @@ def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
     env = {**os.environ, "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": "1"}
     return subprocess.run(
-        ["nice", "-n", "19", os.environ.get("CARGO", _tool("cargo")), "test", "--release"]
-        + ["--locked", "--offline", "-j", "1"],
+        [
+            "nice",
+            "-n",
+            "19",
+            os.environ.get("CARGO", _tool("cargo")),
+            "test",
+            "--release",
+            "--locked",
+            "--offline",
+            "-j",
+            "1",
+        ],
         cwd=CRATE,
         env=env,
         capture_output=True,
@@ -57,3 +75,55 @@ def _tool(name: str) -> str:
         if candidate.is_file():
             return str(candidate)
     return str(Path.home() / ".cargo" / "bin" / name)
+
+
+@dataclass(frozen=True)
+class GatewayRs:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def running_gateway_rs(
+    workers: Sequence[str], *flags: str, log: Path, ready_timeout: float = 30.0
+) -> Iterator[GatewayRs]:
+    """The Rust gateway on 127.0.0.1 in front of `workers`, ready (a worker answered Info) for
+    the duration of the block; stopped by its pid after it."""
+    (port,) = free_ports(1)
+    argv = [str(gateway_rs_binary()), "--port", str(port), "--workers", ",".join(workers)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [*argv, *flags], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"embedfleet-gateway-rs exited: {log_tail(log)}")
+            return _ready(port)
+
+        try:
+            wait_for("embedfleet-gateway-rs to be ready", ready, timeout=ready_timeout)
+        except WaitTimeoutError as exc:
+            raise RuntimeError(f"embedfleet-gateway-rs not ready: {log_tail(log)}") from exc
+        yield GatewayRs(proc, port, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
