@@ -22,6 +22,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 
+// Measured: glibc malloc was ~18% of this process's CPU at 1x20 x16 (tokenizer and HTTP buffers
+// allocated and freed per request); mimalloc's thread-local free lists take most of that.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn fail(message: String) -> ! {
     eprintln!("embedfleet-gateway-rs: {message}");
     std::process::exit(2);

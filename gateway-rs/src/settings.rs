@@ -146,7 +146,12 @@ pub fn load(
         .collect();
     vars.sort();
     for (name, value) in vars {
-        apply(&mut s, &name, &value)?;
+        // An env var no setting has is not this program's (as in the Python gateway); one for
+        // a setting this phase lacks is refused below like its flag.
+        match apply(&mut s, &name, &value) {
+            Err(e) if e.starts_with("unknown setting") => {}
+            other => other?,
+        }
     }
     let mut i = 0;
     while i < args.len() {

@@ -20,7 +20,7 @@ from embedfleet.testing.tools import REPO_ROOT, ToolsError, run_build_script
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-gateway-rs.sh"
 CRATE = REPO_ROOT / "gateway-rs"
 #: a prebuilt binary to use instead of building (e.g. outside a clone)
-BINARY_ENV = "EMBEDFLEET_GATEWAY_RS"
+BINARY_ENV = "EMBEDFLEET_RS_GATEWAY_BINARY"
 
 
 def gateway_rs_binary(*, build: bool = True) -> Path:
