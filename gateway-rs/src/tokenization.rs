@@ -289,10 +289,8 @@ mod tests {
     #[test]
     fn long_texts_are_refused_or_cut_keeping_special_tokens() {
         let t = minilm();
-        let long = "word ".repeat(5000);
-        let err = t
-            .texts(&[long.clone()], "", false, Side::Right)
-            .unwrap_err();
+        let long = vec!["word ".repeat(5000)];
+        let err = t.texts(&long, "", false, Side::Right).unwrap_err();
         assert_eq!(err.code, Some("context_length_exceeded"));
         assert!(
             err.message.starts_with("Input 0 has at least "),
@@ -300,7 +298,7 @@ mod tests {
             err.message
         );
         for side in [Side::Left, Side::Right] {
-            let ids = t.texts(&[long.clone()], "", true, side).unwrap();
+            let ids = t.texts(&long, "", true, side).unwrap();
             assert_eq!(ids[0].len(), 256);
             assert_eq!((ids[0][0], ids[0][255]), (101, 102));
         }
@@ -309,10 +307,10 @@ mod tests {
     #[test]
     fn token_ids_are_checked_and_sliced() {
         let t = minilm();
-        let seq: Vec<i64> = (1..=300).collect();
-        let ids = t.token_ids(&[seq.clone()], true, Side::Left).unwrap();
+        let seqs: Vec<Vec<i64>> = vec![(1..=300).collect()];
+        let ids = t.token_ids(&seqs, true, Side::Left).unwrap();
         assert_eq!((ids[0].len(), ids[0][0]), (256, 45));
-        assert!(t.token_ids(&[seq], false, Side::Right).is_err());
+        assert!(t.token_ids(&seqs, false, Side::Right).is_err());
         assert!(t.token_ids(&[vec![]], false, Side::Right).is_err());
         assert!(t.token_ids(&[vec![30522]], false, Side::Right).is_err());
     }
