@@ -3,11 +3,14 @@ never a different answer: the Python gateway serves these."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
 import orjson
 import pytest
+
+from embedfleet.gateway.settings import GatewaySettings
 
 from .pair import Pair
 
@@ -72,3 +75,20 @@ def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
     )
     assert proc.returncode == 2
     assert "--workers-file" in proc.stderr
+
+
+def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> None:
+    """No setting of the Python gateway is silently ignored: each flag is either one the Rust
+    binary takes (it then fails later, on the bogus value or the unreachable worker) or one it
+    refuses naming itself as unsupported."""
+    for f in dataclasses.fields(GatewaySettings):
+        flag = "--" + f.name.replace("_", "-")
+        proc = subprocess.run(
+            [str(rust_binary), "--workers", "127.0.0.1:1", flag, "not-a-value", "--port", "x"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 2, flag
+        assert "unknown setting" not in proc.stderr, f"{flag}: {proc.stderr}"
