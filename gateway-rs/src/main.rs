@@ -3,6 +3,7 @@
 //! against it request by request.
 
 mod balancer;
+mod coalescing;
 mod errors;
 mod http;
 mod metrics;
@@ -36,11 +37,18 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
     let model = model::load(&s.model, &s.task)?;
     let max_tokens = model.max_input_tokens(s.max_input_tokens)?;
     let tokenization = tokenization::Tokenization::new(&model, max_tokens)?;
+    let coalescing = pool::Coalescing {
+        max_inflight: s.coalesce_inflight,
+        max_tokens: s.chunk_tokens,
+        max_sequences: s.chunk_sequences,
+        small_tokens: s.min_chunk_tokens,
+    };
     let pool = pool::Pool::new(
         &s.workers,
         s.eject_seconds,
         s.probe_seconds,
         s.retry_after_seconds,
+        coalescing,
     )?;
     let name = if s.served_model_name.is_empty() {
         model.name.clone()

@@ -5,20 +5,28 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Channel, Endpoint as Target};
+use tonic::transport::Endpoint as Target;
 use tonic::{Code, Status};
 
 use crate::balancer::Balancer;
+use crate::coalescing::Coalescer;
 use crate::errors::{self, ApiError};
-use crate::proto::worker_client::WorkerClient;
-use crate::proto::{EmbedRequest, InfoRequest, InfoResponse, TokenBatch};
+use crate::proto::{InfoRequest, InfoResponse, TokenBatch};
 
 const ATTEMPTS: usize = 2;
-const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// When Embed calls to a worker are merged (coalescing.rs); `max_inflight` 0: never.
+#[derive(Debug, Clone, Copy)]
+pub struct Coalescing {
+    pub max_inflight: usize,
+    pub max_tokens: usize,
+    pub max_sequences: usize,
+    pub small_tokens: usize,
+}
 
 pub struct Pool {
     balancer: Mutex<Balancer>,
-    channels: Vec<Channel>,
+    workers: Vec<Arc<Coalescer>>,
     /// each worker's last Info (by balancer index), and which answered first: model facts
     infos: Mutex<(Vec<Option<InfoResponse>>, Vec<usize>)>,
     probe_seconds: f64,
@@ -114,7 +122,7 @@ pub fn fleet_capacity(capacities: &[f64]) -> f64 {
 }
 
 /// Rows of one Embed reply as float32 (a worker may answer float16).
-fn rows(reply: &crate::proto::EmbedResponse) -> Vec<f32> {
+pub fn rows(reply: &crate::proto::EmbedResponse) -> Vec<f32> {
     let bytes = &reply.embeddings;
     if reply.format == crate::proto::FloatFormat::Float16 as i32 {
         bytes
@@ -175,9 +183,10 @@ impl Pool {
         eject_seconds: f64,
         probe_seconds: f64,
         retry_after: u64,
+        coalescing: Coalescing,
     ) -> Result<Arc<Self>, String> {
         let balancer = Balancer::new(addresses, eject_seconds);
-        let mut channels = Vec::new();
+        let mut workers = Vec::new();
         for e in &balancer.endpoints {
             let target = Target::from_shared(format!("http://{}", e.address))
                 .map_err(|err| format!("--workers: {}: {err}", e.address))?
@@ -186,22 +195,23 @@ impl Pool {
                 .keep_alive_timeout(Duration::from_secs(5))
                 .keep_alive_while_idle(true)
                 .tcp_nodelay(true);
-            channels.push(target.connect_lazy());
+            let c = coalescing;
+            workers.push(Coalescer::new(
+                target.connect_lazy(),
+                c.max_inflight,
+                c.max_tokens,
+                c.max_sequences,
+                c.small_tokens,
+            ));
         }
-        let n = channels.len();
+        let n = workers.len();
         Ok(Arc::new(Pool {
             balancer: Mutex::new(balancer),
-            channels,
+            workers,
             infos: Mutex::new((vec![None; n], Vec::new())),
             probe_seconds,
             retry_after,
         }))
-    }
-
-    fn client(&self, index: usize) -> WorkerClient<Channel> {
-        WorkerClient::new(self.channels[index].clone())
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE)
     }
 
     /// At least one worker says it is ready (ejected ones too: ejection is advice).
@@ -228,7 +238,7 @@ impl Pool {
     }
 
     pub fn start_probes(self: &Arc<Self>) {
-        for index in 0..self.channels.len() {
+        for index in 0..self.workers.len() {
             let pool = Arc::clone(self);
             tokio::spawn(async move {
                 loop {
@@ -248,7 +258,7 @@ impl Pool {
     async fn probe_once(&self, index: usize) -> bool {
         let mut request = tonic::Request::new(InfoRequest {});
         request.set_timeout(Duration::from_secs_f64(self.probe_seconds.max(1.0)));
-        let reply = self.client(index).info(request).await;
+        let reply = self.workers[index].client().info(request).await;
         let mut b = self.balancer.lock().expect("balancer lock");
         let e = &mut b.endpoints[index];
         let info = match reply {
@@ -304,17 +314,17 @@ impl Pool {
 
     async fn attempt(
         &self,
-        request: &EmbedRequest,
+        batch: &TokenBatch,
+        dims: u32,
         tokens: usize,
         timeout: Duration,
         tried: &mut Vec<usize>,
     ) -> Result<Vec<f32>, Failure> {
         let lease = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.index);
-        let mut call = tonic::Request::new(request.clone());
-        call.set_timeout(timeout);
-        match self.client(lease.index).embed(call).await {
-            Ok(reply) => Ok(rows(reply.get_ref())),
+        let worker = &self.workers[lease.index];
+        match worker.embed(batch.clone(), dims, timeout).await {
+            Ok(rows) => Ok(rows),
             Err(status) => {
                 if ejects(&status) {
                     let mut b = self.balancer.lock().expect("balancer lock");
@@ -334,14 +344,18 @@ impl Pool {
     /// One chunk's embeddings, retried once on another worker when the failure allows it.
     pub async fn embed(
         &self,
-        request: EmbedRequest,
+        batch: TokenBatch,
+        dims: u32,
         tokens: usize,
         timeout: Duration,
     ) -> Result<Vec<f32>, ApiError> {
         let mut tried = Vec::with_capacity(ATTEMPTS);
         let mut busy: Option<Status> = None;
         for attempt in 0..ATTEMPTS {
-            match self.attempt(&request, tokens, timeout, &mut tried).await {
+            match self
+                .attempt(&batch, dims, tokens, timeout, &mut tried)
+                .await
+            {
                 Ok(rows) => return Ok(rows),
                 Err(Failure::NoWorker) => {
                     // The only worker is busy: a 429 to retry later, not "no worker".

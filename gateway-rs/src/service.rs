@@ -11,7 +11,6 @@ use crate::errors::{self, invalid, ApiError};
 use crate::metrics::Metrics;
 use crate::model::ModelDir;
 use crate::pool::{pack, Pool};
-use crate::proto::EmbedRequest;
 use crate::request::{EmbeddingRequest, Encoding, Input};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
@@ -153,12 +152,8 @@ impl Service {
         };
         let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
         let calls = self.chunks(&lengths, total).into_iter().map(|c| {
-            let request = EmbedRequest {
-                batch: Some(pack(&ids[c.start..c.stop])),
-                dimensions: requested,
-                ..Default::default()
-            };
-            self.pool.embed(request, c.tokens, timeout)
+            let batch = pack(&ids[c.start..c.stop]);
+            self.pool.embed(batch, requested, c.tokens, timeout)
         });
         let parts = futures_util::future::join_all(calls).await;
         let mut rows = Vec::new();

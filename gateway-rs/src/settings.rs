@@ -18,6 +18,7 @@ pub struct Settings {
     pub min_chunk_tokens: usize,
     pub chunk_sequences: usize,
     pub chunk_seconds: f64,
+    pub coalesce_inflight: usize,
     pub retry_after_seconds: u64,
     pub eject_seconds: f64,
     pub upstream_timeout_seconds: f64,
@@ -42,6 +43,7 @@ impl Default for Settings {
             min_chunk_tokens: 512,
             chunk_sequences: 256,
             chunk_seconds: 1.0,
+            coalesce_inflight: 2,
             retry_after_seconds: 1,
             eject_seconds: 5.0,
             upstream_timeout_seconds: 60.0,
@@ -69,7 +71,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "max_queue_seconds",
     "hold_requests",
     "hold_seconds",
-    "coalesce_inflight",
     "tokenize_threads",
     "tokenize_inline_chars",
     "tokenize_large_chars",
@@ -109,6 +110,7 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "min_chunk_tokens" => s.min_chunk_tokens = number(name, raw)?,
         "chunk_sequences" => s.chunk_sequences = number(name, raw)?,
         "chunk_seconds" => s.chunk_seconds = number(name, raw)?,
+        "coalesce_inflight" => s.coalesce_inflight = number(name, raw)?,
         "retry_after_seconds" => s.retry_after_seconds = number(name, raw)?,
         "eject_seconds" => s.eject_seconds = number(name, raw)?,
         "upstream_timeout_seconds" => s.upstream_timeout_seconds = number(name, raw)?,
@@ -190,8 +192,9 @@ fn help() -> String {
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
      --task auto|embed, --served-model-name, --max-input-tokens, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
-     --chunk-sequences, --chunk-seconds, --retry-after-seconds, --eject-seconds,\n\
-     --upstream-timeout-seconds, --probe-seconds, --host, --port, --log-level.\n\
+     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\
+     --eject-seconds, --upstream-timeout-seconds, --probe-seconds, --host, --port,\n\
+     --log-level.\n\
      See docs/gateway.md, \"Rust gateway\"."
         .into()
 }

@@ -4,7 +4,9 @@ request sent to both and the answers compared (pair.py)."""
 
 from __future__ import annotations
 
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -300,3 +302,31 @@ def test_the_first_window_is_what_a_huge_text_is_refused_by(fake_pair: Pair) -> 
     doc = fake_pair.embed({"input": HUGE})
     assert doc["error"]["message"].startswith("Input 0 has at least ")
     assert doc["error"]["code"] == "context_length_exceeded"
+
+
+def test_concurrent_queries_are_coalesced_and_answered_right(fake_pair: Pair) -> None:
+    """16 clients at once against slow workers: both gateways merge the small chunks that wait
+    into fewer Embed calls, and every client still gets its own rows ([first id, last id,
+    length, worker number] from the fakes)."""
+    fake_pair.calls()  # forget earlier tests' calls
+    for w in fake_pair.python_workers + fake_pair.rust_workers:
+        w.delay = 0.05
+    try:
+        for one in (fake_pair.python(), fake_pair.rust()):
+            bodies = [orjson.dumps({"input": [[100 + i, 7, 200 + i]]}) for i in range(16)]
+            with ThreadPoolExecutor(16) as pool:
+                replies = list(pool.map(functools.partial(_post, one), bodies))
+            for i, reply in enumerate(replies):
+                assert reply.status == 200, reply.body
+                assert reply.json()["data"][0]["embedding"] == [100 + i, 200 + i, 3, 0]
+        py_calls, rs_calls = fake_pair.calls()
+        assert sum(py_calls) == sum(rs_calls) == 16
+        assert len(py_calls) < 16, py_calls
+        assert len(rs_calls) < 16, rs_calls
+    finally:
+        for w in fake_pair.python_workers + fake_pair.rust_workers:
+            w.delay = 0.0
+
+
+def _post(one: Any, body: bytes) -> Any:
+    return one.request("POST", "/v1/embeddings", content=body)

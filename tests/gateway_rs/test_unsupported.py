@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import child_env
 
 from .pair import Pair
 
@@ -55,6 +56,7 @@ def test_openapi_is_501(fake_pair: Pair) -> None:
 def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list[str]) -> None:
     proc = subprocess.run(
         [str(rust_binary), "--workers", "127.0.0.1:1", "--port", "0", *argv],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=30,
@@ -67,7 +69,7 @@ def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
     proc = subprocess.run(
         [str(rust_binary), "--workers", "127.0.0.1:1"],
-        env={"EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"},
+        env={**child_env(), "EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"},
         capture_output=True,
         text=True,
         timeout=30,

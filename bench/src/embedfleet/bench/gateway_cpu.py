@@ -44,7 +44,7 @@ from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
-from embedfleet.testing.gateway_rs import gateway_rs_binary
+from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
 
 #: shape name -> (texts per request, tokens per text including [CLS]/[SEP])
 SHAPES: dict[str, tuple[int, int]] = {"1x20": (1, 20), "16x20": (16, 20), "100x512": (100, 512)}
@@ -226,7 +226,7 @@ def systems(baseline_src: str, rust: bool = True) -> dict[str, tuple[list[str], 
         name: (flags, {}) for name, flags in VARIANTS.items()
     }
     if rust:
-        chosen[RUST] = ([], {})
+        chosen[RUST] = ([], child_env())
     if baseline_src:
         chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
     return chosen

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -40,12 +41,19 @@ def gateway_rs_binary(*, build: bool = True) -> Path:
     return built
 
 
+def child_env() -> dict[str, str]:
+    """The environment for the binary and its tests: with no --model the binary looks for the
+    bundled MiniLM package in $VIRTUAL_ENV's site-packages, so that names this interpreter's
+    environment (where the Python gateway finds it) when nothing else does."""
+    return {"VIRTUAL_ENV": sys.prefix, **os.environ}
+
+
 def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     """`cargo test --release --locked --offline` of gateway-rs in the build script's target
     directory (the dependencies it compiled are reused), under nice with one job."""
     gateway_rs_binary()  # builds the dependencies into the target directory when cold
     target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
-    env = {**os.environ, "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": "1"}
+    env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": "1"}
     return subprocess.run(
         [
             "nice",
@@ -106,7 +114,11 @@ def running_gateway_rs(
     argv = [str(gateway_rs_binary()), "--port", str(port), "--workers", ",".join(workers)]
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [*argv, *flags], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            [*argv, *flags],
+            env=child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
 
