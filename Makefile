@@ -7,8 +7,8 @@ COMPONENTS := common worker gateway operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install prepare run test lint format proto tools node prometheus image-tools images images-lock \
-	bench clean
+.PHONY: install prepare run test lint format proto tools gateway-rs node prometheus image-tools images \
+	images-lock bench clean
 
 install: $(STAMP)
 
@@ -39,6 +39,11 @@ proto: install
 tools:
 	bash hack/build-tools.sh
 
+# The Rust gateway (gateway-rs/, docs/gateway.md "Rust gateway"), built or reused from
+# ~/.cache/embedfleet/gateway-rs; cargo fetches its crates from crates.io on a cold machine.
+gateway-rs:
+	bash hack/build-gateway-rs.sh
+
 # One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
 # kube-proxy, containerd, CNI plugins and the harness images, built or reused from
 # ~/.cache/embedfleet/node.
@@ -66,11 +71,11 @@ images: install image-tools
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
-# Everything a test needs, built or reused. `tools` (Go compiles: CPU, tens of minutes cold) runs
-# beside the rest (pip, apt, debootstrap: mostly network and disk), so a cold machine waits for the
-# longer of the two chains, not their sum.
+# Everything a test needs, built or reused. `tools` then `gateway-rs` (Go and Rust compiles: CPU,
+# tens of minutes cold) run beside the rest (pip, apt, debootstrap: mostly network and disk), so a
+# cold machine waits for the longer of the two chains, not their sum.
 prepare:
-	@$(MAKE) --no-print-directory tools & tools=$$!; \
+	@$(MAKE) --no-print-directory tools gateway-rs & tools=$$!; \
 	$(MAKE) --no-print-directory install node prometheus images lint; rc=$$?; \
 	wait $$tools || rc=$$?; exit $$rc
 

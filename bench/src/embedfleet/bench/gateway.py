@@ -182,7 +182,9 @@ def run_cpu_suites(args: argparse.Namespace) -> str:
     if "cpu" in suites:
         shapes = args.shapes.split(",")
         rows = asyncio.run(
-            cpu.run_cpu(args.engine, args.seconds, args.baseline_src, shapes, logs, args.repeat)
+            cpu.run_cpu(
+                args.engine, args.seconds, args.baseline_src, shapes, logs, args.repeat, args.rust
+            )
         )
         out.append(cpu.cpu_table(rows))
         if args.json:
@@ -212,6 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="profile a gateway and a worker at 1x20 x16 clients and 100x512 x1 (cProfile stages)",
+    )
+    parser.add_argument(
+        "--rust",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cpu suite: also run the Rust gateway (gateway-rs/, built on first use)",
     )
     parser.add_argument("--engine", default="null", help="worker engine: null (harness) or torch")
     parser.add_argument("--workers", type=int, default=1)

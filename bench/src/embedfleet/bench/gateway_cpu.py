@@ -13,8 +13,9 @@
   cProfile (cpu_profile.py) and the stage tables say where each process's CPU went.
 
 Variants: this tree's gateway as it runs by default and with each option under test switched off
-(`VARIANTS`), plus `--baseline-src` (a PYTHONPATH of another source tree, e.g. main's, unpacked
-with `git archive`) for a before/after in one run.
+(`VARIANTS`), the Rust gateway of gateway-rs/ (`RUST`, built or reused by
+hack/build-gateway-rs.sh; `--no-rust` leaves it out), plus `--baseline-src` (a PYTHONPATH of
+another source tree, e.g. main's, unpacked with `git archive`) for a before/after in one run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
 
 #: shape name -> (texts per request, tokens per text including [CLS]/[SEP])
 SHAPES: dict[str, tuple[int, int]] = {"1x20": (1, 20), "16x20": (16, 20), "100x512": (100, 512)}
@@ -64,6 +66,10 @@ VARIANTS: dict[str, list[str]] = {
     "gateway (default)": [],
     "gateway, coalescing past 1 call": ["--coalesce-inflight", "1"],
 }
+
+
+#: the Rust gateway (phase 1 of issue #20), in front of this tree's worker like the variants
+RUST = "rust gateway (phase 1)"
 
 
 @dataclass(frozen=True)
@@ -193,8 +199,7 @@ def gateways(
     try:
         for name, (flags, env) in variants.items():
             (port,) = free_ports(1)
-            argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
-            argv += ["--workers", workers, "--log-level", "warning", *LIMIT, *flags]
+            argv = gateway_argv(name, port, workers, flags)
             proc = spawn_gateway(argv, env, port, log)
             procs.append(proc)
             out.ports[name], out.pids[name] = port, proc.pid
@@ -206,10 +211,22 @@ def gateways(
             proc.wait(20)
 
 
-def systems(baseline_src: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+def gateway_argv(name: str, port: int, workers: str, flags: Sequence[str]) -> list[str]:
+    """The command of one system: this tree's Python gateway, or the Rust binary for RUST (the
+    same settings by the same flag names)."""
+    if name == RUST:
+        argv = [str(gateway_rs_binary()), "--port", str(port)]
+    else:
+        argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
+    return [*argv, "--workers", workers, "--log-level", "warning", *LIMIT, *flags]
+
+
+def systems(baseline_src: str, rust: bool = True) -> dict[str, tuple[list[str], dict[str, str]]]:
     chosen: dict[str, tuple[list[str], dict[str, str]]] = {
         name: (flags, {}) for name, flags in VARIANTS.items()
     }
+    if rust:
+        chosen[RUST] = ([], child_env())
     if baseline_src:
         chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
     return chosen
@@ -250,13 +267,14 @@ async def run_cpu(
     shapes: Sequence[str],
     log_dir: Path,
     repeat: int = 1,
+    rust: bool = True,
 ) -> list[CpuRow]:
     """Each variant against this tree's worker; `baseline gateway` against a worker of the
     baseline tree, so the worker front's before/after is in the same run."""
     rows: list[CpuRow] = []
     worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
     (gw_port,) = free_ports(1)
-    chosen = systems(baseline_src)
+    chosen = systems(baseline_src, rust)
     with (
         Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet,
         baseline_fleet(baseline_src, worker_args, log_dir) as base,

@@ -1,0 +1,313 @@
+//! Many small Embed calls to one worker as one gRPC message while that worker is busy (the
+//! Python gateway's coalescing.py, same rules): while `max_inflight` calls of small chunks
+//! (under `small_tokens`) are in flight to a worker, the next small chunks wait, merged into one
+//! TokenBatch (bytes joined) up to `max_tokens` and `max_sequences`; when a call returns, the
+//! oldest merged message goes and its rows are cut back into each chunk's share. With fewer in
+//! flight a chunk goes at once, alone; larger chunks always go at once and are not counted.
+//! A merged call's failure reaches every chunk in it as its own; INVALID_ARGUMENT (one bad chunk
+//! could cause it for all) sends each chunk again alone.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::proto::worker_client::WorkerClient;
+use crate::proto::{EmbedRequest, TokenBatch};
+
+const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// Rows (row-major float32) for one chunk, or why not; `Alone` asks it to go again by itself.
+enum Share {
+    Rows(Vec<f32>),
+    Failed(Status),
+    Alone,
+}
+
+struct Part {
+    batch: TokenBatch,
+    count: usize,
+    tokens: usize,
+    reply: oneshot::Sender<Share>,
+}
+
+struct Message {
+    dims: u32,
+    timeout: Duration,
+    parts: Vec<Part>,
+    tokens: usize,
+    sequences: usize,
+}
+
+impl Message {
+    fn wanted(&self) -> bool {
+        self.parts.iter().any(|p| !p.reply.is_closed())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// calls of small chunks in flight (large ones are not counted: they never wait)
+    inflight: usize,
+    /// messages waiting for a free slot, oldest first, by id; the last of a key is still open
+    waiting: VecDeque<u64>,
+    messages: HashMap<u64, Message>,
+    open: HashMap<u32, u64>,
+    next_id: u64,
+}
+
+pub struct Coalescer {
+    channel: Channel,
+    max_inflight: usize,
+    max_tokens: usize,
+    max_sequences: usize,
+    small_tokens: usize,
+    state: Mutex<State>,
+}
+
+/// Consecutive blocks of `rows`, `counts[i] * dims` floats each. Pure.
+pub fn cut(rows: &[f32], counts: &[usize], dims: usize) -> Vec<Vec<f32>> {
+    let mut out = Vec::with_capacity(counts.len());
+    let mut start = 0;
+    for n in counts {
+        out.push(rows[start..start + n * dims].to_vec());
+        start += n * dims;
+    }
+    out
+}
+
+impl Coalescer {
+    pub fn new(
+        channel: Channel,
+        max_inflight: usize,
+        max_tokens: usize,
+        max_sequences: usize,
+        small_tokens: usize,
+    ) -> Arc<Self> {
+        Arc::new(Coalescer {
+            channel,
+            max_inflight,
+            max_tokens,
+            max_sequences,
+            small_tokens,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    pub fn client(&self) -> WorkerClient<Channel> {
+        WorkerClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    async fn send(
+        &self,
+        batch: TokenBatch,
+        dims: u32,
+        timeout: Duration,
+    ) -> Result<(Vec<f32>, usize), Status> {
+        let request = EmbedRequest {
+            batch: Some(batch),
+            dimensions: dims,
+            ..Default::default()
+        };
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(timeout);
+        let reply = self.client().embed(call).await?.into_inner();
+        Ok((crate::pool::rows(&reply), reply.dimensions as usize))
+    }
+
+    /// One chunk's rows from this worker, merged with other small chunks while it is busy.
+    pub async fn embed(
+        self: &Arc<Self>,
+        batch: TokenBatch,
+        dims: u32,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, Status> {
+        let tokens = batch.token_ids.len() / 4;
+        if self.max_inflight == 0 || tokens >= self.small_tokens {
+            // A chunk this large carries its own framing well, and a large request's chunks
+            // must reach the workers together: it never waits, nor holds small ones up.
+            return self.send(batch, dims, timeout).await.map(|(rows, _)| rows);
+        }
+        let (tx, rx) = oneshot::channel();
+        let now = {
+            let mut state = self.state.lock().expect("coalescer lock");
+            if state.inflight < self.max_inflight && state.waiting.is_empty() {
+                state.inflight += 1;
+                true
+            } else {
+                let count = batch.lengths.len() / 4;
+                let part = Part {
+                    batch: batch.clone(),
+                    count,
+                    tokens,
+                    reply: tx,
+                };
+                self.enqueue(&mut state, dims, timeout, part);
+                false
+            }
+        };
+        if now {
+            return self.alone(batch, dims, timeout).await;
+        }
+        match rx.await {
+            Ok(Share::Rows(rows)) => Ok(rows),
+            Ok(Share::Failed(status)) => Err(status),
+            Ok(Share::Alone) => {
+                self.state.lock().expect("coalescer lock").inflight += 1;
+                self.alone(batch, dims, timeout).await
+            }
+            // The message was dropped unsent (this process is closing it): retryable elsewhere.
+            Err(_) => Err(Status::cancelled("the worker's channel closed")),
+        }
+    }
+
+    /// A call already counted in `inflight`; frees its slot however it ends.
+    async fn alone(
+        self: &Arc<Self>,
+        batch: TokenBatch,
+        dims: u32,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, Status> {
+        struct Slot<'a>(&'a Arc<Coalescer>);
+        impl Drop for Slot<'_> {
+            fn drop(&mut self) {
+                let mut state = self.0.state.lock().expect("coalescer lock");
+                state.inflight -= 1;
+                self.0.next(&mut state);
+            }
+        }
+        let _slot = Slot(self);
+        self.send(batch, dims, timeout).await.map(|(rows, _)| rows)
+    }
+
+    fn enqueue(&self, state: &mut State, dims: u32, timeout: Duration, part: Part) {
+        let fits = |m: &Message| {
+            m.tokens + part.tokens <= self.max_tokens
+                && m.sequences + part.count <= self.max_sequences
+        };
+        let id = match state.open.get(&dims) {
+            Some(id) if fits(&state.messages[id]) => *id,
+            _ => {
+                let id = state.next_id;
+                state.next_id += 1;
+                let message = Message {
+                    dims,
+                    timeout,
+                    parts: Vec::new(),
+                    tokens: 0,
+                    sequences: 0,
+                };
+                state.messages.insert(id, message);
+                state.open.insert(dims, id);
+                state.waiting.push_back(id);
+                id
+            }
+        };
+        let m = state
+            .messages
+            .get_mut(&id)
+            .expect("an open message is kept");
+        m.timeout = m.timeout.min(timeout);
+        m.tokens += part.tokens;
+        m.sequences += part.count;
+        m.parts.push(part);
+    }
+
+    /// Sends waiting messages while slots are free (those whose chunks' callers left: dropped).
+    fn next(self: &Arc<Self>, state: &mut State) {
+        while state.inflight < self.max_inflight {
+            let Some(id) = state.waiting.pop_front() else {
+                return;
+            };
+            let message = state
+                .messages
+                .remove(&id)
+                .expect("a waiting message is kept");
+            if state.open.get(&message.dims) == Some(&id) {
+                state.open.remove(&message.dims);
+            }
+            if !message.wanted() {
+                continue;
+            }
+            state.inflight += 1;
+            let me = Arc::clone(self);
+            tokio::spawn(async move { me.merged(message).await });
+        }
+    }
+
+    async fn merged(self: Arc<Self>, message: Message) {
+        let parts: Vec<Part> = message
+            .parts
+            .into_iter()
+            .filter(|p| !p.reply.is_closed())
+            .collect();
+        let batch = if parts.len() == 1 {
+            parts[0].batch.clone()
+        } else {
+            TokenBatch {
+                token_ids: parts
+                    .iter()
+                    .flat_map(|p| p.batch.token_ids.iter().copied())
+                    .collect(),
+                lengths: parts
+                    .iter()
+                    .flat_map(|p| p.batch.lengths.iter().copied())
+                    .collect(),
+                token_type_ids: Vec::new(),
+            }
+        };
+        let counts: Vec<usize> = parts.iter().map(|p| p.count).collect();
+        let total: usize = counts.iter().sum();
+        let result = self.send(batch, message.dims, message.timeout).await;
+        let shares = match result {
+            Ok((rows, dims)) if dims > 0 && rows.len() == total * dims => {
+                Ok(cut(&rows, &counts, dims))
+            }
+            Ok((rows, dims)) => Err(Status::internal(format!(
+                "{} floats of {dims} dimensions for {total} rows",
+                rows.len()
+            ))),
+            Err(status) => Err(status),
+        };
+        let several = parts.len() > 1;
+        match shares {
+            Ok(shares) => {
+                for (p, share) in parts.into_iter().zip(shares) {
+                    let _ = p.reply.send(Share::Rows(share));
+                }
+            }
+            Err(status) => {
+                for p in parts {
+                    let share = if status.code() == Code::InvalidArgument && several {
+                        Share::Alone
+                    } else {
+                        Share::Failed(Status::new(status.code(), status.message()))
+                    };
+                    let _ = p.reply.send(share);
+                }
+            }
+        }
+        let mut state = self.state.lock().expect("coalescer lock");
+        state.inflight -= 1;
+        self.next(&mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_gives_each_chunk_its_rows() {
+        let rows: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let parts = cut(&rows, &[1, 2], 4);
+        assert_eq!(parts[0], vec![0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(parts[1].len(), 8);
+        assert_eq!(parts[1][0], 4.0);
+    }
+}

@@ -1,0 +1,214 @@
+//! The HTTP layer (the Python gateway's app.py): routes, methods, the body's type and size, and
+//! the request metrics, recorded however the request ends (a client that goes away is 499).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response};
+
+use crate::errors::{self, ApiError};
+use crate::metrics::Metrics;
+use crate::request;
+use crate::service::Service;
+
+/// nginx's "client closed request", for metrics: nobody reads this response.
+const CLIENT_GONE: u16 = 499;
+const POSTS: [&str; 5] = [
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/score",
+    "/v1/classify",
+    "/v1/sparse_embeddings",
+];
+const GETS: [&str; 5] = [
+    "/health",
+    "/ready",
+    "/metrics",
+    "/openapi.json",
+    "/v1/models",
+];
+
+/// The route label of a path: itself when it is a route, else "other" (few series).
+pub fn route_of(path: &str) -> &'static str {
+    POSTS
+        .iter()
+        .chain(GETS.iter())
+        .find(|r| **r == path)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// application/json or a +json type, any parameters; a body without a type is read as JSON.
+pub fn is_json(content_type: &[u8]) -> bool {
+    let media = content_type.split(|&b| b == b';').next().unwrap_or(b"");
+    let media = String::from_utf8_lossy(media).trim().to_ascii_lowercase();
+    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+}
+
+/// Counts the request when it ends, with 499 when its future was dropped (the client left).
+struct Recorder {
+    metrics: Arc<Metrics>,
+    route: &'static str,
+    start: Instant,
+    status: u16,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+        let seconds = self.start.elapsed().as_secs_f64();
+        self.metrics.observe(self.route, self.status, seconds);
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+
+fn respond(status: u16, body: Vec<u8>, content_type: &'static str) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).expect("a valid status");
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn error_reply(e: &ApiError) -> Reply {
+    let mut r = respond(e.status, e.body(), "application/json");
+    for (name, value) in &e.headers {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            r.headers_mut().insert(*name, v);
+        }
+    }
+    r
+}
+
+pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Reply, Infallible> {
+    let metrics = Arc::clone(&service.metrics);
+    metrics.inflight.fetch_add(1, Ordering::Relaxed);
+    let route = route_of(req.uri().path());
+    let mut recorder = Recorder {
+        metrics,
+        route,
+        start: Instant::now(),
+        status: CLIENT_GONE,
+    };
+    let reply = match dispatch(&service, route, req).await {
+        Ok(reply) => reply,
+        Err(e) => error_reply(&e),
+    };
+    recorder.status = reply.status().as_u16();
+    Ok(reply)
+}
+
+async fn dispatch(
+    service: &Service,
+    route: &'static str,
+    req: Request<Incoming>,
+) -> Result<Reply, ApiError> {
+    let method = req.method().clone();
+    if POSTS.contains(&route) {
+        if method != Method::POST {
+            return Err(errors::not_allowed(
+                format!("Use POST for {route}."),
+                "POST",
+            ));
+        }
+        if route != "/v1/embeddings" {
+            return Err(errors::unsupported(&format!("POST {route}")));
+        }
+        let body = read_body(service.settings.max_body_bytes, req).await?;
+        let parsed = request::parse(&body)?;
+        let doc = service.embeddings(parsed).await?;
+        return Ok(respond(200, doc, "application/json"));
+    }
+    if GETS.contains(&route) {
+        if method != Method::GET && method != Method::HEAD {
+            return Err(errors::not_allowed(
+                format!("Use GET for {route}."),
+                "GET, HEAD",
+            ));
+        }
+        return match route {
+            "/health" => Ok(respond(
+                200,
+                br#"{"status":"ok"}"#.to_vec(),
+                "application/json",
+            )),
+            "/ready" if service.pool.ready() => Ok(respond(
+                200,
+                br#"{"ready":true}"#.to_vec(),
+                "application/json",
+            )),
+            "/ready" => Ok(respond(
+                503,
+                br#"{"ready":false}"#.to_vec(),
+                "application/json",
+            )),
+            "/metrics" => Ok(respond(
+                200,
+                service.metrics.exposition().into_bytes(),
+                "text/plain; version=0.0.4; charset=utf-8",
+            )),
+            "/v1/models" => Ok(respond(200, service.models(), "application/json")),
+            _ => Err(errors::unsupported(&format!("GET {route}"))),
+        };
+    }
+    Err(errors::not_found(format!("No route {}.", req.uri().path())).code("not_found"))
+}
+
+async fn read_body(limit: usize, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let over = || {
+        errors::too_large(format!(
+            "The request body is over the limit of {limit} bytes."
+        ))
+    };
+    let headers = req.headers();
+    if let Some(length) = headers.get(CONTENT_LENGTH) {
+        let text = length.to_str().unwrap_or("");
+        let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+        if digits && text.parse::<u128>().map_or(true, |n| n > limit as u128) {
+            return Err(over());
+        }
+    }
+    for value in headers.get_all(CONTENT_TYPE) {
+        if !is_json(value.as_bytes()) {
+            return Err(ApiError::new(
+                415,
+                "The request body must be JSON (Content-Type: application/json).",
+            )
+            .code("unsupported_media_type"));
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(over()),
+        // The connection broke mid-body: the client is gone, nobody reads this.
+        Err(_) => Err(ApiError::new(CLIENT_GONE, "The client went away.")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_media_types() {
+        assert!(is_json(b"application/json"));
+        assert!(is_json(b"Application/JSON; charset=utf-8"));
+        assert!(is_json(b"application/vnd.api+json"));
+        assert!(!is_json(b"text/plain"));
+        assert!(!is_json(b"application/x-www-form-urlencoded"));
+    }
+
+    #[test]
+    fn routes() {
+        assert_eq!(route_of("/v1/embeddings"), "/v1/embeddings");
+        assert_eq!(route_of("/v1/embeddings/"), "other");
+        assert_eq!(route_of("/ready"), "/ready");
+    }
+}

@@ -1,0 +1,424 @@
+//! The static workers: one tonic channel each, probed with Info for readiness and capacity
+//! (the Python gateway's pool.py), and chunks dispatched to them with one retry elsewhere for
+//! a failure that says the worker never ran the chunk (dispatcher.py, upstream.py).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Endpoint as Target;
+use tonic::{Code, Status};
+
+use crate::balancer::Balancer;
+use crate::coalescing::Coalescer;
+use crate::errors::{self, ApiError};
+use crate::proto::{InfoRequest, InfoResponse, TokenBatch};
+
+const ATTEMPTS: usize = 2;
+
+/// When Embed calls to a worker are merged (coalescing.rs); `max_inflight` 0: never.
+#[derive(Debug, Clone, Copy)]
+pub struct Coalescing {
+    pub max_inflight: usize,
+    pub max_tokens: usize,
+    pub max_sequences: usize,
+    pub small_tokens: usize,
+}
+
+pub struct Pool {
+    balancer: Mutex<Balancer>,
+    workers: Vec<Arc<Coalescer>>,
+    /// each worker's last Info (by balancer index), and which answered first: model facts
+    infos: Mutex<(Vec<Option<InfoResponse>>, Vec<usize>)>,
+    probe_seconds: f64,
+    retry_after: u64,
+}
+
+/// Outstanding tokens at one worker for as long as a call holds it, however the call ends (an
+/// answer, an error, or the client going away and the future being dropped).
+struct Lease<'a> {
+    pool: &'a Pool,
+    index: usize,
+    tokens: usize,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut b = self.pool.balancer.lock().expect("balancer lock");
+        b.endpoints[self.index].outstanding_tokens -= self.tokens;
+    }
+}
+
+/// gRPC's status names as Python's grpc.StatusCode spells them (the 502 message names it).
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A peer that dies mid-stream can surface as INTERNAL/UNKNOWN with a transport message.
+fn broken_connection(status: &Status) -> bool {
+    let text = status.message().to_lowercase();
+    matches!(status.code(), Code::Internal | Code::Unknown)
+        && ["rst_stream", "socket closed", "connection reset", "goaway"]
+            .iter()
+            .any(|s| text.contains(s))
+}
+
+/// The worker never ran the chunk, or died: it may succeed elsewhere.
+pub fn retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::ResourceExhausted | Code::Cancelled
+    ) || broken_connection(status)
+}
+
+/// The worker (or the connection to it) is broken, not merely busy.
+pub fn ejects(status: &Status) -> bool {
+    status.code() == Code::Unavailable || broken_connection(status)
+}
+
+pub fn client_error(status: &Status, retry_after: u64) -> ApiError {
+    match status.code() {
+        Code::InvalidArgument => errors::invalid(format!(
+            "The worker rejected the input: {}",
+            status.message()
+        )),
+        Code::ResourceExhausted => {
+            errors::overloaded(retry_after, "A worker's queue is full; retry later.")
+        }
+        Code::DeadlineExceeded => ApiError::new(504, "A worker did not answer in time.")
+            .kind("server_error")
+            .code("upstream_timeout"),
+        code => ApiError::new(502, format!("A worker failed ({}).", code_name(code)))
+            .kind("server_error")
+            .code("upstream_error"),
+    }
+}
+
+/// Tokens/s of the usable workers together; one that has not reported a measurement counts
+/// at the mean of those that have (admission.fleet_capacity).
+pub fn fleet_capacity(capacities: &[f64]) -> f64 {
+    let known: Vec<f64> = capacities.iter().copied().filter(|&c| c > 0.0).collect();
+    if known.is_empty() {
+        return 0.0;
+    }
+    known.iter().sum::<f64>() * capacities.len() as f64 / known.len() as f64
+}
+
+/// Rows of one Embed reply as float32 (a worker may answer float16).
+pub fn rows(reply: &crate::proto::EmbedResponse) -> Vec<f32> {
+    let bytes = &reply.embeddings;
+    if reply.format == crate::proto::FloatFormat::Float16 as i32 {
+        bytes
+            .chunks_exact(2)
+            .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    } else {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
+
+fn half_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, _) => {
+            // subnormal: normalise it
+            let shift = frac.leading_zeros() - 21;
+            sign | ((113 - shift) << 23) | (((frac << shift) & 0x3ff) << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
+        _ => sign | ((exp + 112) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The packed little-endian batch a worker reads.
+pub fn pack(seqs: &[Vec<u32>]) -> TokenBatch {
+    let total: usize = seqs.iter().map(Vec::len).sum();
+    let mut ids = Vec::with_capacity(total * 4);
+    let mut lengths = Vec::with_capacity(seqs.len() * 4);
+    for s in seqs {
+        lengths.extend_from_slice(&(s.len() as i32).to_le_bytes());
+        for &t in s {
+            ids.extend_from_slice(&(t as i32).to_le_bytes());
+        }
+    }
+    TokenBatch {
+        token_ids: ids,
+        lengths,
+        token_type_ids: Vec::new(),
+    }
+}
+
+enum Failure {
+    NoWorker,
+    Upstream(Status),
+}
+
+impl Pool {
+    pub fn new(
+        addresses: &[String],
+        eject_seconds: f64,
+        probe_seconds: f64,
+        retry_after: u64,
+        coalescing: Coalescing,
+    ) -> Result<Arc<Self>, String> {
+        let balancer = Balancer::new(addresses, eject_seconds);
+        let mut workers = Vec::new();
+        for e in &balancer.endpoints {
+            let target = Target::from_shared(format!("http://{}", e.address))
+                .map_err(|err| format!("--workers: {}: {err}", e.address))?
+                // Notice a dead peer in seconds rather than waiting on TCP timeouts.
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(true)
+                .tcp_nodelay(true);
+            let c = coalescing;
+            workers.push(Coalescer::new(
+                target.connect_lazy(),
+                c.max_inflight,
+                c.max_tokens,
+                c.max_sequences,
+                c.small_tokens,
+            ));
+        }
+        let n = workers.len();
+        Ok(Arc::new(Pool {
+            balancer: Mutex::new(balancer),
+            workers,
+            infos: Mutex::new((vec![None; n], Vec::new())),
+            probe_seconds,
+            retry_after,
+        }))
+    }
+
+    /// At least one worker says it is ready (ejected ones too: ejection is advice).
+    pub fn ready(&self) -> bool {
+        let b = self.balancer.lock().expect("balancer lock");
+        b.endpoints.iter().any(|e| e.ready)
+    }
+
+    /// (usable workers, their measured tokens/s together)
+    pub fn usable(&self) -> (usize, f64) {
+        let b = self.balancer.lock().expect("balancer lock");
+        let caps: Vec<f64> = b.usable(Instant::now()).map(|e| e.capacity).collect();
+        (caps.len(), fleet_capacity(&caps))
+    }
+
+    /// The embedding dimension of the first worker that answered Info (0 until one has).
+    pub fn dimensions(&self) -> u32 {
+        let infos = self.infos.lock().expect("infos lock");
+        infos
+            .1
+            .first()
+            .and_then(|&i| infos.0[i].as_ref())
+            .map_or(0, |i| i.dimensions)
+    }
+
+    pub fn start_probes(self: &Arc<Self>) {
+        for index in 0..self.workers.len() {
+            let pool = Arc::clone(self);
+            tokio::spawn(async move {
+                loop {
+                    let ready = pool.probe_once(index).await;
+                    // Poll fast while the worker is not ready, so it takes traffic soon.
+                    let pause = if ready {
+                        pool.probe_seconds
+                    } else {
+                        pool.probe_seconds.min(0.2)
+                    };
+                    tokio::time::sleep(Duration::from_secs_f64(pause)).await;
+                }
+            });
+        }
+    }
+
+    async fn probe_once(&self, index: usize) -> bool {
+        let mut request = tonic::Request::new(InfoRequest {});
+        request.set_timeout(Duration::from_secs_f64(self.probe_seconds.max(1.0)));
+        let reply = self.workers[index].client().info(request).await;
+        let mut b = self.balancer.lock().expect("balancer lock");
+        let e = &mut b.endpoints[index];
+        let info = match reply {
+            Ok(r) => r.into_inner(),
+            Err(status) => {
+                if e.ready {
+                    eprintln!(
+                        "worker not answering: {} ({})",
+                        e.address,
+                        code_name(status.code())
+                    );
+                }
+                e.ready = false;
+                return false;
+            }
+        };
+        let was = e.ready;
+        e.ready = info.ready && !info.draining;
+        e.capacity = if info.saturated_tokens_per_second > 0.0 {
+            info.saturated_tokens_per_second
+        } else {
+            info.capacity_tokens_per_second
+        };
+        let ready = e.ready;
+        let mut infos = self.infos.lock().expect("infos lock");
+        let restarted = infos.0[index]
+            .as_ref()
+            .is_some_and(|p| p.instance != info.instance);
+        if ready && (restarted || !was) {
+            // A worker that passed its start-up checks again is a fresh process.
+            e.ejected_until = None;
+        }
+        if ready != was {
+            eprintln!("worker {} ready: {ready}", e.address);
+        }
+        if infos.0[index].is_none() {
+            infos.1.push(index);
+        }
+        infos.0[index] = Some(info);
+        ready
+    }
+
+    fn lease(&self, tokens: usize, tried: &[usize]) -> Option<Lease<'_>> {
+        let mut b = self.balancer.lock().expect("balancer lock");
+        let index = b.pick(tried, Instant::now())?;
+        b.endpoints[index].outstanding_tokens += tokens;
+        Some(Lease {
+            pool: self,
+            index,
+            tokens,
+        })
+    }
+
+    async fn attempt(
+        &self,
+        batch: &TokenBatch,
+        dims: u32,
+        tokens: usize,
+        timeout: Duration,
+        tried: &mut Vec<usize>,
+    ) -> Result<Vec<f32>, Failure> {
+        let lease = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
+        tried.push(lease.index);
+        let worker = &self.workers[lease.index];
+        match worker.embed(batch.clone(), dims, timeout).await {
+            Ok(rows) => Ok(rows),
+            Err(status) => {
+                if ejects(&status) {
+                    let mut b = self.balancer.lock().expect("balancer lock");
+                    if b.eject(lease.index, Instant::now()) {
+                        eprintln!(
+                            "worker ejected: {} ({})",
+                            b.endpoints[lease.index].address,
+                            code_name(status.code())
+                        );
+                    }
+                }
+                Err(Failure::Upstream(status))
+            }
+        }
+    }
+
+    /// One chunk's embeddings, retried once on another worker when the failure allows it.
+    pub async fn embed(
+        &self,
+        batch: TokenBatch,
+        dims: u32,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, ApiError> {
+        let mut tried = Vec::with_capacity(ATTEMPTS);
+        let mut busy: Option<Status> = None;
+        for attempt in 0..ATTEMPTS {
+            match self
+                .attempt(&batch, dims, tokens, timeout, &mut tried)
+                .await
+            {
+                Ok(rows) => return Ok(rows),
+                Err(Failure::NoWorker) => {
+                    // The only worker is busy: a 429 to retry later, not "no worker".
+                    return Err(match busy {
+                        Some(status) => client_error(&status, self.retry_after),
+                        None => errors::unavailable("No ready worker left to take the request."),
+                    });
+                }
+                Err(Failure::Upstream(status)) => {
+                    if !retryable(&status) || attempt + 1 == ATTEMPTS {
+                        return Err(client_error(&status, self.retry_after));
+                    }
+                    if status.code() == Code::ResourceExhausted {
+                        busy = Some(status);
+                    }
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_counts_unmeasured_workers_at_the_mean() {
+        assert_eq!(fleet_capacity(&[]), 0.0);
+        assert_eq!(fleet_capacity(&[0.0, 0.0]), 0.0);
+        assert_eq!(fleet_capacity(&[100.0, 0.0]), 200.0);
+    }
+
+    #[test]
+    fn failures_map_to_the_python_statuses() {
+        let e = client_error(&Status::unavailable("x"), 1);
+        assert_eq!(
+            (e.status, e.message.as_str()),
+            (502, "A worker failed (UNAVAILABLE).")
+        );
+        assert_eq!(
+            client_error(&Status::resource_exhausted("x"), 3).status,
+            429
+        );
+        assert_eq!(client_error(&Status::deadline_exceeded("x"), 1).status, 504);
+        assert_eq!(client_error(&Status::invalid_argument("no"), 1).status, 400);
+        assert!(retryable(&Status::cancelled("")) && !ejects(&Status::cancelled("")));
+        assert!(ejects(&Status::internal("Received RST_STREAM")));
+    }
+
+    #[test]
+    fn half_floats_decode() {
+        assert_eq!(half_to_f32(0x3c00), 1.0);
+        assert_eq!(half_to_f32(0xc000), -2.0);
+        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(half_to_f32(0x3555), 0.33325195);
+    }
+
+    #[test]
+    fn packing_is_little_endian_int32() {
+        let b = pack(&[vec![1, 2], vec![3]]);
+        assert_eq!(b.lengths, [2, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(b.token_ids.len(), 12);
+        assert_eq!(&b.token_ids[8..], [3, 0, 0, 0]);
+    }
+}

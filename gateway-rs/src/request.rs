@@ -1,0 +1,232 @@
+//! The embeddings request, parsed and validated with the Python gateway's rules and words
+//! (schemas.py under pydantic strict mode, app.py's messages): the first failing field in the
+//! schema's field order is the one reported.
+
+use serde_json::{Map, Value};
+
+use crate::errors::{invalid, ApiError};
+use crate::tokenization::Side;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Texts(Vec<String>),
+    Ids(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Float,
+    Base64,
+    /// int8, uint8, binary, ubinary and their _base64 forms: not in this phase
+    Quantized,
+}
+
+#[derive(Debug, Clone)]
+pub struct EmbeddingRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Input,
+    pub encoding: Encoding,
+    pub dimensions: Option<i64>,
+    pub split_long_inputs: Option<bool>,
+    pub input_type: Option<String>,
+}
+
+const ENCODINGS: [&str; 10] = [
+    "float",
+    "base64",
+    "int8",
+    "uint8",
+    "binary",
+    "ubinary",
+    "int8_base64",
+    "uint8_base64",
+    "binary_base64",
+    "ubinary_base64",
+];
+
+const INPUT_EXPECTED: &str = "'input' must be a non-empty string, an array of strings, an array \
+    of token ids (integers) or an array of arrays of token ids.";
+
+fn field_error(param: &'static str, msg: &str) -> ApiError {
+    invalid(format!("'{param}': {msg}.")).param(param)
+}
+
+/// pydantic's literal_error wording: 'a', 'b' or 'c'.
+fn literal_message(choices: &[&str]) -> String {
+    let quoted: Vec<String> = choices.iter().map(|c| format!("'{c}'")).collect();
+    let (last, rest) = quoted.split_last().expect("choices are never empty");
+    if rest.is_empty() {
+        format!("Input should be {last}")
+    } else {
+        format!("Input should be {} or {last}", rest.join(", "))
+    }
+}
+
+fn optional_str(doc: &Map<String, Value>, key: &'static str) -> Result<Option<String>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(field_error(key, "Input should be a valid string")),
+    }
+}
+
+fn optional_bool(doc: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(field_error(key, "Input should be a valid boolean")),
+    }
+}
+
+fn literal<'a>(
+    doc: &'a Map<String, Value>,
+    key: &'static str,
+    choices: &[&str],
+    nullable: bool,
+) -> Result<Option<&'a str>, ApiError> {
+    match doc.get(key) {
+        None => Ok(None),
+        Some(Value::Null) if nullable => Ok(None),
+        Some(Value::String(s)) if choices.contains(&s.as_str()) => Ok(Some(s.as_str())),
+        Some(_) => Err(field_error(key, &literal_message(choices))),
+    }
+}
+
+/// A strict integer: JSON floats (2.0) and booleans are not; integers past i64 keep their sign
+/// (they are outside any vocabulary either way).
+fn strict_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) if n.is_i64() => n.as_i64(),
+        Value::Number(n) if n.is_u64() => Some(i64::MAX),
+        _ => None,
+    }
+}
+
+fn ids(items: &[Value]) -> Option<Vec<i64>> {
+    items.iter().map(strict_int).collect()
+}
+
+/// string | list[string] | list[int] | list[list[int]]; a flat id list is one input.
+fn input(v: &Value) -> Result<Input, ApiError> {
+    let bad = || invalid(INPUT_EXPECTED).param("input");
+    match v {
+        Value::String(s) => Ok(Input::Texts(vec![s.clone()])),
+        Value::Array(items) if items.is_empty() => Ok(Input::Texts(Vec::new())),
+        Value::Array(items) => match &items[0] {
+            Value::String(_) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .map(Input::Texts)
+                .ok_or_else(bad),
+            Value::Array(_) => items
+                .iter()
+                .map(|i| i.as_array().and_then(|a| ids(a)))
+                .collect::<Option<Vec<_>>>()
+                .map(Input::Ids)
+                .ok_or_else(bad),
+            _ => ids(items).map(|seq| Input::Ids(vec![seq])).ok_or_else(bad),
+        },
+        _ => Err(bad()),
+    }
+}
+
+pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
+    let doc: Value = serde_json::from_slice(body).map_err(|e| {
+        // The Python gateway quotes orjson's own words here; the cause is worded differently.
+        invalid(format!("The request body is not valid JSON: {e}."))
+    })?;
+    let Value::Object(doc) = doc else {
+        return Err(invalid("The request body must be a JSON object."));
+    };
+    let model = optional_str(&doc, "model")?;
+    let truncate = match doc.get("truncate") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(field_error("truncate", "Input should be a valid boolean")),
+    };
+    let side = match literal(&doc, "truncation_side", &["left", "right"], false)? {
+        Some("left") => Side::Left,
+        _ => Side::Right,
+    };
+    let input = match doc.get("input") {
+        None => return Err(invalid("'input' is required.").param("input")),
+        Some(v) => input(v)?,
+    };
+    let encoding = match literal(&doc, "encoding_format", &ENCODINGS, false)? {
+        None | Some("float") => Encoding::Float,
+        Some("base64") => Encoding::Base64,
+        Some(_) => Encoding::Quantized,
+    };
+    let dimensions = match doc.get("dimensions") {
+        None | Some(Value::Null) => None,
+        Some(v) => match strict_int(v) {
+            Some(d) if d >= 1 => Some(d),
+            Some(_) => {
+                return Err(field_error(
+                    "dimensions",
+                    "Input should be greater than or equal to 1",
+                ))
+            }
+            None => return Err(field_error("dimensions", "Input should be a valid integer")),
+        },
+    };
+    let split_long_inputs = optional_bool(&doc, "split_long_inputs")?;
+    optional_str(&doc, "user")?;
+    let input_type = literal(&doc, "input_type", &["query", "document"], true)?.map(str::to_string);
+    Ok(EmbeddingRequest {
+        model,
+        truncate,
+        side,
+        input,
+        encoding,
+        dimensions,
+        split_long_inputs,
+        input_type,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> String {
+        parse(body.as_bytes()).unwrap_err().message
+    }
+
+    #[test]
+    fn input_forms() {
+        let p = |b: &str| parse(b.as_bytes()).unwrap().input;
+        assert_eq!(p(r#"{"input":"a"}"#), Input::Texts(vec!["a".into()]));
+        assert_eq!(p(r#"{"input":[1,2]}"#), Input::Ids(vec![vec![1, 2]]));
+        assert_eq!(
+            p(r#"{"input":[[1],[2,3]]}"#),
+            Input::Ids(vec![vec![1], vec![2, 3]])
+        );
+        assert_eq!(p(r#"{"input":[]}"#), Input::Texts(vec![]));
+        assert_eq!(err(r#"{"input":["a",1]}"#), INPUT_EXPECTED);
+        assert_eq!(err(r#"{"input":[1.0]}"#), INPUT_EXPECTED);
+        assert_eq!(err(r#"{"input":[true]}"#), INPUT_EXPECTED);
+    }
+
+    #[test]
+    fn pydantic_wording() {
+        assert_eq!(err("{}"), "'input' is required.");
+        assert_eq!(
+            err(r#"{"input":"a","truncation_side":"x"}"#),
+            "'truncation_side': Input should be 'left' or 'right'."
+        );
+        assert_eq!(
+            err(r#"{"input":"a","dimensions":0}"#),
+            "'dimensions': Input should be greater than or equal to 1."
+        );
+        // the first failing field in schema order wins: model before input
+        assert_eq!(
+            err(r#"{"input":1,"model":2}"#),
+            "'model': Input should be a valid string."
+        );
+        assert_eq!(err("[1]"), "The request body must be a JSON object.");
+    }
+}

@@ -1,0 +1,254 @@
+//! The embeddings endpoint from a validated request to the response body, checked in the
+//! Python gateway's order (service.py `embeddings`), with no HTTP here.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+
+use crate::errors::{self, invalid, ApiError};
+use crate::metrics::Metrics;
+use crate::model::ModelDir;
+use crate::pool::{pack, Pool};
+use crate::request::{EmbeddingRequest, Encoding, Input};
+use crate::settings::Settings;
+use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
+use crate::tokenization::Tokenization;
+
+/// Requests with more characters of text than this are tokenized on the blocking pool, so a
+/// large one never stalls the connections the event loop serves meanwhile; below it the hop
+/// would cost more than the work.
+const INLINE_CHARS: usize = 16 * 1024;
+
+pub struct Service {
+    pub settings: Settings,
+    pub model: ModelDir,
+    pub name: String,
+    pub tokenization: Arc<Tokenization>,
+    pub pool: Arc<Pool>,
+    pub metrics: Arc<Metrics>,
+    pub created: u64,
+}
+
+impl Service {
+    fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if *m != self.name => Err(errors::not_found(format!(
+                "The model '{m}' does not exist; this server serves '{}'.",
+                self.name
+            ))
+            .param("model")
+            .code("model_not_found")),
+            _ => Ok(()),
+        }
+    }
+
+    fn check_count(&self, count: usize) -> Result<(), ApiError> {
+        if count == 0 {
+            return Err(invalid("'input' must not be empty.").param("input"));
+        }
+        let most = self.settings.max_client_batch;
+        if count > most {
+            return Err(errors::too_large(format!(
+                "'input' holds {count} items; at most {most} are allowed per request. Split the \
+                 request."
+            ))
+            .param("input"));
+        }
+        Ok(())
+    }
+
+    fn chunks(&self, lengths: &[usize], total: usize) -> Vec<Chunk> {
+        let s = &self.settings;
+        let (usable, capacity) = self.pool.usable();
+        let workers = usable.max(1);
+        let most = paced_chunk_tokens(
+            s.chunk_tokens,
+            capacity / workers as f64,
+            s.chunk_seconds,
+            s.min_chunk_tokens,
+        );
+        let budget = chunk_budget(total, workers, most, s.min_chunk_tokens);
+        plan(lengths, budget, s.chunk_sequences)
+    }
+
+    async fn tokenize(&self, req: &EmbeddingRequest) -> Result<Vec<Vec<u32>>, ApiError> {
+        match &req.input {
+            Input::Texts(texts) => {
+                if let Some(i) = texts.iter().position(String::is_empty) {
+                    return Err(
+                        invalid(format!("'input' item {i} is an empty string.")).param("input")
+                    );
+                }
+                let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
+                let chars: usize = texts.iter().map(String::len).sum();
+                let (truncate, side) = (req.truncate, req.side);
+                if chars < INLINE_CHARS {
+                    return self.tokenization.texts(texts, &prompt, truncate, side);
+                }
+                let tok = Arc::clone(&self.tokenization);
+                let texts = texts.clone();
+                tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
+                    .await
+                    .map_err(|_| errors::internal())?
+            }
+            Input::Ids(seqs) => self.tokenization.token_ids(seqs, req.truncate, req.side),
+        }
+    }
+
+    pub async fn embeddings(&self, req: EmbeddingRequest) -> Result<Vec<u8>, ApiError> {
+        self.check_model(&req.model)?;
+        let dims = match self.pool.dimensions() {
+            0 => self.model.hidden_size,
+            d => d as usize,
+        };
+        if let Some(d) = req.dimensions {
+            if d > dims as i64 {
+                return Err(invalid(format!(
+                    "'dimensions' must be between 1 and {dims} for this model; got {d}."
+                ))
+                .param("dimensions"));
+            }
+        }
+        if req.encoding == Encoding::Quantized {
+            return Err(errors::unsupported("A quantized 'encoding_format'"));
+        }
+        if req.truncate && req.split_long_inputs == Some(true) {
+            return Err(invalid(
+                "'truncate' and 'split_long_inputs' are both true: pick one way to handle inputs \
+                 over the model's limit.",
+            )
+            .param("split_long_inputs"));
+        }
+        if !req.truncate && req.split_long_inputs == Some(true) {
+            return Err(errors::unsupported("'split_long_inputs'"));
+        }
+        let count = match &req.input {
+            Input::Texts(t) => t.len(),
+            Input::Ids(s) => s.len(),
+        };
+        self.check_count(count)?;
+        if !self.pool.ready() {
+            return Err(errors::unavailable("No ready worker."));
+        }
+        let ids = self.tokenize(&req).await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        let total: usize = lengths.iter().sum();
+        if total > self.settings.max_request_tokens {
+            return Err(errors::too_large(format!(
+                "The request holds {total} tokens; at most {} are allowed per request. Split \
+                 the request.",
+                self.settings.max_request_tokens
+            ))
+            .param("input"));
+        }
+        self.metrics
+            .input_tokens
+            .fetch_add(total as u64, Ordering::Relaxed);
+        let requested = match req.dimensions {
+            Some(d) if (d as usize) < dims => d as u32,
+            _ => 0,
+        };
+        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
+        let calls = self.chunks(&lengths, total).into_iter().map(|c| {
+            let batch = pack(&ids[c.start..c.stop]);
+            self.pool.embed(batch, requested, c.tokens, timeout)
+        });
+        let parts = futures_util::future::join_all(calls).await;
+        let mut rows = Vec::new();
+        for part in parts {
+            rows.extend(part?);
+        }
+        if count == 0 || rows.len() % count != 0 {
+            eprintln!("workers answered {} floats for {count} inputs", rows.len());
+            return Err(errors::internal());
+        }
+        Ok(body(
+            &rows,
+            rows.len() / count,
+            req.encoding,
+            &self.name,
+            total,
+        ))
+    }
+
+    pub fn models(&self) -> Vec<u8> {
+        format!(
+            r#"{{"object":"list","data":[{{"id":{},"object":"model","created":{},"owned_by":"embedfleet"}}]}}"#,
+            errors::json_string(&self.name),
+            self.created
+        )
+        .into_bytes()
+    }
+}
+
+/// The response document, keys in the Python gateway's order; floats as orjson writes a
+/// float32 (the shortest text that reads back as the same float32).
+pub fn body(rows: &[f32], dims: usize, encoding: Encoding, model: &str, tokens: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + rows.len() * 12);
+    out.extend_from_slice(br#"{"object":"list","data":["#);
+    let mut floats = ryu::Buffer::new();
+    let mut bytes = Vec::with_capacity(dims * 4);
+    for (i, row) in rows.chunks(dims.max(1)).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"object":"embedding","index":"#);
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(br#","embedding":"#);
+        if encoding == Encoding::Base64 {
+            bytes.clear();
+            for v in row {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+            out.push(b'"');
+            out.extend_from_slice(
+                base64::engine::general_purpose::STANDARD
+                    .encode(&bytes)
+                    .as_bytes(),
+            );
+            out.push(b'"');
+        } else {
+            out.push(b'[');
+            for (j, v) in row.iter().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                if v.is_finite() {
+                    out.extend_from_slice(floats.format_finite(*v).as_bytes());
+                } else {
+                    out.extend_from_slice(b"null"); // orjson writes NaN and infinities as null
+                }
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(br#"],"model":"#);
+    out.extend_from_slice(errors::json_string(model).as_bytes());
+    out.extend_from_slice(br#","usage":{"prompt_tokens":"#);
+    out.extend_from_slice(tokens.to_string().as_bytes());
+    out.extend_from_slice(br#","total_tokens":"#);
+    out.extend_from_slice(tokens.to_string().as_bytes());
+    out.extend_from_slice(b"}}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_shapes() {
+        let b = body(&[1.0, 0.1, -2.5, 3.0], 2, Encoding::Float, "m", 7);
+        assert_eq!(
+            String::from_utf8(b).unwrap(),
+            r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[1.0,0.1]},{"object":"embedding","index":1,"embedding":[-2.5,3.0]}],"model":"m","usage":{"prompt_tokens":7,"total_tokens":7}}"#
+        );
+        let b = body(&[1.0], 1, Encoding::Base64, "m", 1);
+        assert!(String::from_utf8(b)
+            .unwrap()
+            .contains(r#""embedding":"AACAPw==""#));
+    }
+}

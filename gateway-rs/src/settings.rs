@@ -1,0 +1,239 @@
+//! The settings this binary supports, by the Python gateway's names: each is the flag
+//! `--max-input-tokens` and the env var `EMBEDFLEET_GATEWAY_MAX_INPUT_TOKENS` (flag > env >
+//! default). Every other Python gateway setting is refused by name rather than ignored.
+
+pub const ENV_PREFIX: &str = "EMBEDFLEET_GATEWAY_";
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub model: String,
+    pub task: String,
+    pub served_model_name: String,
+    pub max_input_tokens: usize,
+    pub workers: Vec<String>,
+    pub max_client_batch: usize,
+    pub max_request_tokens: usize,
+    pub max_body_bytes: usize,
+    pub chunk_tokens: usize,
+    pub min_chunk_tokens: usize,
+    pub chunk_sequences: usize,
+    pub chunk_seconds: f64,
+    pub coalesce_inflight: usize,
+    pub retry_after_seconds: u64,
+    pub eject_seconds: f64,
+    pub upstream_timeout_seconds: f64,
+    pub probe_seconds: f64,
+    pub host: String,
+    pub port: u16,
+    pub log_level: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            model: String::new(),
+            task: "auto".into(),
+            served_model_name: String::new(),
+            max_input_tokens: 0,
+            workers: Vec::new(),
+            max_client_batch: 2048,
+            max_request_tokens: 1_000_000,
+            max_body_bytes: 16 * 1024 * 1024,
+            chunk_tokens: 8192,
+            min_chunk_tokens: 512,
+            chunk_sequences: 256,
+            chunk_seconds: 1.0,
+            coalesce_inflight: 2,
+            retry_after_seconds: 1,
+            eject_seconds: 5.0,
+            upstream_timeout_seconds: 60.0,
+            probe_seconds: 2.0,
+            host: "127.0.0.1".into(),
+            port: 8080,
+            log_level: "info".into(),
+        }
+    }
+}
+
+/// The Python gateway's settings this phase does not implement: set, they are refused.
+pub const UNSUPPORTED: &[&str] = &[
+    "quantization_file",
+    "models_file",
+    "split_long_inputs",
+    "split_overlap_tokens",
+    "api_keys_file",
+    "api_keys_reload_seconds",
+    "api_key_metrics",
+    "workers_file",
+    "k8s_service",
+    "k8s_port_name",
+    "kubeconfig",
+    "max_queue_seconds",
+    "hold_requests",
+    "hold_seconds",
+    "tokenize_threads",
+    "tokenize_inline_chars",
+    "tokenize_large_chars",
+    "header_timeout_seconds",
+    "body_timeout_seconds",
+    "keep_alive_seconds",
+    "max_connections",
+    "tracing_endpoint",
+    "tracing_sample_ratio",
+    "tracing_service_name",
+];
+
+fn number<T: std::str::FromStr>(name: &str, raw: &str) -> Result<T, String> {
+    raw.trim()
+        .parse()
+        .map_err(|_| format!("--{}: invalid value {raw:?}", name.replace('_', "-")))
+}
+
+fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
+    match name {
+        "model" => s.model = raw.into(),
+        "task" => s.task = raw.into(),
+        "served_model_name" => s.served_model_name = raw.into(),
+        "max_input_tokens" => s.max_input_tokens = number(name, raw)?,
+        "workers" => {
+            s.workers = raw
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect()
+        }
+        "max_client_batch" => s.max_client_batch = number(name, raw)?,
+        "max_request_tokens" => s.max_request_tokens = number(name, raw)?,
+        "max_body_bytes" => s.max_body_bytes = number(name, raw)?,
+        "chunk_tokens" => s.chunk_tokens = number(name, raw)?,
+        "min_chunk_tokens" => s.min_chunk_tokens = number(name, raw)?,
+        "chunk_sequences" => s.chunk_sequences = number(name, raw)?,
+        "chunk_seconds" => s.chunk_seconds = number(name, raw)?,
+        "coalesce_inflight" => s.coalesce_inflight = number(name, raw)?,
+        "retry_after_seconds" => s.retry_after_seconds = number(name, raw)?,
+        "eject_seconds" => s.eject_seconds = number(name, raw)?,
+        "upstream_timeout_seconds" => s.upstream_timeout_seconds = number(name, raw)?,
+        "probe_seconds" => s.probe_seconds = number(name, raw)?,
+        "host" => s.host = raw.into(),
+        "port" => s.port = number(name, raw)?,
+        "log_level" => {
+            if !["debug", "info", "warning", "error"].contains(&raw) {
+                return Err(format!("--log-level: invalid choice {raw:?}"));
+            }
+            s.log_level = raw.into()
+        }
+        _ if UNSUPPORTED.contains(&name) => {
+            return Err(format!(
+                "--{} ({ENV_PREFIX}{}) is not supported by embedfleet-gateway-rs (phase 1); \
+                 use the Python gateway, embedfleet-gateway (docs/gateway.md, \"Rust gateway\")",
+                name.replace('_', "-"),
+                name.to_uppercase()
+            ))
+        }
+        _ => return Err(format!("unknown setting --{}", name.replace('_', "-"))),
+    }
+    Ok(())
+}
+
+/// Settings from `env` (EMBEDFLEET_GATEWAY_*) and then `args` (`--flag value` or
+/// `--flag=value`), so a flag wins over its env var.
+pub fn load(
+    args: &[String],
+    env: impl Iterator<Item = (String, String)>,
+) -> Result<Settings, String> {
+    let mut s = Settings::default();
+    let mut vars: Vec<(String, String)> = env
+        .filter_map(|(k, v)| k.strip_prefix(ENV_PREFIX).map(|n| (n.to_lowercase(), v)))
+        .collect();
+    vars.sort();
+    for (name, value) in vars {
+        // An env var no setting has is not this program's (as in the Python gateway); one for
+        // a setting this phase lacks is refused below like its flag.
+        match apply(&mut s, &name, &value) {
+            Err(e) if e.starts_with("unknown setting") => {}
+            other => other?,
+        }
+    }
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == "-h" || arg == "--help" {
+            return Err(help());
+        }
+        let Some(flag) = arg.strip_prefix("--") else {
+            return Err(format!("unexpected argument {arg:?}"));
+        };
+        let (name, value) = match flag.split_once('=') {
+            Some((n, v)) => (n.to_string(), v.to_string()),
+            None => {
+                i += 1;
+                let v = args
+                    .get(i)
+                    .ok_or_else(|| format!("--{flag} needs a value"))?;
+                (flag.to_string(), v.clone())
+            }
+        };
+        apply(&mut s, &name.replace('-', "_"), &value)?;
+        i += 1;
+    }
+    if s.workers.is_empty() {
+        return Err(
+            "--workers is required: the static worker list is the only discovery \
+                    embedfleet-gateway-rs (phase 1) supports"
+                .into(),
+        );
+    }
+    Ok(s)
+}
+
+fn help() -> String {
+    "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
+     Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
+     --task auto|embed, --served-model-name, --max-input-tokens, --max-client-batch,\n\
+     --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
+     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\
+     --eject-seconds, --upstream-timeout-seconds, --probe-seconds, --host, --port,\n\
+     --log-level.\n\
+     See docs/gateway.md, \"Rust gateway\"."
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_win_over_env() {
+        let env = vec![
+            ("EMBEDFLEET_GATEWAY_PORT".to_string(), "9000".to_string()),
+            ("EMBEDFLEET_GATEWAY_WORKERS".to_string(), "a:1".to_string()),
+        ];
+        let s = load(
+            &args(&["--port=9001", "--max-input-tokens", "512"]),
+            env.into_iter(),
+        )
+        .unwrap();
+        assert_eq!((s.port, s.max_input_tokens), (9001, 512));
+        assert_eq!(s.workers, vec!["a:1"]);
+    }
+
+    #[test]
+    fn unsupported_settings_are_refused_by_name() {
+        let e = load(
+            &args(&["--workers", "a:1", "--api-keys-file", "k"]),
+            std::iter::empty(),
+        );
+        assert!(e.unwrap_err().contains("--api-keys-file"));
+        let env = vec![(
+            "EMBEDFLEET_GATEWAY_K8S_SERVICE".to_string(),
+            "x".to_string(),
+        )];
+        assert!(load(&args(&["--workers", "a:1"]), env.into_iter()).is_err());
+        assert!(load(&args(&[]), std::iter::empty()).is_err());
+    }
+}

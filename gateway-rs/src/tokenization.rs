@@ -1,0 +1,317 @@
+//! Tokenization as the Python gateway does it (tokenization.py, window.py): tokenizer.json with
+//! its baked-in truncation and padding removed, special tokens added, and over-long texts found
+//! on a character window of the text so a huge string is never tokenized whole.
+
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+
+use crate::errors::{invalid, ApiError};
+use crate::model::ModelDir;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Left,
+    Right,
+}
+
+const GROWTH: usize = 4;
+
+/// A window of a text: `cut` when it holds more than the wanted tokens, and then `exact` of its
+/// tokens are known to be the whole text's own.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Window<'a> {
+    pub text: &'a str,
+    pub cut: bool,
+    pub exact: usize,
+}
+
+/// Tokens not in the two words nearest the cut (the end for right, the start for left).
+pub fn exact_tokens(word_ids: &[Option<u32>], side: Side) -> usize {
+    let words: Vec<i64> = word_ids.iter().flatten().map(|&w| i64::from(w)).collect();
+    let (Some(&first), Some(&last)) = (words.first(), words.last()) else {
+        return 0;
+    };
+    match side {
+        Side::Right => words.iter().filter(|&&w| w < last - 1).count(),
+        Side::Left => words.iter().filter(|&&w| w > first + 1).count(),
+    }
+}
+
+/// The first (right) or last (left) `chars` characters of `text`.
+fn piece(text: &str, chars: usize, side: Side) -> &str {
+    match side {
+        Side::Right => text
+            .char_indices()
+            .nth(chars)
+            .map_or(text, |(i, _)| &text[..i]),
+        Side::Left => {
+            let total = text.chars().count();
+            text.char_indices()
+                .nth(total.saturating_sub(chars))
+                .map_or("", |(i, _)| &text[i..])
+        }
+    }
+}
+
+pub fn too_long(index: usize, length: usize, limit: usize, at_least: bool) -> ApiError {
+    let count = if at_least {
+        format!("at least {length}")
+    } else {
+        length.to_string()
+    };
+    invalid(format!(
+        "Input {index} has {count} tokens, more than this model's limit of {limit}. Shorten it, \
+         pass \"truncate\": true to cut it, or \"split_long_inputs\": true to embed it in windows."
+    ))
+    .param("input")
+    .code("context_length_exceeded")
+}
+
+pub struct Tokenization {
+    plain: Tokenizer,
+    left: Tokenizer,
+    right: Tokenizer,
+    pub max_tokens: usize,
+    pub vocab_size: usize,
+    first_chars: usize,
+}
+
+fn load_tokenizer(model: &ModelDir) -> Result<Tokenizer, String> {
+    let file = model.path.join("tokenizer.json");
+    if !file.is_file() {
+        return Err(format!("{} has no tokenizer.json", model.path.display()));
+    }
+    let mut tok = Tokenizer::from_file(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    // Some packaged tokenizer.json files (MiniLM's) truncate and pad to 128: limits are ours.
+    tok.with_truncation(None).map_err(|e| e.to_string())?;
+    tok.with_padding(None);
+    Ok(tok)
+}
+
+impl Tokenization {
+    pub fn new(model: &ModelDir, max_tokens: usize) -> Result<Self, String> {
+        let plain = load_tokenizer(model)?;
+        let cutting = |direction| -> Result<Tokenizer, String> {
+            let mut tok = load_tokenizer(model)?;
+            let params = TruncationParams {
+                direction,
+                max_length: max_tokens,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            };
+            tok.with_truncation(Some(params))
+                .map_err(|e| e.to_string())?;
+            Ok(tok)
+        };
+        // A first window that holds the wanted tokens of ordinary text: each token's longest
+        // spelling in the vocabulary plus one separator.
+        let longest = plain
+            .get_vocab(true)
+            .keys()
+            .map(|t| t.chars().count())
+            .max()
+            .unwrap_or(16);
+        Ok(Tokenization {
+            left: cutting(TruncationDirection::Left)?,
+            right: cutting(TruncationDirection::Right)?,
+            first_chars: (max_tokens + 1) * (longest + 1),
+            max_tokens,
+            vocab_size: model.vocab_size,
+            plain,
+        })
+    }
+
+    /// Ids (and word ids, which `encode_fast` leaves out: windows need them).
+    fn encode(
+        tok: &Tokenizer,
+        text: &str,
+        special: bool,
+        words: bool,
+    ) -> Result<tokenizers::Encoding, ApiError> {
+        let encoded = if words {
+            tok.encode(text, special)
+        } else {
+            tok.encode_fast(text, special)
+        };
+        encoded.map_err(|e| {
+            eprintln!("tokenizer failed: {e}");
+            crate::errors::internal()
+        })
+    }
+
+    /// The shortest tried cut of `text` whose first (right) or last (left) `tokens` tokens are
+    /// exactly the whole text's, or the whole text when it has fewer.
+    pub fn window<'a>(&self, text: &'a str, side: Side) -> Result<Window<'a>, ApiError> {
+        // One more than the limit: a cut text then certainly overflows it.
+        let tokens = self.max_tokens + 1;
+        let chars = text.chars().count();
+        let mut size = self.first_chars;
+        while size < chars {
+            let cut = piece(text, size, side);
+            let enc = Self::encode(&self.plain, cut, false, true)?;
+            let exact = exact_tokens(enc.get_word_ids(), side);
+            if exact >= tokens {
+                return Ok(Window {
+                    text: cut,
+                    cut: true,
+                    exact,
+                });
+            }
+            size *= GROWTH;
+        }
+        Ok(Window {
+            text,
+            cut: false,
+            exact: 0,
+        })
+    }
+
+    /// Token ids of each text (prompt prepended), in order; over-long ones cut (`truncate`) or
+    /// refused with 400 context_length_exceeded, as the Python gateway words it.
+    pub fn texts(
+        &self,
+        texts: &[String],
+        prompt: &str,
+        truncate: bool,
+        side: Side,
+    ) -> Result<Vec<Vec<u32>>, ApiError> {
+        let items: Vec<std::borrow::Cow<str>> = texts
+            .iter()
+            .map(|t| {
+                if prompt.is_empty() {
+                    std::borrow::Cow::Borrowed(t.as_str())
+                } else {
+                    std::borrow::Cow::Owned(format!("{prompt}{t}"))
+                }
+            })
+            .collect();
+        let mut windows = Vec::with_capacity(items.len());
+        for item in &items {
+            windows.push(self.window(item, side)?);
+        }
+        if !truncate {
+            if let Some((i, w)) = windows.iter().enumerate().find(|(_, w)| w.cut) {
+                return Err(too_long(i, w.exact, self.max_tokens, true));
+            }
+        }
+        let tok = match (truncate, side) {
+            (false, _) => &self.plain,
+            (true, Side::Left) => &self.left,
+            (true, Side::Right) => &self.right,
+        };
+        let mut out = Vec::with_capacity(windows.len());
+        for (i, w) in windows.iter().enumerate() {
+            let ids = Self::encode(tok, w.text, true, false)?.get_ids().to_vec();
+            if !truncate && ids.len() > self.max_tokens {
+                return Err(too_long(i, ids.len(), self.max_tokens, false));
+            }
+            out.push(ids);
+        }
+        Ok(out)
+    }
+
+    /// Checked token-id inputs: no special tokens are added, so truncation is a plain slice.
+    pub fn token_ids(
+        &self,
+        seqs: &[Vec<i64>],
+        truncate: bool,
+        side: Side,
+    ) -> Result<Vec<Vec<u32>>, ApiError> {
+        let vocab = self.vocab_size as i64;
+        let mut out = Vec::with_capacity(seqs.len());
+        for (i, seq) in seqs.iter().enumerate() {
+            if seq.is_empty() {
+                return Err(
+                    invalid(format!("Input {i} is an empty list of token ids.")).param("input")
+                );
+            }
+            if seq.iter().any(|&t| t < 0 || t >= vocab) {
+                return Err(invalid(format!(
+                    "Input {i} holds a token id outside this model's vocabulary [0, {vocab})."
+                ))
+                .param("input"));
+            }
+            let mut ids: &[i64] = seq;
+            if ids.len() > self.max_tokens {
+                if !truncate {
+                    return Err(too_long(i, ids.len(), self.max_tokens, false));
+                }
+                ids = match side {
+                    Side::Left => &ids[ids.len() - self.max_tokens..],
+                    Side::Right => &ids[..self.max_tokens],
+                };
+            }
+            out.push(ids.iter().map(|&t| t as u32).collect());
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_tokens_drop_the_two_words_at_the_cut() {
+        let words = [Some(0), Some(1), Some(1), Some(2), Some(3), Some(3)];
+        assert_eq!(exact_tokens(&words, Side::Right), 3); // words 0, 1, 1
+        assert_eq!(exact_tokens(&words, Side::Left), 3); // words 2, 3, 3
+        assert_eq!(exact_tokens(&[None, None], Side::Right), 0);
+    }
+
+    #[test]
+    fn pieces_count_characters_not_bytes() {
+        assert_eq!(piece("héllo", 2, Side::Right), "hé");
+        assert_eq!(piece("héllo", 4, Side::Left), "éllo");
+        assert_eq!(piece("ab", 5, Side::Left), "ab");
+    }
+
+    /// The bundled MiniLM (EMBEDFLEET_TEST_MODEL, else found as the binary finds it): its ids
+    /// for known texts, as the Python tokenizers library gives them.
+    fn minilm() -> Tokenization {
+        let dir = std::env::var("EMBEDFLEET_TEST_MODEL").unwrap_or_default();
+        let model = crate::model::load(&dir, "auto").expect("the bundled MiniLM must be found");
+        Tokenization::new(&model, 256).unwrap()
+    }
+
+    #[test]
+    fn ids_equal_the_python_tokenizer() {
+        let t = minilm();
+        let ids = t
+            .texts(&["Hello, world!".into()], "", false, Side::Right)
+            .unwrap();
+        assert_eq!(ids, vec![vec![101, 7592, 1010, 2088, 999, 102]]);
+        let ids = t
+            .texts(&["The quick brown fox".into()], "", false, Side::Right)
+            .unwrap();
+        assert_eq!(ids, vec![vec![101, 1996, 4248, 2829, 4419, 102]]);
+    }
+
+    #[test]
+    fn long_texts_are_refused_or_cut_keeping_special_tokens() {
+        let t = minilm();
+        let long = vec!["word ".repeat(5000)];
+        let err = t.texts(&long, "", false, Side::Right).unwrap_err();
+        assert_eq!(err.code, Some("context_length_exceeded"));
+        assert!(
+            err.message.starts_with("Input 0 has at least "),
+            "{}",
+            err.message
+        );
+        for side in [Side::Left, Side::Right] {
+            let ids = t.texts(&long, "", true, side).unwrap();
+            assert_eq!(ids[0].len(), 256);
+            assert_eq!((ids[0][0], ids[0][255]), (101, 102));
+        }
+    }
+
+    #[test]
+    fn token_ids_are_checked_and_sliced() {
+        let t = minilm();
+        let seqs: Vec<Vec<i64>> = vec![(1..=300).collect()];
+        let ids = t.token_ids(&seqs, true, Side::Left).unwrap();
+        assert_eq!((ids[0].len(), ids[0][0]), (256, 45));
+        assert!(t.token_ids(&seqs, false, Side::Right).is_err());
+        assert!(t.token_ids(&[vec![]], false, Side::Right).is_err());
+        assert!(t.token_ids(&[vec![30522]], false, Side::Right).is_err());
+    }
+}

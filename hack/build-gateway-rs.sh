@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds (or reuses) embedfleet-gateway-rs, the Rust gateway of gateway-rs/ (docs/gateway.md,
+# "Rust gateway"), and prints the binary's path as its last line.
+#
+# The binary lands in ${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/gateway-rs/bin/<key>/, key =
+# hash of rustc -V, Cargo.lock, Cargo.toml, build.rs, src/ and the proto it compiles: a cached
+# build is reused without invoking cargo. The target directory is keyed by rustc -V alone, so
+# a source change recompiles the crate, not its ~150 dependencies (cargo tracks Cargo.lock in
+# it itself). Cargo runs under nice with CARGO_BUILD_JOBS (default 1: the machine is shared).
+# --key prints the binary's path without building; --target-dir the cargo target directory.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+crate="$root/gateway-rs"
+cargo="${CARGO:-$(command -v cargo || echo "$HOME/.cargo/bin/cargo")}"
+rustc="${RUSTC:-$(command -v rustc || echo "$HOME/.cargo/bin/rustc")}"
+cache="${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/gateway-rs"
+proto="$root/common/src/embedfleet/common/proto/embedfleet.proto"
+
+toolchain="$("$rustc" -V)"
+key="$(
+  {
+    echo "$toolchain"
+    cd "$crate"
+    find Cargo.lock Cargo.toml build.rs src -type f | LC_ALL=C sort | xargs sha256sum
+    sha256sum "$proto" | cut -d' ' -f1
+  } | sha256sum | cut -c1-16
+)"
+deps_key="$(echo "$toolchain" | sha256sum | cut -c1-16)"
+bin_dir="$cache/bin/$key"
+target="$cache/target-$deps_key"
+binary="$bin_dir/embedfleet-gateway-rs"
+
+if [[ "${1:-}" == "--target-dir" ]]; then
+  echo "$target"
+  exit 0
+fi
+if [[ "${1:-}" == "--key" ]]; then
+  echo "$binary"
+  exit 0
+fi
+if [[ -x "$binary" ]]; then
+  echo "$binary"
+  exit 0
+fi
+
+mkdir -p "$cache/bin"
+# One builder at a time per cache: a second caller waits, then finds the finished build.
+exec 9>"$cache/bin/.build.lock"
+flock 9
+if [[ ! -x "$binary" ]]; then
+  echo "building embedfleet-gateway-rs (target $target)" >&2
+  (cd "$crate" && CARGO_TARGET_DIR="$target" nice -n 19 "$cargo" build --release --locked \
+    -j "${CARGO_BUILD_JOBS:-1}" >&2)
+  staging="$(mktemp -d "$cache/bin/.building.XXXXXX")"
+  cp "$target/release/embedfleet-gateway-rs" "$staging/"
+  rm -rf "$bin_dir"
+  mv "$staging" "$bin_dir"
+fi
+echo "$binary"

@@ -1,0 +1,87 @@
+"""The Python gateway (the reference) and the Rust one side by side, each in front of its own
+pair of FAKE workers (so each pair's calls show how its gateway chunked), or both in front of
+one real null-engine worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import gateway_rs_binary, running_gateway_rs
+from embedfleet.testing.workers import running_worker
+from tests.gateway.fakes import FakeWorker
+from tests.gateway.helpers import GatewayThread, wait_until
+
+from .pair import Pair
+
+#: settings both gateways run with: small limits, so the 413s are cheap to reach
+LIMITS = {
+    "max_client_batch": 64,
+    "max_request_tokens": 10_000,
+    "max_body_bytes": 400_000,
+    "probe_seconds": 0.1,
+    "eject_seconds": 0.2,
+}
+
+
+def flags(settings: dict[str, object]) -> list[str]:
+    return [f for k, v in settings.items() for f in (f"--{k.replace('_', '-')}", str(v))]
+
+
+@pytest.fixture(scope="session")
+def minilm() -> ModelDir:
+    return load_model_dir(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def rust_binary() -> Path:
+    return gateway_rs_binary()
+
+
+@pytest.fixture(scope="module")
+def fake_pair(
+    minilm: ModelDir, rust_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pair]:
+    """Each gateway in front of two fake workers numbered alike: answers are equal wherever
+    they landed, and each pair's recorded calls show its gateway's chunking."""
+    log = tmp_path_factory.mktemp("gateway_rs") / "gateway-rs.log"
+    py_workers = [FakeWorker(0).start() for _ in range(2)]
+    rs_workers = [FakeWorker(0).start() for _ in range(2)]
+    settings = GatewaySettings(workers=tuple(w.address for w in py_workers), **LIMITS)  # type: ignore[arg-type]
+    python = GatewayThread(settings, minilm).start()
+    try:
+        with running_gateway_rs([w.address for w in rs_workers], *flags(LIMITS), log=log) as rs:
+            wait_until("python workers ready", lambda: len(python.app.balancer.usable()) == 2)
+            pair = Pair(python.url, rs.url, py_workers, rs_workers)
+            wait_until("rust workers ready", pair.rust_workers_ready)
+            yield pair
+            pair.close()
+    finally:
+        python.stop()
+        for w in py_workers + rs_workers:
+            w.stop()
+
+
+@pytest.fixture(scope="module")
+def null_pair(
+    minilm: ModelDir, rust_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pair]:
+    """Both gateways in front of one real worker process with the null engine."""
+    workdir = tmp_path_factory.mktemp("gateway_rs_null")
+    with running_worker(workdir, "--engine", "null", "--warmup-seconds", "0.2") as worker:
+        settings = GatewaySettings(workers=(worker.address,), **LIMITS)  # type: ignore[arg-type]
+        python = GatewayThread(settings, minilm).start()
+        try:
+            with running_gateway_rs(
+                [worker.address], *flags(LIMITS), log=workdir / "gateway-rs.log"
+            ) as rs:
+                wait_until("python worker ready", lambda: len(python.app.balancer.usable()) == 1)
+                pair = Pair(python.url, rs.url, [], [])
+                yield pair
+                pair.close()
+        finally:
+            python.stop()

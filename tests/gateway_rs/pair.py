@@ -1,0 +1,121 @@
+"""The same request to the Python gateway and the Rust one, and what "the same answer" means:
+equal status, equal JSON (floats within 1e-6), equal headers that matter (Allow, Retry-After)."""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from tests.gateway.fakes import FakeWorker
+
+TOLERANCE = 1e-6
+#: headers whose values must agree when either gateway sends them
+COMPARED_HEADERS = ("allow", "retry-after", "content-type")
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+def same(a: Any, b: Any, where: str = "$") -> None:
+    """Equal JSON documents, floats within TOLERANCE; base64 float32 vectors compared decoded."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, int | float), f"{where}: {a!r} {b!r}"
+        assert isinstance(b, int | float), f"{where}: {a!r} {b!r}"
+        assert math.isclose(a, b, rel_tol=0, abs_tol=TOLERANCE), f"{where}: {a} != {b}"
+        return
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__} ({a!r}, {b!r})"
+    if isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, str) and where.endswith(".embedding"):
+        va = np.frombuffer(base64.b64decode(a), dtype="<f4")
+        vb = np.frombuffer(base64.b64decode(b), dtype="<f4")
+        assert va.shape == vb.shape, f"{where}: {va.shape} != {vb.shape}"
+        assert np.allclose(va, vb, rtol=0, atol=TOLERANCE), f"{where}: {va} != {vb}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@dataclass
+class Pair:
+    python_url: str
+    rust_url: str
+    python_workers: list[FakeWorker]
+    rust_workers: list[FakeWorker]
+    _clients: list[httpx.Client] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._clients = [
+            httpx.Client(base_url=u, timeout=30) for u in (self.python_url, self.rust_url)
+        ]
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+
+    def rust_workers_ready(self) -> bool:
+        return self.rust().request("GET", "/ready").status == 200
+
+    def _send(self, client: httpx.Client, method: str, path: str, **kw: Any) -> Answer:
+        reply = client.request(method, path, **kw)
+        headers = {k.lower(): v for k, v in reply.headers.items()}
+        return Answer(reply.status_code, headers, reply.content)
+
+    def python(self) -> _One:
+        return _One(self, 0)
+
+    def rust(self) -> _One:
+        return _One(self, 1)
+
+    def both(self, method: str, path: str, **kw: Any) -> tuple[Answer, Answer]:
+        return self.python().request(method, path, **kw), self.rust().request(method, path, **kw)
+
+    def compare(self, method: str, path: str, **kw: Any) -> Any:
+        """Sends the request to both; asserts equal answers; returns the (Python) document."""
+        py, rs = self.both(method, path, **kw)
+        assert py.status == rs.status, f"status {py.status} != {rs.status}: {py.body!r} {rs.body!r}"
+        for name in COMPARED_HEADERS:
+            assert py.headers.get(name) == rs.headers.get(name), f"header {name}"
+        doc = py.json()
+        same(doc, rs.json())
+        return doc
+
+    def embed(self, body: Any, **kw: Any) -> Any:
+        return self.compare("POST", "/v1/embeddings", content=orjson.dumps(body), **kw)
+
+    def calls(self) -> tuple[list[int], list[int]]:
+        """Sequences per Embed call each gateway's fakes saw, sorted, and forgets them."""
+        out = []
+        for workers in (self.python_workers, self.rust_workers):
+            seen = sorted(n for w in workers for n in w.calls)
+            for w in workers:
+                w.calls.clear()
+            out.append(seen)
+        return out[0], out[1]
+
+
+@dataclass
+class _One:
+    pair: Pair
+    which: int
+
+    def request(self, method: str, path: str, **kw: Any) -> Answer:
+        return self.pair._send(self.pair._clients[self.which], method, path, **kw)

@@ -1,0 +1,13 @@
+"""The Rust gateway's own unit tests (cargo test: chunking, balancing, tokenization against
+known ids, request parsing) as part of the pytest run."""
+
+from __future__ import annotations
+
+from embedfleet.testing.gateway_rs import cargo_test
+
+
+def test_cargo_test_passes() -> None:
+    proc = cargo_test()
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
+    assert " 0 failed" in proc.stdout
+    assert "test result: ok." in proc.stdout

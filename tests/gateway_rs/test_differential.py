@@ -1,0 +1,332 @@
+"""The Rust gateway answers as the Python gateway does: every input form and encoding, the
+limits and their errors, chunking over the workers, worker failures and the GET routes, each
+request sent to both and the answers compared (pair.py)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+
+from embedfleet.testing.workers import metric_value
+
+from .pair import Pair
+
+NAME = "sentence-transformers/all-MiniLM-L6-v2"
+LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~361 tokens: over 256
+HUGE = "lorem ipsum dolor sit amet " * 4000  # past the first window: "at least N tokens"
+IDS = list(range(1000, 1020))
+
+
+EMBEDDINGS: dict[str, dict[str, Any]] = {
+    "string": {"input": "Hello, world!"},
+    "strings": {"input": ["one", "two words", "three short words here"]},
+    "token ids": {"input": IDS},
+    "lists of token ids": {"input": [IDS, [101, 102], list(range(3000, 3050))]},
+    "base64 string": {"input": "Hello, world!", "encoding_format": "base64"},
+    "base64 strings": {"input": ["a", "b c"], "encoding_format": "base64"},
+    "base64 token ids": {"input": [IDS, IDS[:3]], "encoding_format": "base64"},
+    "explicit float": {"input": "x", "encoding_format": "float"},
+    "served model named": {"input": "x", "model": NAME},
+    "model null": {"input": "x", "model": None},
+    "dimensions below the model's": {"input": "x", "dimensions": 2},
+    "dimensions equal to the model's": {"input": "x", "dimensions": 4},
+    "unicode": {"input": ["héllo wörld", "日本語のテキスト", "emoji 🙂 text"]},
+    "truncate right": {"input": LONG, "truncate": True},
+    "truncate left": {"input": LONG, "truncate": True, "truncation_side": "left"},
+    "truncate huge": {"input": [HUGE, "short"], "truncate": True},
+    "truncate huge left": {"input": HUGE, "truncate": True, "truncation_side": "left"},
+    "truncate token ids right": {"input": list(range(1, 400)), "truncate": True},
+    "truncate token ids left": {
+        "input": [list(range(1, 400))],
+        "truncate": True,
+        "truncation_side": "left",
+    },
+    "input_type query": {"input": "x", "input_type": "query"},
+    "user and unknown fields": {"input": "x", "user": "u", "something": [1, 2]},
+    "split_long_inputs false": {"input": "x", "split_long_inputs": False},
+    "many inputs": {"input": [f"text number {i}" for i in range(64)]},
+}
+
+ERRORS: dict[str, Any] = {
+    "unknown model": {"input": "x", "model": "other"},
+    "missing input": {},
+    "empty input list": {"input": []},
+    "empty string": {"input": ""},
+    "empty string in list": {"input": ["a", ""]},
+    "empty token id list": {"input": [[1, 2], []]},
+    "token id past the vocabulary": {"input": [30522]},
+    "negative token id": {"input": [[5, -1]]},
+    "huge token id": b'{"input": [1180591620717411303424]}',
+    "token id past int64 in a list": b'{"input": [[1, 1180591620717411303424]]}',
+    "float token id": {"input": [1.0]},
+    "bool token id": {"input": [True]},
+    "mixed list": {"input": ["a", 1]},
+    "input a number": {"input": 5},
+    "input an object": {"input": {"text": "a"}},
+    "over-long text": {"input": LONG},
+    "over-long text second": {"input": ["fine", LONG]},
+    "huge text": {"input": HUGE},
+    "over-long token ids": {"input": list(range(1, 400))},
+    "too many inputs": {"input": ["x"] * 65},
+    "too many tokens": {"input": [LONG] * 60, "truncate": True},
+    "model not a string": {"input": "x", "model": 3},
+    "truncate not a bool": {"input": "x", "truncate": "yes"},
+    "truncate null": {"input": "x", "truncate": None},
+    "truncation side": {"input": "x", "truncation_side": "middle"},
+    "encoding format": {"input": "x", "encoding_format": "float16"},
+    "dimensions zero": {"input": "x", "dimensions": 0},
+    "dimensions a string": {"input": "x", "dimensions": "2"},
+    "dimensions a float": {"input": "x", "dimensions": 2.0},
+    "dimensions above the model's": {"input": "x", "dimensions": 5},
+    "split and truncate": {"input": "x", "truncate": True, "split_long_inputs": True},
+    "split not a bool": {"input": "x", "split_long_inputs": 1},
+    "user not a string": {"input": "x", "user": 1},
+    "input_type": {"input": "x", "input_type": "passage"},
+    "first failing field wins": {"input": 1, "model": 2, "dimensions": 0},
+    "not an object": ["input"],
+    "a string document": "input",
+}
+
+
+@pytest.mark.parametrize("name", list(EMBEDDINGS))
+def test_embeddings_equal(fake_pair: Pair, name: str) -> None:
+    doc = fake_pair.embed(EMBEDDINGS[name])
+    assert [d["index"] for d in doc["data"]] == list(range(len(doc["data"])))
+    assert doc["usage"]["prompt_tokens"] > 0
+    py_calls, rs_calls = fake_pair.calls()
+    assert py_calls == rs_calls
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_errors_equal(fake_pair: Pair, name: str) -> None:
+    body = ERRORS[name]
+    if isinstance(body, bytes):  # past what orjson writes
+        doc = fake_pair.compare("POST", "/v1/embeddings", content=body)
+    else:
+        doc = fake_pair.embed(body)
+    assert set(doc) == {"error"}
+    assert fake_pair.calls() == ([], [])
+
+
+def test_long_request_is_chunked_alike(fake_pair: Pair) -> None:
+    """Over min_chunk_tokens per worker, the request spreads over both workers in chunks."""
+    doc = fake_pair.embed({"input": [list(range(1, 151))] * 60})  # 9,000 tokens
+    assert len(doc["data"]) == 60
+    py_calls, rs_calls = fake_pair.calls()
+    assert py_calls == rs_calls == [30, 30]
+
+
+def _raw(pair: Pair, method: str, path: str, **kw: Any) -> Any:
+    return pair.compare(method, path, **kw)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kw"),
+    [
+        ("GET", "/v1/embeddings", {}),
+        ("PUT", "/v1/embeddings", {"content": b"{}"}),
+        ("POST", "/health", {}),
+        ("DELETE", "/v1/models", {}),
+        ("GET", "/nope", {}),
+        ("POST", "/v1/embeddings/", {"content": b"{}"}),
+        ("GET", "/health", {}),
+        ("HEAD", "/health", {}),
+        ("GET", "/ready", {}),
+        (
+            "POST",
+            "/v1/embeddings",
+            {"content": b'{"input": "x"}', "headers": {"content-type": "text/plain"}},
+        ),
+        (
+            "POST",
+            "/v1/embeddings",
+            {"content": b'{"input": "x"}', "headers": {"content-type": "application/x+json"}},
+        ),
+        ("POST", "/v1/embeddings", {"content": b'{"input": "x"}', "headers": {}}),
+        ("POST", "/v1/embeddings", {"content": b"x" * 400_001}),
+        ("POST", "/v1/embeddings", {"content": b"[]"}),
+    ],
+)
+def test_routes_methods_and_bodies_equal(
+    fake_pair: Pair, method: str, path: str, kw: dict[str, Any]
+) -> None:
+    if method == "HEAD":
+        py, rs = fake_pair.both(method, path)
+        assert (py.status, py.body) == (rs.status, rs.body) == (200, b"")
+        return
+    _raw(fake_pair, method, path, **kw)
+
+
+@pytest.mark.parametrize("body", [b"{bad", b"", b'{"input": "x",}', b"\xff"])
+def test_bad_json_equal_but_for_the_parser_s_words(fake_pair: Pair, body: bytes) -> None:
+    """Both quote their JSON parser's own description of the fault (orjson's, serde_json's)."""
+    py, rs = fake_pair.both("POST", "/v1/embeddings", content=body)
+    assert py.status == rs.status == 400
+    a, b = py.json()["error"], rs.json()["error"]
+    prefix = "The request body is not valid JSON: "
+    assert a["message"].startswith(prefix)
+    assert b["message"].startswith(prefix)
+    assert {**a, "message": ""} == {**b, "message": ""}
+
+
+def test_models_equal_but_for_the_start_time(fake_pair: Pair) -> None:
+    py, rs = fake_pair.both("GET", "/v1/models")
+    assert py.status == rs.status == 200
+    a, b = py.json(), rs.json()
+    for doc in (a, b):
+        for entry in doc["data"]:
+            assert isinstance(entry.pop("created"), int)
+    assert (
+        a
+        == b
+        == {
+            "object": "list",
+            "data": [{"id": NAME, "object": "model", "owned_by": "embedfleet"}],
+        }
+    )
+
+
+def _fail(pair: Pair, code: grpc.StatusCode | None, counts: tuple[int, int]) -> None:
+    for workers in (pair.python_workers, pair.rust_workers):
+        for w, count in zip(workers, counts, strict=True):
+            w.fail_code, w.fail_count = code, count
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, 400),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+        (grpc.StatusCode.INTERNAL, 502),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),  # both workers busy: retry, then 429
+        (grpc.StatusCode.UNAVAILABLE, 502),  # both down: retry, then 502
+    ],
+)
+def test_worker_failures_equal(fake_pair: Pair, code: grpc.StatusCode, status: int) -> None:
+    _fail(fake_pair, code, (1, 1))
+    try:
+        doc = fake_pair.embed({"input": "x"})
+        assert set(doc) == {"error"}
+        py, rs = fake_pair.both("GET", "/health")  # both still serve
+        assert py.status == rs.status == 200
+    finally:
+        _fail(fake_pair, None, (0, 0))
+        time.sleep(0.3)  # past --eject-seconds: later tests see both workers in rotation
+        fake_pair.calls()
+    assert (
+        fake_pair.python().request("POST", "/v1/embeddings", content=b'{"input":"x"}').status == 200
+    )
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED])
+def test_one_failure_is_retried_on_the_other_worker(fake_pair: Pair, code: grpc.StatusCode) -> None:
+    """Only worker 0 fails, once: whichever gateway picks it retries on worker 1 and answers."""
+    _fail(fake_pair, code, (1, 0))
+    try:
+        for _ in range(30):
+            doc = fake_pair.embed({"input": "x"})
+            assert "data" in doc
+            if all(
+                ws[0].fail_count == 0 for ws in (fake_pair.python_workers, fake_pair.rust_workers)
+            ):
+                break
+        else:
+            pytest.fail("worker 0 was never picked in 30 requests")
+    finally:
+        _fail(fake_pair, None, (0, 0))
+        time.sleep(0.3)
+        fake_pair.calls()
+
+
+def test_request_metrics_count_alike(fake_pair: Pair) -> None:
+    """The same requests move the same series by the same amounts, under the same names."""
+
+    def scrape() -> list[str]:
+        out = []
+        for one in (fake_pair.python(), fake_pair.rust()):
+            reply = one.request("GET", "/metrics")
+            assert reply.status == 200
+            out.append(reply.body.decode())
+        return out
+
+    def values(texts: list[str]) -> list[tuple[float, ...]]:
+        series = [
+            ("embedfleet_gateway_requests_total", {"route": "/v1/embeddings", "code": "200"}),
+            ("embedfleet_gateway_requests_total", {"route": "/v1/embeddings", "code": "400"}),
+            ("embedfleet_gateway_requests_total", {"route": "other", "code": "404"}),
+            ("embedfleet_gateway_request_seconds_count", {"route": "/v1/embeddings"}),
+            (
+                "embedfleet_gateway_request_seconds_bucket",
+                {"route": "/v1/embeddings", "le": "+Inf"},
+            ),
+            ("embedfleet_gateway_input_tokens_total", {}),
+        ]
+        return [tuple(metric_value(t, n, **labels) for n, labels in series) for t in texts]
+
+    before = values(scrape())
+    for _ in range(3):
+        fake_pair.embed({"input": "Hello, world!"})  # 6 tokens
+    fake_pair.embed({"input": ""})
+    fake_pair.compare("GET", "/nowhere")
+    after = values(scrape())
+    deltas = [
+        tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
+    ]
+    assert deltas[0] == deltas[1] == (3, 1, 1, 4, 4, 18)
+    assert metric_value(scrape()[1], "embedfleet_gateway_inflight_requests") == 1  # the scrape
+
+
+def test_real_worker_answers_equal(null_pair: Pair) -> None:
+    """A real worker process (null engine): the same vectors through either gateway, down to
+    the bytes of the response (floats written as the same shortest float32 text)."""
+    for body in (
+        {"input": "Hello, world!"},
+        {"input": ["a b c", "d e f g"], "encoding_format": "base64"},
+        {"input": [IDS, IDS[:5]]},
+        {"input": "x", "dimensions": 8},
+        {"input": [LONG], "truncate": True},
+        {"input": "x", "dimensions": 10_000},
+    ):
+        null_pair.embed(body)
+        py, rs = null_pair.both("POST", "/v1/embeddings", content=orjson.dumps(body))
+        assert py.body == rs.body
+
+
+def test_the_first_window_is_what_a_huge_text_is_refused_by(fake_pair: Pair) -> None:
+    doc = fake_pair.embed({"input": HUGE})
+    assert doc["error"]["message"].startswith("Input 0 has at least ")
+    assert doc["error"]["code"] == "context_length_exceeded"
+
+
+def test_concurrent_queries_are_coalesced_and_answered_right(fake_pair: Pair) -> None:
+    """16 clients at once against slow workers: both gateways merge the small chunks that wait
+    into fewer Embed calls, and every client still gets its own rows ([first id, last id,
+    length, worker number] from the fakes)."""
+    fake_pair.calls()  # forget earlier tests' calls
+    for w in fake_pair.python_workers + fake_pair.rust_workers:
+        w.delay = 0.05
+    try:
+        for one in (fake_pair.python(), fake_pair.rust()):
+            bodies = [orjson.dumps({"input": [[100 + i, 7, 200 + i]]}) for i in range(16)]
+            with ThreadPoolExecutor(16) as pool:
+                replies = list(pool.map(functools.partial(_post, one), bodies))
+            for i, reply in enumerate(replies):
+                assert reply.status == 200, reply.body
+                assert reply.json()["data"][0]["embedding"] == [100 + i, 200 + i, 3, 0]
+        py_calls, rs_calls = fake_pair.calls()
+        assert sum(py_calls) == sum(rs_calls) == 16
+        assert len(py_calls) < 16, py_calls
+        assert len(rs_calls) < 16, rs_calls
+    finally:
+        for w in fake_pair.python_workers + fake_pair.rust_workers:
+            w.delay = 0.0
+
+
+def _post(one: Any, body: bytes) -> Any:
+    return one.request("POST", "/v1/embeddings", content=body)

@@ -1,0 +1,96 @@
+"""What the Rust gateway does not do yet says so (501 in OpenAI's shape, or a refusal at start),
+never a different answer: the Python gateway serves these."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import orjson
+import pytest
+
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import child_env
+
+from .pair import Pair
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+        ("/v1/score", {"text_1": "a", "text_2": "b"}),
+        ("/v1/classify", {"input": "x"}),
+        ("/v1/sparse_embeddings", {"input": "x"}),
+        ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}),
+        ("/v1/embeddings", {"input": "x", "encoding_format": "binary_base64"}),
+        ("/v1/embeddings", {"input": "x", "split_long_inputs": True}),
+    ],
+)
+def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) -> None:
+    reply = fake_pair.rust().request("POST", path, content=orjson.dumps(body))
+    assert reply.status == 501
+    error = reply.json()["error"]
+    assert error["code"] == "not_implemented"
+    assert error["type"] == "server_error"
+    assert "embedfleet-gateway-rs" in error["message"]
+
+
+def test_openapi_is_501(fake_pair: Pair) -> None:
+    assert fake_pair.rust().request("GET", "/openapi.json").status == 501
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--api-keys-file", "/dev/null"],
+        ["--k8s-service", "emb/workers"],
+        ["--split-long-inputs", "true"],
+        ["--models-file", "m.json"],
+        ["--hold-requests", "4"],
+        ["--task", "score"],
+        ["--no-such-flag", "1"],
+    ],
+)
+def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list[str]) -> None:
+    proc = subprocess.run(
+        [str(rust_binary), "--workers", "127.0.0.1:1", "--port", "0", *argv],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert argv[0] in proc.stderr or "--task" in proc.stderr, proc.stderr
+
+
+def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
+    proc = subprocess.run(
+        [str(rust_binary), "--workers", "127.0.0.1:1"],
+        env={**child_env(), "EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "--workers-file" in proc.stderr
+
+
+def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> None:
+    """No setting of the Python gateway is silently ignored: each flag is either one the Rust
+    binary takes (it then fails later, on the bogus value or the unreachable worker) or one it
+    refuses naming itself as unsupported."""
+    for f in dataclasses.fields(GatewaySettings):
+        flag = "--" + f.name.replace("_", "-")
+        proc = subprocess.run(
+            [str(rust_binary), "--workers", "127.0.0.1:1", flag, "not-a-value", "--port", "x"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert proc.returncode == 2, flag
+        assert "unknown setting" not in proc.stderr, f"{flag}: {proc.stderr}"
