@@ -144,8 +144,11 @@ class Reconciler:
             except KubeError as err:
                 log.warning("shared gateways of %s after %s left: %s", namespace, name, err)
             return Outcome()
+        # Taken before anything is read: a child that changes while this pass runs must make
+        # the next pass a full one, even when this pass already saw the change.
+        fingerprint = self._fingerprint(namespace, name, body)
         done = self._done.get((namespace, name))
-        if done is not None and done[0] == self._fingerprint(namespace, name, body):
+        if done is not None and done[0] == fingerprint:
             # Nothing it reads changed since its last clean reconcile, so rendering and hashing
             # ten children would find each as applied: a resync of a thousand fleets used to
             # keep the reconcile threads busy (and the GIL, which every reconcile shares) for
@@ -200,24 +203,20 @@ class Reconciler:
             monitoring=monitoring,
         )
         events = _notable(old, new, error)
-        after = body
         if changed(old, new):
             try:
                 reply = self.kube.merge_status(path, new)
                 if self.bodies is not None and reply:
                     self.bodies.put(reply)
-                after = reply or body
             except KubeError as err:
                 if err.status != 404:
                     raise
         outcome = Outcome(body, desired, workers.ready, error, events)
         if not error and _settled(monitoring, spec, self._monitors):
-            quiet = Outcome(after, desired, workers.ready)  # its Events were posted once
-            self._done[(namespace, name)] = (
-                self._fingerprint(namespace, name, after),
-                quiet,
-                spec.gateway.shared,
-            )
+            # Its own writes changed versions: the next pass is a full one that finds them in
+            # place, and the pass after that is skipped. Its Events were posted once.
+            quiet = Outcome(body, desired, workers.ready)
+            self._done[(namespace, name)] = (fingerprint, quiet, spec.gateway.shared)
         else:
             self._done.pop((namespace, name), None)
         return outcome
