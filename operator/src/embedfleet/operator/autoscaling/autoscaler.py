@@ -38,7 +38,7 @@ from prometheus_client import Counter, Histogram
 
 from embedfleet.operator import paths
 from embedfleet.operator.autoscaling import signals, wake
-from embedfleet.operator.autoscaling.memory import DECISION_FIELDS, REFRESH_SECONDS, Memory
+from embedfleet.operator.autoscaling.memory import REFRESH_SECONDS, Memory, decision_changed
 from embedfleet.operator.autoscaling.policy import Observation, Reason, decide
 from embedfleet.operator.autoscaling.recorder import Recorder
 from embedfleet.operator.autoscaling.state import rfc3339, status_patch
@@ -80,21 +80,9 @@ TICK_SECONDS = Histogram(
 @dataclass(frozen=True)
 class Caches:
     """What the operator already watches: the autoscaler reads Deployments there instead of
-    asking the API server for each fleet's every tick. None: it asks."""
+    asking the API server for each fleet's every tick. No informer: it asks."""
 
     informer: Informer | None = None
-
-    @staticmethod
-    async def fleets(kube: Kube, namespace: str) -> list[dict[str, Any]]:
-        # From the API server's watch cache, not a quorum read of etcd. Not the operator's
-        # Bodies: a replica that just took the Lease has seen events of changed fleets only.
-        found = await kube.call(
-            kube.request,
-            "GET",
-            paths.embedding_deployments(namespace),
-            query={"resourceVersion": "0"},
-        )
-        return list(found.get("items", ()))
 
     async def deployment(self, kube: Kube, namespace: str, name: str) -> Mapping[str, Any] | None:
         informer = self.informer
@@ -204,7 +192,7 @@ async def tick(scaler: Autoscaler, namespace: str) -> list[wake.Sleeping]:
     """One decision for every autoscaled fleet; returns those left at zero workers."""
     live: set[tuple[str, str]] = set()
     fleets: list[tuple[dict[str, Any], Spec]] = []
-    for body in await scaler.caches.fleets(scaler.kube, namespace):
+    for body in await _fleets(scaler.kube, namespace):
         meta = body["metadata"]
         try:
             spec = parse_spec(body.get("spec") or {})
@@ -229,6 +217,18 @@ async def tick(scaler: Autoscaler, namespace: str) -> list[wake.Sleeping]:
         scaler.scraper.forget(key)
     scaler.memory.keep_only(live)
     return [fleet for fleet in results if fleet is not None]
+
+
+async def _fleets(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    # From the API server's watch cache, not a quorum read of etcd. Not the operator's Bodies:
+    # a replica that just took the Lease has seen events of changed fleets only.
+    found = await kube.call(
+        kube.request,
+        "GET",
+        paths.embedding_deployments(namespace),
+        query={"resourceVersion": "0"},
+    )
+    return list(found.get("items", ()))
 
 
 async def _ask(session: aiohttp.ClientSession, url: str, namespace: str) -> signals.Answers | None:
@@ -314,7 +314,7 @@ async def autoscale(
         # Nothing measured and nothing decided yet: leave the replicas to spec.worker.replicas.
         del patch["desiredReplicas"]
     due = scaler.memory.due(fleet, patch, now)
-    decided_now = any(fleet.written.get(k) != patch.get(k) for k in DECISION_FIELDS if k in patch)
+    decided_now = decision_changed(fleet.written, patch)
     DECISIONS.inc()
     if decision.scaled:
         SCALE_DECISIONS.labels(namespace, name, str(decision.reason)).inc()

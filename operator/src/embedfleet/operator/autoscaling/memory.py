@@ -34,14 +34,19 @@ DECISION_FIELDS = ("desiredReplicas", "reason", "lastScaleReason", "lastScaleTim
 REFRESH_SECONDS = 30.0
 
 
+def decision_changed(written: Mapping[str, Any], patch: Mapping[str, Any]) -> bool:
+    """Whether `patch` carries a decision status.autoscaling (as `written`) does not hold yet."""
+    return any(written.get(key) != patch[key] for key in DECISION_FIELDS if key in patch)
+
+
 def must_write(
     written: Mapping[str, Any], patch: Mapping[str, Any], since: float, refresh: float
 ) -> bool:
     """Whether merging `patch` into status.autoscaling, last written as `written` `since`
     seconds ago, is due now (pure)."""
-    changed = {key for key, value in patch.items() if written.get(key) != value}
-    if changed.intersection(DECISION_FIELDS):
+    if decision_changed(written, patch):
         return True
+    changed = {key for key, value in patch.items() if written.get(key) != value}
     # The windows gain a point every tick, at idle too: alone they are no reason to write (they
     # go with the next write), or an idle fleet would be written every `refresh`.
     return bool(changed - {"policyState"}) and since >= refresh
