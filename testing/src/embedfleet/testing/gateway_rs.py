@@ -15,7 +15,7 @@ from pathlib import Path
 
 from embedfleet.common.net import free_ports
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
-from embedfleet.testing.process import log_tail
+from embedfleet.testing.process import log_tail, spawn, stop
 from embedfleet.testing.tools import REPO_ROOT, ToolsError, run_build_script
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-gateway-rs.sh"
@@ -112,14 +112,8 @@ def running_gateway_rs(
     the duration of the block; stopped by its pid after it."""
     (port,) = free_ports(1)
     argv = [str(gateway_rs_binary()), "--port", str(port), "--workers", ",".join(workers)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [*argv, *flags],
-            env=child_env(),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    # spawn/stop: its own session, ended with the test process, stopped by pid (process.py).
+    proc, record = spawn("embedfleet-gateway-rs", [*argv, *flags], log, child_env())
     try:
 
         def ready() -> bool:
@@ -133,9 +127,4 @@ def running_gateway_rs(
             raise RuntimeError(f"embedfleet-gateway-rs not ready: {log_tail(log)}") from exc
         yield GatewayRs(proc, port, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop([record], [proc])
