@@ -314,10 +314,16 @@ def worker_panels() -> list[timeseries.Panel | stat.Panel]:
             [
                 Query(
                     gauge("embedfleet_worker_capacity_tokens_per_second", by="instance"),
-                    "{{instance}}",
-                )
+                    "{{instance}} at warm-up",
+                ),
+                Query(
+                    gauge("embedfleet_worker_saturated_tokens_per_second", by="instance"),
+                    "{{instance}} saturated on traffic",
+                ),
             ],
-            "Tokens/s each worker sustains at its latency target, as it measured itself.",
+            "Tokens/s each worker sustains, as it measured itself: at warm-up (at its latency "
+            "target) and over its latest back-to-back batches of real traffic (0 until it has "
+            "been saturated; on a shared machine it shows the worker's current share).",
         ),
         series(
             "In-flight and queued",

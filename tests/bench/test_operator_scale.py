@@ -87,3 +87,33 @@ def test_a_phases_p99_reads_only_what_its_histogram_grew_by() -> None:
     p99 = operator_scale.p99s(now, before)["fleet"]
     assert 0.05 < p99 <= 0.1
     assert operator_scale.p99s(before, before) == {}  # nothing observed in the phase
+
+
+def test_the_kill_report_says_what_the_successor_costs_at_rest() -> None:
+    phase = {
+        "seconds": 60.0,
+        "apiserver_writes_per_min": {"APPLY deployments": 100.0},
+        "apiserver_latency_ms": {"APPLY": 10.0, "WATCH": 1e6},
+        "etcd_latency_ms": {"update": 2.0},
+        "operator_cpu_cores": 0.5,
+    }
+    idle = {
+        "seconds": 120.0,
+        "operator_cpu_cores": 0.04,
+        "operator_writes_per_min": {"PUT leases": 30.0, "PATCH embeddingdeployments": 1.5},
+        "operator_per_min": {"GET": 2.0, "PUT": 31.5},
+    }
+    kill = {
+        "phase": phase,
+        "successor_leading_after_s": 16.0,
+        "all_applied_after_kill_s": 40.0,
+        "kill_convergence_s": 41.0,
+        "lease_seconds": 15.0,
+        "fleets_applied_by_successor": 500,
+        "successor_skipped_applies": 10.0,
+    }
+    assert "idle" not in operator_scale.kill_breakdown(kill)
+    text = operator_scale.kill_breakdown({**kill, "idle_phase": idle})
+    assert "idle for 120.0 s: the successor's CPU 0.04 cores" in text
+    assert "its writes 1.5/min besides its Lease" in text
+    assert "WATCH" not in text

@@ -54,6 +54,8 @@ def test_full_values_reach_the_deployment() -> None:
     assert env["EMBEDFLEET_OPERATOR_NAMESPACE"] == "team-a"
     assert env["EMBEDFLEET_OPERATOR_LEASE_NAME"] == "embedfleet-leader"
     assert env["EMBEDFLEET_OPERATOR_METRICS_PORT"] == "9091"
+    assert env["EMBEDFLEET_OPERATOR_RECONCILE_WORKERS"] == "8"
+    assert env["EMBEDFLEET_OPERATOR_AUTOSCALER_STATUS_SECONDS"] == "15"
     assert env["EMBEDFLEET_OPERATOR_WATCH_SERVER_TIMEOUT"] == "120"
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["tolerations"][0]["key"] == "dedicated"
@@ -155,6 +157,8 @@ def test_values_full_sets_every_value() -> None:
         ("securityContext.allowPrivilegeEscalation=true", "allowPrivilegeEscalation"),
         ("operator.logLevel=verbose", "logLevel"),
         ("operator.metricsPort=70000", "metricsPort"),
+        ("operator.reconcileWorkers=0", "reconcileWorkers"),
+        ("operator.autoscalerStatusSeconds=-1", "autoscalerStatusSeconds"),
         ("operator.watchNamespace=Not_A_Namespace", "watchNamespace"),
         ("image.digest=latest", "digest"),
         ("nosuchvalue=1", "nosuchvalue"),

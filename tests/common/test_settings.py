@@ -16,6 +16,7 @@ class Demo:
     name: str = setting("x", "Name.", choices=("x", "y"))
     limit: int | None = setting(None, "Optional limit.")
     buckets: tuple[int, ...] = setting((64, 128), "Buckets.")
+    workers: int = setting(4, "Workers.", minimum=1)
 
 
 P = "EMBEDFLEET_DEMO_"
@@ -44,6 +45,7 @@ def test_optional_empty_is_none() -> None:
         ({"EMBEDFLEET_DEMO_PORT": "eighty"}, "EMBEDFLEET_DEMO_PORT"),
         ({"EMBEDFLEET_DEMO_VERBOSE": "maybe"}, "EMBEDFLEET_DEMO_VERBOSE"),
         ({"EMBEDFLEET_DEMO_NAME": "z"}, "not one of"),
+        ({"EMBEDFLEET_DEMO_WORKERS": "0"}, "EMBEDFLEET_DEMO_WORKERS: 0 is below the minimum, 1"),
     ],
 )
 def test_bad_values_name_their_source(env: dict[str, str], message: str) -> None:
@@ -66,3 +68,8 @@ def test_markdown_table_lists_every_field() -> None:
         assert f"`{env}`" in table
     assert "`64,128`" in table
     assert "One of: x, y." in table
+    assert "Workers. At least 1." in table
+
+
+def test_the_minimum_is_inclusive() -> None:
+    assert load(Demo, P, argv=["--workers", "1"], env={}).workers == 1

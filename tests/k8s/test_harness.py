@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from embedfleet.testing.components import Layout
 from embedfleet.testing.kubeconfig import kubeconfig_document
 from embedfleet.testing.nodes import GPU_RESOURCE, NodeShape, fake_gpu_node, node_is_ready
 from embedfleet.testing.pki import create_pki
+from embedfleet.testing.polling import wait_for
 from embedfleet.testing.process import ProcessRecord, is_running, spawn, start_ticks, stop
 from embedfleet.testing.pytest_plugin import namespace_name
 from embedfleet.testing.tools import Toolset
@@ -140,6 +142,27 @@ def test_stop_signals_only_the_recorded_processes(tmp_path: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_stop_waits_for_a_child_whose_main_thread_is_a_zombie(tmp_path: Path) -> None:
+    """The operator teardown flake: while a process exits, its main thread can show as a zombie
+    in /proc with other threads still running. stop() took that for gone, returned, and left
+    the child unreaped (returncode None). Here the main thread exits for good and another
+    thread keeps the process alive until a signal ends it."""
+    lingering = (
+        "import ctypes, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "ctypes.CDLL(None).pthread_exit(None)\n"
+    )
+    child, record = spawn("lingering", [sys.executable, "-c", lingering], tmp_path / "l.log")
+    try:
+        wait_for("the main thread a zombie", lambda: start_ticks(record.pid) is None, timeout=10)
+        assert child.poll() is None  # the process lives on
+        assert stop([record], [child], grace_seconds=5) == []
+        assert child.returncode == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_stop_recorded_from_state_kills_stubborn_processes(tmp_path: Path) -> None:

@@ -846,6 +846,11 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(5)  # anything a double reconcile would add shows now
         audit = _audit(cluster.api, names, args.replicas)
         after = sorted(v - leading for v in t.applied.values() if v > leading)
+        # The successor at rest: its CPU and writes once everything converged (resyncs only).
+        print(f"  converged; idle {args.idle_seconds:.0f} s", flush=True)
+        resting = Meter(cluster, op, "idle after the kill")
+        time.sleep(args.idle_seconds)
+        idle = resting.end()
         return {
             "n": n,
             "applied_at_kill": applied_at_kill,
@@ -859,6 +864,7 @@ def run_kill(n: int, args: argparse.Namespace) -> dict[str, Any]:
             "lease_seconds": args.lease_seconds,
             "successor_skipped_applies": skipped,
             "phase": asdict(phase),
+            "idle_phase": asdict(idle),
             "audit": audit,
             "operator_rss_peak_mb": _peak_rss(op),
         }
@@ -1164,6 +1170,19 @@ def kill_breakdown(k: Mapping[str, Any]) -> str:
             else ""
         )
         + "."
+        + _resting(k.get("idle_phase"))
+    )
+
+
+def _resting(idle: Mapping[str, Any] | None) -> str:
+    if not idle:
+        return ""
+    writes = sum(n for key, n in idle["operator_writes_per_min"].items() if "leases" not in key)
+    return (
+        f" Then, idle for {idle['seconds']} s: the successor's CPU {idle['operator_cpu_cores']} "
+        f"cores, its writes {round(writes, 1)}/min besides its Lease, its requests "
+        + ", ".join(f"{verb} {n:g}" for verb, n in idle["operator_per_min"].items())
+        + " per minute."
     )
 
 

@@ -20,6 +20,7 @@ T = TypeVar("T")
 
 _HELP = "embedfleet.help"
 _CHOICES = "embedfleet.choices"
+_MINIMUM = "embedfleet.minimum"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -29,9 +30,18 @@ class SettingsError(ValueError):
     """A flag or environment variable holds a value its field cannot take."""
 
 
-def setting(default: Any, help: str, *, choices: Sequence[str] | None = None) -> Any:
-    """Declare a documented field; `default` may be a zero-argument factory for mutable values."""
-    metadata = {_HELP: help, _CHOICES: tuple(choices) if choices else None}
+def setting(
+    default: Any,
+    help: str,
+    *,
+    choices: Sequence[str] | None = None,
+    minimum: float | None = None,
+) -> Any:
+    """Declare a documented field; `default` may be a zero-argument factory for mutable values.
+
+    `minimum` (inclusive) rejects a smaller number from a flag or env var with a readable error
+    instead of a process that starts and misbehaves (no workers, a write on every tick)."""
+    metadata = {_HELP: help, _CHOICES: tuple(choices) if choices else None, _MINIMUM: minimum}
     if callable(default):
         return dataclasses.field(default_factory=default, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -129,6 +139,9 @@ def from_namespace(
         value = _parse(annotation, raw, where)
         if choices and value not in choices:
             raise SettingsError(f"{where}: {value!r} is not one of {list(choices)}")
+        minimum = f.metadata.get(_MINIMUM)
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{where}: {value!r} is below the minimum, {minimum:g}")
         values[f.name] = value
     return cls(**values)
 
@@ -162,6 +175,9 @@ def markdown_table(cls: type[Any], prefix: str) -> str:
         choices = f.metadata.get(_CHOICES)
         if choices:
             help_text += f" One of: {', '.join(choices)}."
+        minimum = f.metadata.get(_MINIMUM)
+        if minimum is not None:
+            help_text += f" At least {minimum:g}."
         rows.append(
             f"| `{flag_name(f.name)}` | `{env_name(prefix, f.name)}` | `{shown}` | {help_text} |"
         )

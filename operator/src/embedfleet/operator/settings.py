@@ -47,12 +47,14 @@ class OperatorSettings:
         "Reconciles running at once. Each is a thread of blocking API calls that mostly waits on "
         "the API server (and etcd's fsyncs), so more workers apply more fleets per second "
         "until the API server is the bottleneck.",
+        minimum=1,
     )
     autoscaler_status_seconds: float = setting(
         30.0,
         "The autoscaler writes a new decision to status.autoscaling at once, and new measurements "
         "(observed load, p99, its windows) at most this often: a write per autoscaled fleet per "
         "5 s tick would load the API server. A new leader resumes from what was written last.",
+        minimum=0,
     )
     metrics_port: int = setting(8080, "Prometheus /metrics port; 0 disables it.")
     health_port: int = setting(

@@ -89,8 +89,8 @@ def spawn(
     return proc, ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks, log=log)
 
 
-def _signal(record: ProcessRecord, sig: signal.Signals) -> None:
-    if is_running(record):
+def _signal(record: ProcessRecord, sig: signal.Signals, running: bool) -> None:
+    if running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.pid, sig)
 
@@ -103,24 +103,34 @@ def stop(
 ) -> list[ProcessRecord]:
     """SIGTERMs every record still running, SIGKILLs any left after the grace period.
 
-    `children` are the Popen objects when the caller started the processes itself; polling them
-    reaps the zombies. Returns the records that were still running (normally empty).
+    `children` are the Popen objects when the caller started the processes itself: one of them
+    has exited only once waitpid says so (which also reaps it). /proc is not enough there: a
+    process's main thread shows as a zombie while its other threads are still exiting, and a
+    stop() that returned then left the child unreaped with returncode None (the operator
+    fixture's teardown flake). Returns the records that were still running (normally empty).
     """
+    owned = {child.pid: child for child in children}
+
+    def running(record: ProcessRecord) -> bool:
+        child = owned.get(record.pid)
+        if child is not None:
+            return child.poll() is None
+        return is_running(record)
 
     def remaining() -> list[ProcessRecord]:
         for child in children:
             child.poll()
-        return [record for record in records if is_running(record)]
+        return [record for record in records if running(record)]
 
     def gone() -> bool:
         return not remaining()
 
     for record in records:
-        _signal(record, signal.SIGTERM)
+        _signal(record, signal.SIGTERM, running(record))
     with contextlib.suppress(WaitTimeoutError):
         wait_for("processes to exit on SIGTERM", gone, timeout=grace_seconds, interval=0.05)
     for record in remaining():
-        _signal(record, signal.SIGKILL)
+        _signal(record, signal.SIGKILL, running(record))
     with contextlib.suppress(WaitTimeoutError):
         wait_for("processes to exit on SIGKILL", gone, timeout=5.0, interval=0.05)
     return remaining()
