@@ -4,8 +4,11 @@ latest winning; decisions before refreshes; Events first; a failed write leaves 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from embedfleet.operator.autoscaling.memory import Memory
 from embedfleet.operator.autoscaling.recorder import Recorder
@@ -100,6 +103,30 @@ def test_a_refused_write_leaves_the_fleet_due() -> None:
     fleet = memory.recall(("ns", "a"), "uid", {}, now=1)
     assert fleet.written == {"desiredReplicas": 2}
     assert memory.due(fleet, {"desiredReplicas": 3}, now=1)  # the next tick writes it again
+
+
+def test_an_outage_logs_one_line_not_one_per_fleet(caplog: pytest.LogCaptureFixture) -> None:
+    """The API server refusing every write of a tick over 200 fleets: one warning line (the
+    others counted into the next one), not 200; every write was still tried."""
+    kube = RecordingKube(refuse=503)
+
+    def fill(recorder: Recorder, memory: Memory) -> None:
+        for i in range(200):
+            fleet = memory.recall(("ns", f"f{i}"), "uid", {}, now=0)
+            recorder.status(("ns", f"f{i}"), fleet, {"desiredReplicas": 3}, True, 0)
+        for _ in range(20):
+            recorder.event("ns", {"reason": "ScaleUpForLoad"})
+
+    def refused(method: str, path: str, body: Any = None, **_: Any) -> Any:
+        return kube.merge_status(path, body)  # refuses
+
+    kube.request = refused  # type: ignore[method-assign]  # Events refused too
+    with caplog.at_level(logging.WARNING, logger="embedfleet.operator.autoscaling.recorder"):
+        _run(kube, fill, writers=4)
+    assert kube.refused == 220
+    lines = [r for r in caplog.records if r.name.endswith("recorder")]
+    assert [r.getMessage().split(" ")[0] for r in lines] == ["posting", "writing"], lines
+    assert all(vars(r)["since_last_line"] == 0 for r in lines)
 
 
 def test_writers_are_bounded() -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 # Attributes every LogRecord has; anything else came through `extra=` and is logged as a field.
@@ -45,3 +47,22 @@ def configure(level: str, stream: TextIO | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+@dataclass(slots=True)
+class LogLimiter:
+    """Lets one line through per `seconds` and counts those held back in between: for a line
+    that a client or an outage can cause at any rate (a malformed message per call, a failed write
+    per fleet per tick), which would otherwise flood the log and its shipper."""
+
+    seconds: float
+    _next: float = -math.inf
+    _held: int = 0
+
+    def allow(self, now: float) -> int | None:
+        """The count held back since the last one let through, or None to stay quiet."""
+        if now < self._next:
+            self._held += 1
+            return None
+        held, self._held, self._next = self._held, 0, now + self.seconds
+        return held

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError, Message
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import FLOAT_DTYPES, CodecError, pack_floats, unpack_tokens
+from embedfleet.common.logs import LogLimiter
 from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
@@ -146,23 +147,6 @@ class Admitted(Generic[M]):
 
     message: M
     ticket: Ticket
-
-
-@dataclass(slots=True)
-class LogLimiter:
-    """Lets one event through per `seconds`; counts those held back in between."""
-
-    seconds: float
-    _next: float = -math.inf
-    _held: int = 0
-
-    def allow(self, now: float) -> int | None:
-        """The count held back since the last one let through, or None to stay quiet."""
-        if now < self._next:
-            self._held += 1
-            return None
-        held, self._held, self._next = self._held, 0, now + self.seconds
-        return held
 
 
 def _admitting(
