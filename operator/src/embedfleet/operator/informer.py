@@ -213,6 +213,10 @@ class Informer:
         self.on_change = on_change
         self.watch_seconds = watch_seconds
         self._objects: dict[ChildKey, dict[str, Any]] = {}
+        #: (namespace, ConfigMap name) -> the shared gateway it configures: every reconcile asks
+        #: for a namespace's shared gateways, and a scan of every child for them was O(N) per
+        #: fleet (a third of an idle operator's CPU at N = 1,000).
+        self._shared: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self._synced = {kind: threading.Event() for _, kind in self.kinds}
         self._stopped = threading.Event()
@@ -226,13 +230,7 @@ class Informer:
     def shared_gateways(self, namespace: str) -> set[str]:
         """The shared gateways of `namespace` that have a ConfigMap, members or not."""
         with self._lock:
-            return {
-                str(obj["metadata"]["labels"][LABEL_SHARED])
-                for (kind, ns, _), obj in self._objects.items()
-                if kind == "ConfigMap"
-                and ns == namespace
-                and LABEL_SHARED in obj["metadata"]["labels"]
-            }
+            return {shared for (ns, _), shared in self._shared.items() if ns == namespace}
 
     def informs(self, kind: str) -> bool:
         return kind in self._synced
@@ -291,14 +289,15 @@ class Informer:
         with self._lock:
             stale = [k for k in self._objects if k[0] == kind and k not in found]
             for key in stale:
-                changed.add(_owner(self._objects.pop(key)))
+                changed.add(_owner(self._objects[key]))
+                self._pop(key)
             for key, obj in found.items():
                 old = self._objects.get(key)
                 if (
                     old is None
                     or old["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]
                 ):
-                    self._objects[key] = obj
+                    self._set(key, obj)
                     changed.add(_owner(obj))
         for owner in changed:
             self.on_change(owner)
@@ -325,7 +324,7 @@ class Informer:
             trimmed = trim(kind, obj)
             if kind_of_event == "DELETED":
                 with self._lock:
-                    self._objects.pop(_key(trimmed), None)
+                    self._pop(_key(trimmed))
                 self.on_change(_owner(trimmed))
             else:
                 self._store(kind, trimmed, notify=True)
@@ -340,10 +339,28 @@ class Informer:
             seen_already = current is not None and (
                 current["metadata"]["resourceVersion"] == trimmed["metadata"]["resourceVersion"]
             )
-            self._objects[key] = trimmed
+            self._set(key, trimmed)
         # The watch event of the operator's own apply, already stored from its reply: no news.
         if notify and not seen_already:
             self.on_change(_owner(trimmed))
+
+    def _set(self, key: ChildKey, obj: dict[str, Any]) -> None:
+        """Stores `obj` and keeps the shared-gateway index in step (the lock held)."""
+        self._objects[key] = obj
+        kind, namespace, name = key
+        if kind == "ConfigMap":
+            shared = obj["metadata"]["labels"].get(LABEL_SHARED)
+            if shared is None:
+                self._shared.pop((namespace, name), None)
+            else:
+                self._shared[(namespace, name)] = str(shared)
+
+    def _pop(self, key: ChildKey) -> None:
+        """Drops `key` from the cache and the index (the lock held)."""
+        kind, namespace, name = key
+        if kind == "ConfigMap":
+            self._shared.pop((namespace, name), None)
+        self._objects.pop(key, None)
 
 
 def _key(obj: Mapping[str, Any]) -> ChildKey:
