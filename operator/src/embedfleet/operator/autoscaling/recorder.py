@@ -129,25 +129,13 @@ class Recorder:
                 paths.embedding_deployment(*key),
                 {"autoscaling": patch, **mirrored(patch)},
             )
-        except KubeError as err:
+        except Exception as err:  # an I/O shell: this writer goes on with the next write
             STATUS_WRITES.labels(kind, "error").inc()
             # A fleet deleted meanwhile has no status to keep.
-            if (
-                err.status != 404
-                and (held := self._status_failures.allow(time.monotonic())) is not None
-            ):
-                log.warning(
-                    "writing the autoscaling status of %s/%s: %s", *key, err,
-                    extra={"since_last_line": held},
-                )  # fmt: skip
-            return
-        except Exception:  # an I/O shell: this writer goes on with the next write
-            STATUS_WRITES.labels(kind, "error").inc()
-            if (held := self._status_failures.allow(time.monotonic())) is not None:
-                log.exception(
-                    "writing the autoscaling status of %s/%s failed", *key,
-                    extra={"since_last_line": held},
-                )  # fmt: skip
+            if not (isinstance(err, KubeError) and err.status == 404):
+                self._log_failure(
+                    self._status_failures, err, "writing the autoscaling status of %s/%s", *key
+                )
             return
         STATUS_WRITES.labels(kind, "ok").inc()
         self._memory.wrote(fleet, patch, at)
@@ -157,9 +145,20 @@ class Recorder:
         try:
             await kube.call(kube.request, "POST", f"/api/v1/namespaces/{namespace}/events", body)
         except Exception as err:  # an I/O shell: this writer goes on with the next write
-            if (held := self._event_failures.allow(time.monotonic())) is not None:
-                log.warning(
-                    "posting an autoscaling Event in %s failed: %s", namespace, err,
-                    exc_info=not isinstance(err, KubeError),
-                    extra={"since_last_line": held},
-                )  # fmt: skip
+            self._log_failure(
+                self._event_failures, err, "posting an autoscaling Event in %s", namespace
+            )
+
+    @staticmethod
+    def _log_failure(limiter: LogLimiter, err: Exception, what: str, *args: str) -> None:
+        """One line per FAILURE_LOG_SECONDS: an API error as a warning, anything else (a bug)
+        as an error with its traceback."""
+        if (held := limiter.allow(time.monotonic())) is None:
+            return
+        known = isinstance(err, KubeError)
+        log.log(
+            logging.WARNING if known else logging.ERROR,
+            what + " failed: %s", *args, err,
+            exc_info=not known,
+            extra={"since_last_line": held},
+        )  # fmt: skip
