@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from embedfleet.common.net import free_ports
+from embedfleet.gateway import fleet as fleet_module
 from embedfleet.gateway.fleet import Backoff, Child, Fleet
 from embedfleet.testing.process import start_ticks
 from embedfleet.testing.workers import health_status
@@ -334,3 +335,27 @@ def test_plan_keeps_a_given_count_and_threads(monkeypatch: pytest.MonkeyPatch) -
     mine = Fleet(workers=1, worker_args=("--threads", "3"))
     mine.plan()
     assert mine.worker_children[0].argv.count("--threads") == 1
+
+
+@pytest.mark.parametrize("own", ["", "/srv/graphs"])
+def test_serve_keeps_the_workers_openvino_graphs_in_the_user_cache(
+    own: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """This machine's cache outlives the workers, so their CPU runtime auto converts the model
+    to OpenVINO once (docs/engine.md, "CPU runtimes"); a cache the user set is left to them."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(fleet_module.OPENVINO_CACHE_ENV, own)
+    planned: list[Fleet] = []
+
+    def stop_after_plan(self: Fleet) -> Fleet:
+        planned.append(self)
+        raise fleet_module.FleetError("planned")
+
+    monkeypatch.setattr(Fleet, "start", stop_after_plan)
+    with pytest.raises(SystemExit, match="planned"):
+        fleet_module.main(["serve", "--workers", "1", "--port", str(free_ports(1)[0])])
+    [argv] = [c.argv for c in planned[0].worker_children]
+    if own:
+        assert "--openvino-cache-dir" not in argv
+    else:
+        assert _flag(argv, "--openvino-cache-dir") == str(tmp_path / "embedfleet" / "openvino")

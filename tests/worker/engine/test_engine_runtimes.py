@@ -4,6 +4,7 @@ the family and MiniLM tests, parametrized over every runtime (helpers.RUNTIMES).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +47,12 @@ def test_padded_plan_attends_like_the_grouped_backend(causal: bool, kv_heads: in
 
 def test_runtime_choice() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    # Eager although openvino is installed here: its conversion would cost every new pod
-    # most of a minute of start-up.
+    # Eager although openvino is installed here: without a kept cache its conversion would cost
+    # every new pod most of a minute of start-up.
     assert runtimes.openvino_available()
-    assert runtimes.resolve_runtime("auto", cpu) == "eager"
+    assert runtimes.resolve_runtime("auto", cpu, max_tokens=256) == "eager"
+    assert runtimes.resolve_runtime("auto", cpu, max_tokens=256, kept_cache=True) == "openvino"
+    assert runtimes.resolve_runtime("auto", cuda, kept_cache=True) == "eager"
     assert runtimes.resolve_runtime("openvino", cpu) == "openvino"
     assert runtimes.resolve_runtime("inductor", cpu) == "inductor"
     assert runtimes.resolve_runtime("auto", cuda) == "eager"  # CUDA graphs instead
@@ -61,9 +64,27 @@ def test_runtime_choice() -> None:
 
 def test_openvino_by_name_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtimes, "openvino_available", lambda: False)
-    assert runtimes.resolve_runtime("auto", torch.device("cpu")) == "eager"
+    assert runtimes.resolve_runtime("auto", torch.device("cpu"), kept_cache=True) == "eager"
     with pytest.raises(ValueError, match=r"embedfleet-worker\[openvino\]"):
         runtimes.resolve_runtime("openvino", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("installed", "kept_cache", "max_tokens", "want"),
+    [
+        (True, True, 512, "openvino"),
+        (True, True, runtimes.OPENVINO_MAX_TOKENS, "openvino"),
+        # over OpenVINO's attention bound: openvino would lower the model's input limit
+        (True, True, runtimes.OPENVINO_MAX_TOKENS + 1, "eager"),
+        # a pod's emptyDir cache: every new pod would convert again
+        (True, False, 512, "eager"),
+        (False, True, 512, "eager"),
+    ],
+)
+def test_auto_runs_openvino_where_its_conversion_is_kept(
+    installed: bool, kept_cache: bool, max_tokens: int, want: str
+) -> None:
+    assert runtimes.auto_runtime(installed, kept_cache, max_tokens) == want
 
 
 @pytest.mark.parametrize("pays", [True, False])
@@ -136,7 +157,11 @@ def test_openvino_cache_dir_is_where_graphs_are_kept(
         raise AssertionError("converted again although the graph was cached")
 
     monkeypatch.setattr(runtimes, "convert", no_conversion)
-    [second] = TorchEngine(config).run([item(seqs)])
+    # auto with a kept cache is openvino (what `embedfleet serve` gives its workers)
+    auto = TorchEngine(replace(config, cpu_runtime="auto"))
+    assert auto.runtime_name == "openvino"
+    assert auto.counters().runtime == "openvino"
+    [second] = auto.run([item(seqs)])
     np.testing.assert_array_equal(first, second)
 
 
@@ -165,3 +190,25 @@ def test_a_saved_graph_appears_whole_and_the_first_writer_wins(tmp_path: Path) -
     (stale / "partial-1.bin").write_text("half")
     runtimes._save(_FakeOV("new"), None, stale)
     assert sorted(p.name for p in stale.iterdir()) == ["encoder.bin", "encoder.xml"]
+
+
+def test_openvino_leaves_torch_one_thread_unless_its_head_is_heavy(
+    family_dirs: FamilyDirs, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Torch's spinning OpenMP threads took the cores from OpenVINO's around each graph call; a
+    SPLADE head (a vocabulary-wide GEMM per token, run in torch) keeps them."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    before = torch.get_num_threads()
+    try:
+        for family, want in (("bge-reranker-base", 1), ("splade", 2)):
+            config = EngineConfig(
+                model=str(family_dirs.get(family)),
+                device="cpu",
+                dtype="float32",
+                cpu_runtime="openvino",
+                threads=2,
+            )
+            TorchEngine(config)
+            assert torch.get_num_threads() == want, family
+    finally:
+        torch.set_num_threads(before)

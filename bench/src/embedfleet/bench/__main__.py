@@ -5,7 +5,7 @@ Suites latency, scoring, throughput and concurrency run side by side against the
 line as their own arguments: `engine`, `cpu-paths`, `worker`, `gateway`, `autoscale`, `formats`,
 `tracing`, `stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of
 `embedfleet serve`); plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite
-named runs the four comparison suites, then those modules with their defaults.
+named runs the five comparison suites, then those modules with their defaults.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         "suites",
         nargs="*",
         choices=[*SUITES, *MODULES],
-        help="suites to run (default: the four comparison suites, then every module above)",
+        help="suites to run (default: the five comparison suites, then every module above)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes (~2 minutes)")
     parser.add_argument(

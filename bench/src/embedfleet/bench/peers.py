@@ -283,7 +283,8 @@ def embedfleet_spec(workers: int, device: str = "cpu", graphs: bool = True) -> S
     return SystemSpec(
         name,
         _embedfleet_version(),
-        f"`embedfleet serve`, {workers} worker(s), --device {device}, worker defaults, gateway "
+        f"`embedfleet serve`, {workers} worker(s), --device {device}, worker defaults (on a CPU "
+        "the runtime auto: OpenVINO, its graph kept under ~/.cache), gateway "
         f"--max-queue-seconds 300 --upstream-timeout-seconds 600{extra}",
         "rerank",
         "/v1/embeddings",

@@ -205,6 +205,7 @@ SUITE_TITLES = {
     "scoring": "2. Low-latency scoring (a 32-token query vs N documents of 512 tokens, one client)",
     "throughput": "3. High throughput (clients x texts per batch x tokens per text)",
     "concurrency": "4. High concurrency (single 128-token texts, N concurrent clients)",
+    "queries": "5. Short queries (single 32-token texts, N concurrent clients)",
 }
 
 

@@ -1,8 +1,10 @@
-"""The four suites as lists of points, and running one system through them.
+"""The five suites as lists of points, and running one system through them.
 
 (1) latency: batch 1 at 128 and 512 tokens, one client; (2) scoring: a 32-token query against 5, 25
 and 50 documents of 512 tokens, one client; (3) throughput: batches of 100 texts of 512 tokens from
-4 concurrent clients; (4) concurrency: 1, 2, 4, 8, 16 clients each sending one 128-token text.
+4 concurrent clients; (4) concurrency: 1, 2, 4, 8, 16 clients each sending one 128-token text;
+(5) queries: 1 and 16 clients each sending one 32-token query (a search box's traffic, where the
+harness around a small model costs the most).
 Token counts include [CLS]/[SEP]; every input has exactly its nominal length (see corpus.py).
 """
 
@@ -18,7 +20,7 @@ from embedfleet.bench.fidelity import Fidelity, Reference, check
 from embedfleet.bench.http_load import Call, Measurement, run_point
 from embedfleet.bench.targets import Target
 
-SUITES = ("latency", "scoring", "throughput", "concurrency")
+SUITES = ("latency", "scoring", "throughput", "concurrency", "queries")
 QUERY_TOKENS = 32
 
 
@@ -56,6 +58,7 @@ class Timing:
     throughput_batch: int = 100
     scoring_docs: tuple[int, ...] = (5, 25, 50)
     clients: tuple[int, ...] = (1, 2, 4, 8, 16)
+    query_clients: tuple[int, ...] = (1, 16)
 
 
 FULL = Timing()
@@ -73,6 +76,7 @@ TINY = Timing(
     throughput_batch=4,
     scoring_docs=(5,),
     clients=(1, 4),
+    query_clients=(4,),
 )
 
 
@@ -93,6 +97,11 @@ def plan(suites: Sequence[str], timing: Timing) -> list[Point]:
     if "concurrency" in suites:
         points += [
             Point("concurrency", f"{c} clients", "embed", c, 1, 128, s, w, r) for c in t.clients
+        ]
+    if "queries" in suites:
+        points += [
+            Point("queries", f"{c} clients", "embed", c, 1, QUERY_TOKENS, s, w, r)
+            for c in t.query_clients
         ]
     return points
 

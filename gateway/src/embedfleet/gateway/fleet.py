@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from embedfleet.common.caches import user_cache_dir
 from embedfleet.common.cpus import Layout, detect_cores, layout
 from embedfleet.common.lifetime import die_with
 from embedfleet.common.net import free_ports
@@ -285,6 +286,10 @@ class Fleet:
         self.stop()
 
 
+#: the workers' own setting of their OpenVINO cache, which `embedfleet serve` leaves alone
+OPENVINO_CACHE_ENV = "EMBEDFLEET_WORKER_OPENVINO_CACHE_DIR"
+
+
 def served_model(value: str) -> tuple[str, str]:
     """`NAME=PATH` as (NAME, PATH); a bare PATH serves under the model's own name ("")."""
     name, sep, path = value.partition("=")
@@ -355,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
     task = ("--task", args.task)
+    # This machine's cache outlives the workers, so their CPU runtime auto converts the model to
+    # OpenVINO once and reads it at every later start (docs/engine.md, "CPU runtimes").
+    cache = str(user_cache_dir("openvino"))
+    kept = () if os.environ.get(OPENVINO_CACHE_ENV) else ("--openvino-cache-dir", cache)
     keys = (
         ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
     )
@@ -366,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model=path,
         models=tuple(args.model) if several else (),
         port=args.port,
-        worker_args=task,
+        worker_args=(*task, *kept),
         gateway_args=(*task, *keys, *named),
     )
     try:

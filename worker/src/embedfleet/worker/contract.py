@@ -88,6 +88,8 @@ class GraphCounters:
     graphs_enabled: bool = False
     #: the attention backend in use ("" for engines without one)
     attention: str = ""
+    #: how the encoder runs: eager, inductor or openvino ("" for engines without one)
+    runtime: str = ""
     #: why CUDA graphs are off on a device that could run them ("" when on, or not applicable)
     graphs_off_reason: str = ""
 

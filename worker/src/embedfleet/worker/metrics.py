@@ -64,13 +64,13 @@ class _GraphCollector(Collector):
         )
         info = GaugeMetricFamily(
             _PREFIX + "engine_info",
-            "1, labelled with the attention backend in use and whether CUDA graphs are on "
-            "(off on CUDA: the engine's log says why).",
-            labels=("attention", "cuda_graphs"),
+            "1, labelled with the attention backend in use, whether CUDA graphs are on "
+            "(off on CUDA: the engine's log says why) and the CPU runtime the encoder runs in "
+            "(eager on CUDA).",
+            labels=("attention", "cuda_graphs", "runtime"),
         )
-        info.add_metric(
-            (counters.attention or "none", "on" if counters.graphs_enabled else "off"), 1.0
-        )
+        graphs = "on" if counters.graphs_enabled else "off"
+        info.add_metric((counters.attention or "none", graphs, counters.runtime or "none"), 1.0)
         yield info
 
     def describe(self) -> Iterator[Metric]:

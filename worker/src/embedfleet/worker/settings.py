@@ -56,7 +56,9 @@ class WorkerSettings:
     )
     cpu_runtime: str = setting(
         "auto",
-        "How the encoder runs on a CPU: auto (eager), eager (PyTorch op by op), inductor "
+        "How the encoder runs on a CPU: auto (openvino where the worker's [openvino] extra is "
+        "installed, --openvino-cache-dir is given, so the conversion is kept, and the model "
+        "allows at most 2,048 tokens; else eager), eager (PyTorch op by op), inductor "
         "(torch.compile, dynamic shapes), openvino (the fastest per batch, converted at start: "
         "35-65 s the first time, then cached in --openvino-cache-dir; the worker's [openvino] "
         "extra). "
@@ -69,8 +71,9 @@ class WorkerSettings:
         "",
         "Where --cpu-runtime openvino keeps converted graphs between starts (keyed by the "
         "checkpoint's files, the engine's model code and the OpenVINO and torch versions); empty: "
-        "$XDG_CACHE_HOME/embedfleet/openvino. The operator points it into the model cache claim "
-        "(model.cache.claimName), so only a fleet's first pod converts.",
+        "$XDG_CACHE_HOME/embedfleet/openvino (and auto stays eager: a pod's cache is its "
+        "emptyDir). The operator points it into the model cache claim (model.cache.claimName), "
+        "so only a fleet's first pod converts; embedfleet serve under ~/.cache.",
     )
     attention: str = setting(
         "auto",

@@ -18,7 +18,6 @@ import hashlib
 import importlib
 import importlib.util
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -31,6 +30,7 @@ import numpy.typing as npt
 import torch
 from torch.jit._trace import TracerWarning
 
+from embedfleet.common.caches import user_cache_dir
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.worker.engine.attention import GroupedBackend
@@ -69,11 +69,11 @@ def openvino_available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def resolve_runtime(choice: str, device: torch.device) -> RuntimeName:
-    """The runtime `choice` names on `device`. auto: eager. OpenVINO is the fastest per batch on
-    every measured CPU point (docs/engine.md, "CPU runtimes"), but its first conversion of a model
-    costs 35-65 s of start-up and a pod's cache lives in its emptyDir, so every new pod (a worker
-    woken from zero too) would pay it: it is chosen by name. CUDA runs eager (with CUDA graphs)."""
+def resolve_runtime(
+    choice: str, device: torch.device, *, max_tokens: int = 0, kept_cache: bool = False
+) -> RuntimeName:
+    """The runtime `choice` names on `device` for a model allowing `max_tokens`. CUDA runs eager
+    (with CUDA graphs). auto on a CPU: `auto_runtime`."""
     if choice not in RUNTIMES:
         raise ValueError(f"unknown CPU runtime {choice!r}; use one of {list(RUNTIMES)}")
     if device.type != "cpu":
@@ -81,13 +81,27 @@ def resolve_runtime(choice: str, device: torch.device) -> RuntimeName:
             raise ValueError(f"--cpu-runtime {choice} runs on a CPU only (device is {device})")
         return "eager"
     if choice == "auto":
-        return "eager"
+        return auto_runtime(openvino_available(), kept_cache, max_tokens)
     if choice == "openvino" and not openvino_available():
         raise ValueError(
             "--cpu-runtime openvino needs the openvino package (pip install "
             "'embedfleet-worker[openvino]')"
         )
     return next(r for r in RUNTIMES if r == choice)
+
+
+def auto_runtime(installed: bool, kept_cache: bool, max_tokens: int) -> RuntimeName:
+    """What auto runs on a CPU. OpenVINO is the fastest per batch on every measured point
+    (docs/benchmarks/README.md, "CPU engine paths"), but its first conversion of a model is most
+    of a start-up: it is chosen where that is paid once, i.e. where the converted graph is kept
+    in a cache that outlives the process (`--openvino-cache-dir` given: `embedfleet serve` points
+    it under ~/.cache, the operator into a model cache claim). A pod's default cache is its
+    emptyDir, which every new pod, a worker woken from zero too, would convert into again: eager.
+    A model allowing more than OpenVINO's attention bound stays eager too, so auto never lowers
+    a model's input limit."""
+    if installed and kept_cache and max_tokens <= OPENVINO_MAX_TOKENS:
+        return "openvino"
+    return "eager"
 
 
 def graph_inputs(batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> tuple[torch.Tensor, ...]:
@@ -165,10 +179,7 @@ def convert(model: Model) -> Any:
 def cache_dir(configured: str = "") -> Path:
     """Where converted graphs are kept between starts: `configured` (--openvino-cache-dir), else
     $XDG_CACHE_HOME/embedfleet/openvino (~/.cache without it)."""
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "embedfleet" / "openvino"
+    return Path(configured) if configured else user_cache_dir("openvino")
 
 
 def cache_key(model_dir: ModelDir, bidirectional: bool | None) -> str:

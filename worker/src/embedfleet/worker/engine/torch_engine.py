@@ -79,7 +79,12 @@ class TorchEngine:
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         #: the compiled CPU runtime the encoder runs in; None runs it eager
         self.runtime: Runtime | None = None
-        self.runtime_name = resolve_runtime(config.cpu_runtime, self.device)
+        self.runtime_name = resolve_runtime(
+            config.cpu_runtime,
+            self.device,
+            max_tokens=self.max_tokens,
+            kept_cache=bool(config.openvino_cache_dir),
+        )
         if self.runtime_name == "openvino":
             if self.max_tokens > OPENVINO_MAX_TOKENS:
                 # Its attention materializes each sequence's L x L scores per head: a Qwen3's
@@ -97,6 +102,12 @@ class TorchEngine:
                 config.bidirectional,
                 config.openvino_cache_dir,
             )
+            if self.model_dir.task != "sparse":
+                # Around the graph torch runs only pooling and small heads, and its OpenMP
+                # threads, spinning after each op, took the cores from OpenVINO's: one thread
+                # made a 16-token batch 0.77x and a 128-token one 0.83x (docs/engine.md). A
+                # SPLADE head (a vocabulary-wide GEMM per token) keeps them.
+                torch.set_num_threads(1)
         else:
             self.dtype, self.model = load_model_at_dtype(
                 self.model_dir,
@@ -221,6 +232,7 @@ class TorchEngine:
             live_graphs=len(self._cache.live),
             graphs_enabled=self._graphs_enabled,
             attention=self.backend.name,
+            runtime=self.runtime_name,
             graphs_off_reason=self.graphs_off_reason,
         )
 
