@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,12 +158,27 @@ def test_openvino_cache_dir_is_where_graphs_are_kept(
         raise AssertionError("converted again although the graph was cached")
 
     monkeypatch.setattr(runtimes, "convert", no_conversion)
-    # auto with a kept cache is openvino (what `embedfleet serve` gives its workers)
+    # auto with a kept cache is openvino (what `embedfleet serve` gives its workers) for batches
+    # of short sequences, and eager for longer ones
     auto = TorchEngine(replace(config, cpu_runtime="auto"))
     assert auto.runtime_name == "openvino"
     assert auto.counters().runtime == "openvino"
+    assert auto.runtime is not None
+    compiled, calls = auto.runtime.hidden, []
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args)
+        return compiled(*args)
+
+    monkeypatch.setattr(auto.runtime, "hidden", counted)
     [second] = auto.run([item(seqs)])
     np.testing.assert_array_equal(first, second)
+    assert len(calls) == 1
+    longer = random_sequences(300, (runtimes.AUTO_OPENVINO_SEQLEN + 1, 7))
+    [eager] = auto.run([item(longer)])
+    assert len(calls) == 1
+    [want] = TorchEngine(replace(config, cpu_runtime="eager")).run([item(longer)])
+    np.testing.assert_array_equal(eager, want)
 
 
 class _FakeOV:

@@ -287,6 +287,14 @@ def seconds_per_batch(runtime: Runtime, tokens: int = 256, reps: int = 3) -> flo
     return best
 
 
+#: under auto, OpenVINO runs the batches whose longest sequence has at most this many tokens and
+#: eager the rest: it is the sequences' length, not the batch's tokens, that turns the ranking.
+#: On a quiet 2-core machine (MiniLM, float32, both at 2 threads) OpenVINO ran one sequence of
+#: 16, 128 and 256 tokens in 0.62x, 0.76x and 0.90x of eager's time, 16 x 32 and 8 x 128 in 0.71x
+#: and 0.92x, but one of 512 in 1.02x and four in 1.25x (docs/engine.md, "CPU runtimes").
+AUTO_OPENVINO_SEQLEN = 256
+
+
 def reduced_pays(reduced_seconds: float, float32_seconds: float) -> bool:
     """Whether a reduced-precision forward beats float32's by the margin the eager choice asks."""
     return reduced_seconds < REDUCED_MARGIN * float32_seconds

@@ -49,6 +49,7 @@ from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.engine.runtime import (
+    AUTO_OPENVINO_SEQLEN,
     OPENVINO_MAX_TOKENS,
     InductorRuntime,
     openvino_at_dtype,
@@ -79,6 +80,10 @@ class TorchEngine:
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         #: the compiled CPU runtime the encoder runs in; None runs it eager
         self.runtime: Runtime | None = None
+        #: torch's threads for eager batches, and around a compiled runtime's graph calls
+        self._eager_threads = self._graph_threads = self._threads_now = torch.get_num_threads()
+        #: the longest sequence of a batch the compiled runtime runs; longer ones run eager
+        self.compiled_seqlen = self.max_tokens
         self.runtime_name = resolve_runtime(
             config.cpu_runtime,
             self.device,
@@ -107,7 +112,7 @@ class TorchEngine:
                 # threads, spinning after each op, took the cores from OpenVINO's: one thread
                 # made a 16-token batch 0.77x and a 128-token one 0.83x (docs/engine.md). A
                 # SPLADE head (a vocabulary-wide GEMM per token) keeps them.
-                torch.set_num_threads(1)
+                self._graph_threads = 1
         else:
             self.dtype, self.model = load_model_at_dtype(
                 self.model_dir,
@@ -127,6 +132,10 @@ class TorchEngine:
             self._attention_shape(),
             graphs=config.cuda_graphs != "off",
         )
+        if self.runtime is not None and self.runtime_name == "openvino":
+            if config.cpu_runtime == "auto":
+                self.compiled_seqlen = AUTO_OPENVINO_SEQLEN
+            self._use_threads(self.runtime)
         self._info = EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -285,7 +294,9 @@ class TorchEngine:
         batch = to_device(host, self.device)
         packed = time.perf_counter_ns()
         longest = int(host.lengths.max())
-        hidden = encode(self.model, self.backend, batch, longest, host.lengths, self.runtime)
+        runtime = self.runtime if longest <= self.compiled_seqlen else None
+        self._use_threads(runtime)
+        hidden = encode(self.model, self.backend, batch, longest, host.lengths, runtime)
         encoded = time.perf_counter_ns()
         head = default_head(self.model, self.model_dir.pooling, hidden, batch)
         out, slices = apply_options(items, hidden, head, batch, host.real_sequences, self._info)
@@ -296,6 +307,13 @@ class TorchEngine:
             results,
             (("pack", packed - start), ("forward", encoded - packed), ("pool", pooled - encoded)),
         )
+
+    def _use_threads(self, runtime: Runtime | None) -> None:
+        """Torch's threads for a batch run by `runtime` (None: eager), set only on a change."""
+        want = self._eager_threads if runtime is None else self._graph_threads
+        if want != self._threads_now:
+            torch.set_num_threads(want)
+            self._threads_now = want
 
     def _to_device(self, host: HostBatch) -> DeviceBatch:
         if self._staging is None or not self._staging.fits(host):
