@@ -56,9 +56,10 @@ class WorkerSettings:
     )
     cpu_runtime: str = setting(
         "auto",
-        "How the encoder runs on a CPU: auto (openvino where the worker's [openvino] extra is "
+        "How the encoder runs on a CPU: auto (where the worker's [openvino] extra is "
         "installed, --openvino-cache-dir is given, so the conversion is kept, and the model "
-        "allows at most 2,048 tokens; else eager), eager (PyTorch op by op), inductor "
+        "allows at most 2,048 tokens: openvino for batches of sequences up to 256 tokens, eager "
+        "for longer; else eager), eager (PyTorch op by op), inductor "
         "(torch.compile, dynamic shapes), openvino (the fastest per batch, converted at start: "
         "35-65 s the first time, then cached in --openvino-cache-dir; the worker's [openvino] "
         "extra). "
