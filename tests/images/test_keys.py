@@ -23,6 +23,7 @@ from embedfleet.testing.imagespec import (
     lock_text,
     normalize,
     requirement_name,
+    stale_builds,
     wheel_prefixes,
 )
 from embedfleet.testing.tools import REPO_ROOT
@@ -215,3 +216,15 @@ def test_an_image_carries_its_extras_and_names_only_declared_ones() -> None:
     }
     with pytest.raises(ValueError, match="no extra"):
         declared_dependencies(REPO_ROOT, ImageSpec("x", "operator", lock="x", extras=("tracing",)))
+
+
+def test_pruning_keeps_each_images_newest_builds_and_nothing_of_other_images() -> None:
+    keys = [f"{n:020x}" for n in range(4)]
+    archives = [(float(age), Path(f"worker-cpu-{key}.tar")) for age, key in enumerate(keys)]
+    archives += [(9.0, Path(f"worker-{keys[0]}.tar")), (9.0, Path("worker-cpu-short.tar"))]
+    archives += [(9.0, Path(f"worker-cpu-{keys[0]}.partial"))]
+    # Newest first by mtime: keys[3] and keys[2] stay.
+    assert stale_builds(archives, "worker-cpu", 2) == [keys[1], keys[0]]
+    # Before a build, one slot is left for the new one.
+    assert stale_builds(archives, "worker-cpu", 1) == [keys[2], keys[1], keys[0]]
+    assert stale_builds(archives, "worker", 1) == []

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,6 @@ from embedfleet.testing.imagespec import (
     BUILD_BACKEND,
     BUILD_LOCK,
     DEFAULT_IMAGES,
-    KEY_LENGTH,
     LOCAL_REPOSITORY,
     SPECS,
     SUITE,
@@ -44,6 +42,7 @@ from embedfleet.testing.imagespec import (
     lock_pins,
     lock_roots,
     lock_text,
+    stale_builds,
     wheel_prefixes,
 )
 from embedfleet.testing.nodeslots import locked
@@ -149,17 +148,12 @@ def _check_space(root: Path, spec: ImageSpec, pool: Path, cache: Path) -> None:
             )
 
 
-def _prune(cache: Path, name: str, keep: int = KEEP_BUILDS) -> None:
-    """Drops all but this image's `keep` newest builds (archives and their tags in buildah's
-    storage). Not just the newest: worktrees sharing the cache alternate between their trees."""
-    pattern = re.compile(rf"{re.escape(name)}-([0-9a-f]{{{KEY_LENGTH}}})\.tar")
-    builds = [
-        (p.stat().st_mtime, p, m.group(1))
-        for p in cache.iterdir()
-        if (m := pattern.fullmatch(p.name))
-    ]
-    for _, stale, key in sorted(builds, reverse=True)[keep:]:
-        stale.unlink(missing_ok=True)
+def _prune(cache: Path, name: str, keep: int) -> None:
+    """Drops this image's builds beyond its `keep` newest: archives and their tags in buildah's
+    storage."""
+    archives = [(p.stat().st_mtime, p) for p in cache.iterdir()]
+    for key in stale_builds(archives, name, keep):
+        (cache / f"{name}-{key}.tar").unlink(missing_ok=True)
         rmi = ["buildah", "rmi", f"{LOCAL_REPOSITORY}/{name}:{key}"]
         subprocess.run(rmi, capture_output=True, check=False)
 
@@ -196,6 +190,9 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
     archive = cache / f"{spec.name}-{key}.tar"
     built = not archive.is_file()
     if built:
+        # Before the build, not after: a worker build needs GBs, and the disk must hold the
+        # new one beside the kept ones, not beside all the old ones too.
+        _prune(cache, spec.name, KEEP_BUILDS - 1)
         if not _exists(local_ref):
             _build(root, spec, base_ref, cache, [local_ref, ref])
         # An interrupted run may have built the image but not archived it: then only this step.
@@ -204,7 +201,6 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         # By ID, so that the archive names the image only by its published name.
         run_tool(["buildah", "push", "--quiet", image_id, f"docker-archive:{partial}:{ref}"])
         partial.rename(archive)
-        _prune(cache, spec.name)
     elif not _exists(local_ref):
         # Storage was reset but the archive survived: load it instead of building again.
         run_tool(["buildah", "pull", "--quiet", f"docker-archive:{archive}"])

@@ -219,6 +219,16 @@ def disk_needed(wheel_bytes: int) -> int:
     return int(3 * 1.7 * wheel_bytes)
 
 
+def stale_builds(archives: Iterable[tuple[float, Path]], name: str, keep: int) -> list[str]:
+    """The keys of this image's builds beyond its `keep` newest, given (mtime, path) of the
+    cache's archives. Not just the newest kept: worktrees sharing the cache alternate between
+    their trees."""
+    pattern = re.compile(rf"{re.escape(name)}-([0-9a-f]{{{KEY_LENGTH}}})\.tar")
+    matches = ((mtime, pattern.fullmatch(path.name)) for mtime, path in archives)
+    builds = [(mtime, m.group(1)) for mtime, m in matches if m]
+    return [key for _, key in sorted(builds, reverse=True)[keep:]]
+
+
 def lock_pins(text: str) -> dict[str, str]:
     """name -> version of a lock file's pins."""
     pins = {}
