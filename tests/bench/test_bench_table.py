@@ -19,7 +19,14 @@ from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
 from embedfleet.bench.layouts import table as layouts_table
 from embedfleet.bench.report import best_peer, suite_table
-from embedfleet.bench.stages import Breakdown, engine_stages, histogram_sums, stage_rows
+from embedfleet.bench.stages import (
+    Breakdown,
+    Shape,
+    engine_stages,
+    histogram_sums,
+    parse_shape,
+    stage_rows,
+)
 from embedfleet.bench.stages import table as stages_table
 from embedfleet.bench.suites import Point, SystemRun
 
@@ -204,3 +211,12 @@ def test_layout_table_gives_ratios_to_the_first_layout() -> None:
     text = layouts_table(runs)
     assert "| figure | 2x1 | 1x2 |" in text
     assert "| lone 128-token request p50 ms | 20.0 | 20.0 (1.00×) |" in text  # medians per layout
+
+
+def test_a_stages_layout_names_workers_threads_wait_policy_and_runtime() -> None:
+    assert parse_shape("2x1") == Shape(2, 1)
+    assert parse_shape("1x2:passive") == Shape(1, 2, "PASSIVE")
+    shape = parse_shape("1x2:passive+eager")
+    assert shape == Shape(1, 2, "PASSIVE", "eager")
+    assert shape.label == "1x2 passive eager"
+    assert parse_shape("1x2+openvino").label == "1x2 openvino"

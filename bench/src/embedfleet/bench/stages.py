@@ -31,7 +31,7 @@ from embedfleet.bench import peers
 from embedfleet.bench.targets import HttpTarget
 from embedfleet.common.cpus import detect_cores, layout
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.gateway.fleet import Fleet, kept_openvino_args
 from embedfleet.testing.workers import scrape
 
 #: (row label, process, what it covers), in the order a request meets them
@@ -58,19 +58,23 @@ class Shape:
     workers: int
     threads: int
     wait_policy: str = ""  # "" leaves OMP_WAIT_POLICY as the fleet decides
+    runtime: str = ""  # the workers' --cpu-runtime; "" leaves their default (auto)
 
     @property
     def label(self) -> str:
         policy = f" {self.wait_policy.lower()}" if self.wait_policy else ""
-        return f"{self.workers}x{self.threads}{policy}"
+        runtime = f" {self.runtime}" if self.runtime else ""
+        return f"{self.workers}x{self.threads}{policy}{runtime}"
 
 
 def parse_shape(text: str) -> Shape:
-    """'1x2', '2x1' or '1x2:passive' (workers x threads per worker[:OMP wait policy: active,
-    passive, or default for libgomp's own, the variable unset])."""
+    """'1x2', '2x1', '1x2:passive' or '1x2:passive+eager' (workers x threads per worker[:OMP
+    wait policy: active, passive, or default for libgomp's own, the variable unset][+the
+    workers' --cpu-runtime])."""
+    text, _, runtime = text.partition("+")
     size, _, policy = text.partition(":")
     workers, _, threads = size.partition("x")
-    return Shape(int(workers), int(threads), policy.upper())
+    return Shape(int(workers), int(threads), policy.upper(), runtime)
 
 
 @dataclass
@@ -184,7 +188,11 @@ def fleet_for(shape: Shape, logs: Path) -> Fleet:
         workers=shape.workers,
         model=str(peers.served_model_dir()),
         port=port,
-        worker_args=("--threads", str(shape.threads), "--max-input-tokens", str(peers.MAX_TOKENS)),
+        worker_args=(
+            *("--threads", str(shape.threads), "--max-input-tokens", str(peers.MAX_TOKENS)),
+            *(("--cpu-runtime", shape.runtime) if shape.runtime else ()),
+            *kept_openvino_args(),  # as `embedfleet serve` starts its workers
+        ),
         gateway_args=(
             "--max-input-tokens",
             str(peers.MAX_TOKENS),
@@ -296,8 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--layout",
         action="append",
         default=[],
-        help="a fleet as WORKERSxTHREADS[:OMP_WAIT_POLICY], repeatable (default: the fleet's own "
-        "decision for this machine)",
+        help="a fleet as WORKERSxTHREADS[:OMP_WAIT_POLICY][+CPU_RUNTIME], repeatable (default: "
+        "the fleet's own decision for this machine)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)

@@ -290,6 +290,16 @@ class Fleet:
 OPENVINO_CACHE_ENV = "EMBEDFLEET_WORKER_OPENVINO_CACHE_DIR"
 
 
+def kept_openvino_args() -> tuple[str, ...]:
+    """The worker arguments that keep its OpenVINO conversion in this user's cache, unless the
+    environment names a cache: this machine's cache outlives the workers, so their CPU runtime
+    auto converts the model once and reads it at every later start (docs/engine.md, "CPU
+    runtimes")."""
+    if os.environ.get(OPENVINO_CACHE_ENV):
+        return ()
+    return ("--openvino-cache-dir", str(user_cache_dir("openvino")))
+
+
 def served_model(value: str) -> tuple[str, str]:
     """`NAME=PATH` as (NAME, PATH); a bare PATH serves under the model's own name ("")."""
     name, sep, path = value.partition("=")
@@ -360,10 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
     task = ("--task", args.task)
-    # This machine's cache outlives the workers, so their CPU runtime auto converts the model to
-    # OpenVINO once and reads it at every later start (docs/engine.md, "CPU runtimes").
-    cache = str(user_cache_dir("openvino"))
-    kept = () if os.environ.get(OPENVINO_CACHE_ENV) else ("--openvino-cache-dir", cache)
+    kept = kept_openvino_args()
     keys = (
         ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
     )
