@@ -93,6 +93,18 @@ pub fn unavailable(message: &str) -> ApiError {
         .code("no_workers")
 }
 
+/// OpenAI's answer to a missing or wrong key (the key itself is never echoed).
+pub fn unauthorized(presented: bool) -> ApiError {
+    let message = if presented {
+        "Incorrect API key provided."
+    } else {
+        "You didn't provide an API key. Pass it as 'Authorization: Bearer <key>'."
+    };
+    ApiError::new(401, message)
+        .code("invalid_api_key")
+        .header("www-authenticate", "Bearer")
+}
+
 pub fn internal() -> ApiError {
     ApiError::new(500, "Internal server error.")
         .kind("server_error")

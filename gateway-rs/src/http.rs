@@ -9,9 +9,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 
+use crate::auth;
 use crate::errors::{self, ApiError};
 use crate::metrics::Metrics;
 use crate::request;
@@ -110,6 +111,11 @@ async fn dispatch(
     route: &'static str,
     req: Request<Incoming>,
 ) -> Result<Reply, ApiError> {
+    if let Some(file) = &service.keys {
+        if req.uri().path().starts_with("/v1/") {
+            authorize(service, file, route, &req)?;
+        }
+    }
     let method = req.method().clone();
     if POSTS.contains(&route) {
         if method != Method::POST {
@@ -159,6 +165,26 @@ async fn dispatch(
         };
     }
     Err(errors::not_found(format!("No route {}.", req.uri().path())).code("not_found"))
+}
+
+/// 401 unless the request carries a current API key; counts it per key when asked. Before the
+/// method and the route, as the Python gateway: an unknown /v1/ path tells nothing without a key.
+fn authorize(
+    service: &Service,
+    file: &auth::KeyFile,
+    route: &'static str,
+    req: &Request<Incoming>,
+) -> Result<(), ApiError> {
+    let header = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    let token = auth::bearer(header);
+    let label = file
+        .keys()
+        .check(token.as_deref())
+        .ok_or_else(|| errors::unauthorized(header.is_some()))?;
+    if service.settings.api_key_metrics {
+        service.metrics.count_key(label, route);
+    }
+    Ok(())
 }
 
 async fn read_body(limit: usize, req: Request<Incoming>) -> Result<Bytes, ApiError> {

@@ -2,6 +2,7 @@
 //! issue #20). The Python gateway stays the reference; tests/gateway_rs checks this one
 //! against it request by request.
 
+mod auth;
 mod balancer;
 mod coalescing;
 mod errors;
@@ -55,6 +56,14 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
     } else {
         s.served_model_name.clone()
     };
+    let keys = if s.api_keys_file.is_empty() {
+        None
+    } else {
+        Some(Arc::new(auth::KeyFile::open(
+            &s.api_keys_file,
+            s.api_keys_reload_seconds,
+        )?))
+    };
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -65,6 +74,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         tokenization: Arc::new(tokenization),
         pool,
         metrics: Arc::new(metrics::Metrics::default()),
+        keys,
         created,
     })
 }
@@ -78,6 +88,9 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
     service.pool.start_probes();
+    if let Some(keys) = &service.keys {
+        keys.start();
+    }
     eprintln!("embedfleet-gateway-rs listening on http://{addr}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;

@@ -1,12 +1,13 @@
 //! The Python gateway's request metrics under the same names and labels, in Prometheus text:
 //! embedfleet_gateway_requests_total{route,code}, embedfleet_gateway_request_seconds{route},
-//! embedfleet_gateway_input_tokens_total, embedfleet_gateway_inflight_requests. Hand-written:
-//! four families do not need a client library's registry, locks and label hashing per request.
+//! embedfleet_gateway_input_tokens_total, embedfleet_gateway_inflight_requests and, with
+//! --api-key-metrics, embedfleet_gateway_key_requests_total{key,route}. Hand-written: five
+//! families do not need a client library's registry, locks and label hashing per request.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The Python gateway's request-duration buckets (metrics.py _LATENCY).
 pub const LATENCY: [f64; 15] = [
@@ -29,6 +30,7 @@ struct Requests {
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<Requests>,
+    keys: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
     pub input_tokens: AtomicU64,
     pub inflight: AtomicI64,
 }
@@ -55,7 +57,18 @@ impl Metrics {
         h.sum += seconds;
     }
 
+    /// One authorized request of the key whose label this is.
+    pub fn count_key(&self, label: Arc<str>, route: &'static str) {
+        *self
+            .keys
+            .lock()
+            .expect("metrics lock")
+            .entry((label, route))
+            .or_default() += 1;
+    }
+
     pub fn exposition(&self) -> String {
+        let keys = self.keys.lock().expect("metrics lock").clone();
         let (counts, seconds) = {
             let r = self.requests.lock().expect("metrics lock");
             (r.counts.clone(), r.seconds.clone())
@@ -101,6 +114,19 @@ impl Metrics {
                 h.sum
             );
         }
+        out.push_str(
+            "# HELP embedfleet_gateway_key_requests_total Authorized requests per API key (only \
+             with --api-key-metrics), by route; `key` is the first 12 hex digits of the key's \
+             sha256, never the key.\n",
+        );
+        out.push_str("# TYPE embedfleet_gateway_key_requests_total counter\n");
+        for ((key, route), n) in &keys {
+            let _ = writeln!(
+                out,
+                "embedfleet_gateway_key_requests_total{{key=\"{key}\",route=\"{route}\"}} {}",
+                number(*n as f64)
+            );
+        }
         out.push_str("# HELP embedfleet_gateway_input_tokens_total Tokens of accepted requests.\n");
         out.push_str("# TYPE embedfleet_gateway_input_tokens_total counter\n");
         let _ = writeln!(
@@ -137,5 +163,17 @@ mod tests {
         assert!(text.contains("_bucket{le=\"0.25\",route=\"/v1/embeddings\"} 2.0"));
         assert!(text.contains("_bucket{le=\"30.0\",route=\"/v1/embeddings\"} 2.0"));
         assert!(text.contains("_bucket{le=\"+Inf\",route=\"/v1/embeddings\"} 3.0"));
+    }
+
+    #[test]
+    fn key_requests_are_counted_by_label_and_route() {
+        let m = Metrics::default();
+        let label: Arc<str> = Arc::from("ba7816bf8f01");
+        m.count_key(Arc::clone(&label), "/v1/embeddings");
+        m.count_key(label, "/v1/embeddings");
+        let text = m.exposition();
+        assert!(text.contains(
+            "embedfleet_gateway_key_requests_total{key=\"ba7816bf8f01\",route=\"/v1/embeddings\"} 2.0"
+        ));
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 
+use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
 use crate::metrics::Metrics;
 use crate::model::ModelDir;
@@ -28,6 +29,8 @@ pub struct Service {
     pub tokenization: Arc<Tokenization>,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
+    /// The API keys file, when /v1/* needs a key (--api-keys-file).
+    pub keys: Option<Arc<KeyFile>>,
     pub created: u64,
 }
 

@@ -10,6 +10,9 @@ pub struct Settings {
     pub task: String,
     pub served_model_name: String,
     pub max_input_tokens: usize,
+    pub api_keys_file: String,
+    pub api_keys_reload_seconds: f64,
+    pub api_key_metrics: bool,
     pub workers: Vec<String>,
     pub max_client_batch: usize,
     pub max_request_tokens: usize,
@@ -35,6 +38,9 @@ impl Default for Settings {
             task: "auto".into(),
             served_model_name: String::new(),
             max_input_tokens: 0,
+            api_keys_file: String::new(),
+            api_keys_reload_seconds: 1.0,
+            api_key_metrics: false,
             workers: Vec::new(),
             max_client_batch: 2048,
             max_request_tokens: 1_000_000,
@@ -61,9 +67,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "models_file",
     "split_long_inputs",
     "split_overlap_tokens",
-    "api_keys_file",
-    "api_keys_reload_seconds",
-    "api_key_metrics",
     "workers_file",
     "k8s_service",
     "k8s_port_name",
@@ -89,12 +92,27 @@ fn number<T: std::str::FromStr>(name: &str, raw: &str) -> Result<T, String> {
         .map_err(|_| format!("--{}: invalid value {raw:?}", name.replace('_', "-")))
 }
 
+/// The Python settings' booleans (common/settings.py): 1/true/yes/on, 0/false/no/off.
+fn boolean(name: &str, raw: &str) -> Result<bool, String> {
+    match raw.trim().to_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!(
+            "--{}: invalid value {raw:?}, expected one of 0, 1, false, no, off, on, true, yes",
+            name.replace('_', "-")
+        )),
+    }
+}
+
 fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
     match name {
         "model" => s.model = raw.into(),
         "task" => s.task = raw.into(),
         "served_model_name" => s.served_model_name = raw.into(),
         "max_input_tokens" => s.max_input_tokens = number(name, raw)?,
+        "api_keys_file" => s.api_keys_file = raw.into(),
+        "api_keys_reload_seconds" => s.api_keys_reload_seconds = number(name, raw)?,
+        "api_key_metrics" => s.api_key_metrics = boolean(name, raw)?,
         "workers" => {
             s.workers = raw
                 .split(',')
@@ -190,7 +208,8 @@ pub fn load(
 fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
-     --task auto|embed, --served-model-name, --max-input-tokens, --max-client-batch,\n\
+     --task auto|embed, --served-model-name, --max-input-tokens, --api-keys-file,\n\
+     --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
      --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\
      --eject-seconds, --upstream-timeout-seconds, --probe-seconds, --host, --port,\n\
@@ -223,12 +242,31 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_settings_are_refused_by_name() {
-        let e = load(
-            &args(&["--workers", "a:1", "--api-keys-file", "k"]),
+    fn booleans_read_as_the_python_settings_do() {
+        let on = load(
+            &args(&["--workers", "a:1", "--api-key-metrics", "Yes"]),
             std::iter::empty(),
         );
-        assert!(e.unwrap_err().contains("--api-keys-file"));
+        assert!(on.unwrap().api_key_metrics);
+        let off = load(
+            &args(&["--workers", "a:1", "--api-key-metrics=0"]),
+            std::iter::empty(),
+        );
+        assert!(!off.unwrap().api_key_metrics);
+        let bad = load(
+            &args(&["--workers", "a:1", "--api-key-metrics", "2"]),
+            std::iter::empty(),
+        );
+        assert!(bad.unwrap_err().contains("--api-key-metrics"));
+    }
+
+    #[test]
+    fn unsupported_settings_are_refused_by_name() {
+        let e = load(
+            &args(&["--workers", "a:1", "--workers-file", "k"]),
+            std::iter::empty(),
+        );
+        assert!(e.unwrap_err().contains("--workers-file"));
         let env = vec![(
             "EMBEDFLEET_GATEWAY_K8S_SERVICE".to_string(),
             "x".to_string(),

@@ -4,6 +4,7 @@ one real null-engine worker."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import gateway_rs_binary, running_gateway_rs
+from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary, running_gateway_rs
 from embedfleet.testing.workers import running_worker
 from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import GatewayThread, wait_until
@@ -30,6 +31,20 @@ LIMITS = {
 
 def flags(settings: dict[str, object]) -> list[str]:
     return [f for k, v in settings.items() for f in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def run_binary(
+    binary: Path, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The binary run to its exit (a refusal at start, the tests expect), output captured."""
+    return subprocess.run(
+        [str(binary), *argv],
+        env=child_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ never a different answer: the Python gateway serves these."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
+import os
 from pathlib import Path
 
 import orjson
@@ -13,6 +13,7 @@ import pytest
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.gateway_rs import child_env
 
+from .conftest import run_binary
 from .pair import Pair
 
 
@@ -44,7 +45,6 @@ def test_openapi_is_501(fake_pair: Pair) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--api-keys-file", "/dev/null"],
         ["--k8s-service", "emb/workers"],
         ["--split-long-inputs", "true"],
         ["--models-file", "m.json"],
@@ -54,27 +54,14 @@ def test_openapi_is_501(fake_pair: Pair) -> None:
     ],
 )
 def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list[str]) -> None:
-    proc = subprocess.run(
-        [str(rust_binary), "--workers", "127.0.0.1:1", "--port", "0", *argv],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", *argv)
     assert proc.returncode == 2
     assert argv[0] in proc.stderr or "--task" in proc.stderr, proc.stderr
 
 
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
-    proc = subprocess.run(
-        [str(rust_binary), "--workers", "127.0.0.1:1"],
-        env={**child_env(), "EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    env = {**child_env(), "EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"}
+    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", env=env)
     assert proc.returncode == 2
     assert "--workers-file" in proc.stderr
 
@@ -85,12 +72,7 @@ def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> 
     refuses naming itself as unsupported."""
     for f in dataclasses.fields(GatewaySettings):
         flag = "--" + f.name.replace("_", "-")
-        proc = subprocess.run(
-            [str(rust_binary), "--workers", "127.0.0.1:1", flag, "not-a-value", "--port", "x"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        argv = ("--workers", "127.0.0.1:1", flag, "not-a-value", "--port", "x")
+        proc = run_binary(rust_binary, *argv, env=dict(os.environ))
         assert proc.returncode == 2, flag
         assert "unknown setting" not in proc.stderr, f"{flag}: {proc.stderr}"
