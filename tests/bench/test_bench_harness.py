@@ -114,7 +114,7 @@ def test_harness_against_our_fleet(tmp_path: Path, monkeypatch, tokenizer) -> No
     points = plan(SUITES, TINY)
     out = tmp_path / "out"
     opts = compare.Options(
-        systems=("embedfleet", "no-such-peer"),
+        systems=("embedfleet", "sentence-transformers", "no-such-peer"),
         points=points,
         mode="tiny",
         out=out,
@@ -125,19 +125,23 @@ def test_harness_against_our_fleet(tmp_path: Path, monkeypatch, tokenizer) -> No
 
     doc = json.loads((out / "results.json").read_text())
     systems = {s["name"]: s for s in doc["systems"]}
-    assert list(systems) == ["embedfleet", "no-such-peer"]
-    ours = systems["embedfleet"]
-    assert ours["status"] == "ok"
-    assert ours["fidelity"]["min_cosine"] >= 0.999
-    assert ours["fidelity"]["max_score_error"] < 0.01
-    assert set(ours["points"]) == {p.key for p in points}
-    for key, m in ours["points"].items():
-        assert m["requests"] >= 1, key
-        assert m["errors"] == 0, (key, m["first_error"])
-        assert m["tokens_per_second"] > 0
-        assert m["p99_ms"] >= m["p50_ms"] > 0
+    assert list(systems) == ["embedfleet", "sentence-transformers", "no-such-peer"]
+    for name in ("embedfleet", "sentence-transformers"):  # a server, and a peer over a pipe
+        run = systems[name]
+        assert run["status"] == "ok", name
+        assert run["fidelity"]["min_cosine"] >= 0.999, name
+        assert run["fidelity"]["max_score_error"] < 0.01, name
+        assert set(run["points"]) == {p.key for p in points}
+        for key, m in run["points"].items():
+            assert m["requests"] >= 1, (name, key)
+            assert m["errors"] == 0, (name, key, m["first_error"])
+            assert m["tokens_per_second"] > 0
+            assert m["p99_ms"] >= m["p50_ms"] > 0
+        # its own processes held the model: more than the weights (87 MiB) and an interpreter
+        assert run["peak_rss_mb"] > 150, name
+        assert set(run["seconds"]) >= {"start", "fidelity", *SUITES}
     assert systems["no-such-peer"]["status"].startswith("unavailable")
-    assert set(ours["seconds"]) >= {"start", "fidelity", *SUITES}
+    assert systems["no-such-peer"]["peak_rss_mb"] is None
 
     md = (out / "results.md").read_text()
     for title in (
@@ -150,5 +154,6 @@ def test_harness_against_our_fleet(tmp_path: Path, monkeypatch, tokenizer) -> No
     assert "no-such-peer" in md
     assert "unavailable" in md
     assert "DRIFT" not in md
+    assert "| peak RSS MiB |" in md
     for png in ("latency_vs_concurrency.png", "throughput.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

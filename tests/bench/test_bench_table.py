@@ -14,11 +14,10 @@ from embedfleet.bench import cpu_profile
 from embedfleet.bench.cpu_profile import stage_of
 from embedfleet.bench.gateway import Row, table
 from embedfleet.bench.gateway_cpu import CpuRow, cpu_table, medians
-from embedfleet.bench.gateway_procs import tree_cpu_seconds
 from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
 from embedfleet.bench.layouts import table as layouts_table
-from embedfleet.bench.report import best_peer, suite_table
+from embedfleet.bench.report import best_peer, suite_table, systems_table, targets_table
 from embedfleet.bench.stages import (
     Breakdown,
     Shape,
@@ -29,6 +28,7 @@ from embedfleet.bench.stages import (
 )
 from embedfleet.bench.stages import table as stages_table
 from embedfleet.bench.suites import Point, SystemRun
+from embedfleet.testing.procfs import tree_cpu_seconds
 
 
 def test_overhead_is_gateway_minus_worker_at_equal_clients() -> None:
@@ -137,6 +137,23 @@ def test_best_peer_is_none_without_peers() -> None:
     ours = SystemRun("embedfleet", "dev", "", "rerank", points={point.key: _m(1000, 20.0, 40.0)})
     assert best_peer([ours], point.key, "p50_ms", higher=False) is None
     assert "best peer** | – | – | – | – |" in suite_table("latency", [point], [ours])
+
+
+def test_peak_memory_is_held_against_the_leanest_peer_that_was_measured() -> None:
+    runs = [
+        SystemRun("embedfleet", "dev", "", "rerank", peak_rss_mb=900.0),
+        SystemRun("lean", "1", "", "embed", peak_rss_mb=600.0),
+        SystemRun("heavy", "1", "", "embed", peak_rss_mb=2000.0),
+        SystemRun("remote", "1", "", "embed"),  # no processes of ours to read
+    ]
+    row = next(line for line in targets_table(runs).splitlines() if "peak RSS" in line)
+    assert row == "| peak RSS MiB | 900 | lean 600 | 1.50× | ≤ 1.0× | no |"
+    runs[0].peak_rss_mb = 550.0
+    assert "| 0.92× | ≤ 1.0× | yes |" in targets_table(runs)
+    assert "| 2,000 | ok |" in systems_table(runs)
+    assert "| – | ok |" in systems_table(runs)  # the remote one
+    without = next(line for line in targets_table(runs[:1]).splitlines() if "peak RSS" in line)
+    assert without.endswith("| not measured |")
 
 
 # --- the per-stage breakdown -------------------------------------------------------------------

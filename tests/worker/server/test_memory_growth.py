@@ -15,11 +15,11 @@ MB in all) and the loaded machine's noise, while failing the unbounded growth by
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from embedfleet.testing import procfs
 from embedfleet.testing.workers import WorkerProcess, start_worker, worker_stub
 
 from .helpers import embed_request
@@ -32,10 +32,9 @@ ALLOWED_MB = 60.0
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for {pid}")
+    mb = procfs.rss_mb(pid)
+    assert mb is not None, f"the worker (pid {pid}) is gone"
+    return mb
 
 
 def _shapes(rng: np.random.Generator, count: int) -> Iterator[list[list[int]]]:

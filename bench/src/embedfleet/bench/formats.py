@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ from embedfleet.gateway.quantization import (
     load_calibration,
     quantize,
 )
+from embedfleet.testing import procfs
 
 FORMATS = list(ENCODINGS)
 BATCH = 64
@@ -75,10 +75,11 @@ def wire_bytes(client: httpx.Client, texts: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu(pid: int) -> float:
+    seconds = procfs.cpu_seconds(pid)
+    if seconds is None:
+        raise RuntimeError(f"the gateway (pid {pid}) exited during the measurement")
+    return seconds
 
 
 def gateway_cpu(
@@ -89,10 +90,10 @@ def gateway_cpu(
     out = {}
     for encoding in FORMATS:
         _post(client, texts, encoding)  # warm
-        start = _cpu_seconds(pid)
+        start = _cpu(pid)
         for _ in range(passes):
             _post(client, texts, encoding)
-        out[encoding] = (_cpu_seconds(pid) - start) * 1e6 / (passes * len(texts))
+        out[encoding] = (_cpu(pid) - start) * 1e6 / (passes * len(texts))
     return out
 
 

@@ -29,7 +29,6 @@ from embedfleet.bench import gateway_cpu as cpu
 from embedfleet.bench.gateway_procs import (
     gateway_call,
     spawn_gateway,
-    tree_cpu_seconds,
     worker_call,
 )
 from embedfleet.bench.http_load import Call, run_point
@@ -37,6 +36,7 @@ from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing.procfs import tree_cpu_seconds
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
 CONCURRENCY = (1, 2, 4, 8, 16)

@@ -36,7 +36,6 @@ from embedfleet.bench import corpus, cpu_profile
 from embedfleet.bench.gateway_procs import (
     RawHttp,
     spawn_gateway,
-    tree_cpu_seconds,
     worker_call,
 )
 from embedfleet.bench.http_load import Call, Measurement, run_point
@@ -45,6 +44,7 @@ from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
+from embedfleet.testing.procfs import tree_cpu_seconds
 
 #: shape name -> (texts per request, tokens per text including [CLS]/[SEP])
 SHAPES: dict[str, tuple[int, int]] = {"1x20": (1, 20), "16x20": (16, 20), "100x512": (100, 512)}

@@ -51,27 +51,6 @@ class RawHttp:
             self._writer.close()
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User+system CPU of `pid` and all its descendants (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += stats.get(current, (0, 0.0))[1]
-        todo += [child for child, (parent, _) in stats.items() if parent == current]
-    return total
-
-
 def gateway_call(port: int, clients: int, body: bytes) -> tuple[Call, list[RawHttp]]:
     conns = [RawHttp("127.0.0.1", port) for _ in range(clients)]
 

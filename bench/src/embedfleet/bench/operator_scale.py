@@ -42,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from embedfleet.common.net import free_ports
 from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.manifests import MANAGER
-from embedfleet.testing import apimetrics, process
+from embedfleet.testing import apimetrics, process, procfs
 from embedfleet.testing.apiclient import ApiClient, ApiError
 from embedfleet.testing.cluster import Cluster, ClusterConfig
 from embedfleet.testing.components import ClientRate
@@ -385,7 +385,7 @@ class Operator:
         return time.monotonic() - began
 
     def kill(self) -> None:
-        self.cpu_before += _cpu_seconds(self.record.pid) or 0.0
+        self.cpu_before += procfs.cpu_seconds(self.record.pid) or 0.0
         process.stop([self.record], self.children, grace_seconds=0.0)
 
     def stop(self) -> None:
@@ -449,24 +449,9 @@ class Operator:
             if not self.records or not process.is_running(self.record):
                 continue
             pid = self.record.pid
-            rss, cpu = _rss_mb(pid), _cpu_seconds(pid)
+            rss, cpu = procfs.rss_mb(pid), procfs.cpu_seconds(pid)
             if rss is not None and cpu is not None:
                 self.samples.append(Sample(time.monotonic(), rss, self.cpu_before + cpu))
-
-
-def _rss_mb(pid: int) -> float | None:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return None
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return None
 
 
 # -- phases --------------------------------------------------------------------------------------

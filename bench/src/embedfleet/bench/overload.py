@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from embedfleet.bench.gateway_procs import tree_cpu_seconds
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
@@ -53,6 +52,7 @@ from embedfleet.testing.overload import (
     summarize,
     words_of,
 )
+from embedfleet.testing.procfs import tree_cpu_seconds
 from embedfleet.testing.slowloris import raise_open_files, stalled
 from embedfleet.testing.workers import metric_value, scrape
 

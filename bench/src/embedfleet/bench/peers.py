@@ -387,7 +387,8 @@ def sentence_transformers_spec(dtype: str, device: str = "cpu") -> SystemSpec:
     return SystemSpec(
         "sentence-transformers",
         sentence_transformers.__version__,
-        f"in-process `encode` on {device}, {dtype}, batch_size 32, calls serialized",
+        f"`encode` on {device}, {dtype}, batch_size 32, calls serialized; its own process, "
+        "texts over a pipe (no HTTP)",
         "embed",
         "",
         "",

@@ -34,6 +34,7 @@ from embedfleet.bench.targets import HttpTarget, TargetError
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
+from embedfleet.testing import procfs
 
 #: worker flags that turn the memory settings off (for --baseline)
 DEFAULTS_OFF = ("--library-cache-capacity", "0", "--malloc-trim-seconds", "0")
@@ -97,13 +98,6 @@ def growth(samples: Sequence[tuple[float, dict[str, float]]], minute: float = 60
     return rows
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"no VmRSS for pid {pid}")
-
-
 def texts(rng: random.Random, max_texts: int, max_words: int) -> list[str]:
     def word() -> str:
         return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3)))
@@ -145,7 +139,9 @@ async def _sampler(
         rss = {}
         for child in fleet.children:
             if child.process is not None and child.process.poll() is None:
-                rss[child.name] = rss_mb(child.process.pid)
+                mb = procfs.rss_mb(child.process.pid)
+                if mb is not None:
+                    rss[child.name] = mb
         out.append((now - start, rss))
         if now >= deadline:
             return

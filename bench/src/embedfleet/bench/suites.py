@@ -141,6 +141,9 @@ class SystemRun:
     fidelity: Fidelity | None = None
     points: dict[str, Measurement] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the sum of each of its processes' peak resident memory (VmHWM) after every suite, MiB;
+    #: None where its processes are not ours to read (a fleet already running)
+    peak_rss_mb: float | None = None
 
 
 async def run_system(

@@ -199,55 +199,40 @@ class _InProcess:
         return cosine_scores(await asyncio.to_thread(self._encode, [query, *documents]))
 
 
-class SentenceTransformersTarget(_InProcess):
-    """sentence-transformers in this process: no server, so no HTTP and no JSON.
+class PipeError(RuntimeError):
+    """A sentence-transformers peer's process failed or answered an error."""
+
+
+class PipeTarget(_InProcess):
+    """sentence-transformers `encode` in a process of its own (st_child.py, run by `python`, the
+    environment that has the backend): texts go over a pipe, so it pays no HTTP and no JSON of
+    vectors, only a pipe's copy, and its memory is measured apart from the benchmark's.
 
     Calls are serialized by a lock, as a one-model server without batching would run them: two
     concurrent `encode` calls would only split the same cores between them.
     """
 
     def __init__(
-        self, model_dir: str, dtype: str = "float32", device: str = "cpu", batch_size: int = 32
+        self,
+        name: str,
+        python: Path,
+        model_dir: str,
+        log: Path,
+        *,
+        backend: str = "torch",
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 32,
     ) -> None:
-        import torch
-        from sentence_transformers import SentenceTransformer
-
-        self.name = "sentence-transformers"
-        self._lock = threading.Lock()
-        self._batch_size = batch_size
-        self._model = SentenceTransformer(
-            model_dir, device=device, model_kwargs={"torch_dtype": getattr(torch, dtype)}
-        )
-
-    def _encode(self, texts: Sequence[str]) -> FloatArray:
-        with self._lock:
-            out = self._model.encode(
-                list(texts), batch_size=self._batch_size, convert_to_numpy=True
-            )
-        return np.asarray(out, dtype=np.float32)
-
-    async def close(self) -> None:
-        return None
-
-
-class PipeError(RuntimeError):
-    """The OpenVINO peer's process failed or answered an error."""
-
-
-class OpenVinoTarget(_InProcess):
-    """sentence-transformers with `backend="openvino"`, run in its own venv's process: texts go
-    over a pipe (openvino_child.py), so it pays no HTTP and no JSON of vectors, only a pipe's
-    copy. Calls are serialized, as for the in-process sentence-transformers peer."""
-
-    def __init__(self, python: Path, model_dir: str, log: Path, batch_size: int = 32) -> None:
-        self.name = "st-openvino"
+        self.name = name
         self._lock = threading.Lock()
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = log
-        script = Path(__file__).with_name("openvino_child.py")
+        script = Path(__file__).with_name("st_child.py")
+        argv = [str(python), str(script), model_dir, str(batch_size), backend, device, dtype]
         with log.open("ab") as err:
             self._proc = subprocess.Popen(
-                [str(python), str(script), model_dir, str(batch_size)],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -258,7 +243,11 @@ class OpenVinoTarget(_InProcess):
             self._proc.kill()
             self._proc.wait()
             tail = " | ".join(log.read_text(errors="replace").splitlines()[-4:])
-            raise PipeError(f"the OpenVINO peer did not start: {tail}")
+            raise PipeError(f"{name} did not start: {tail}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     @property
     def _stdout(self) -> IO[bytes]:
@@ -268,7 +257,7 @@ class OpenVinoTarget(_InProcess):
     def _read(self, n: int) -> bytes:
         data = self._stdout.read(n)
         if len(data) < n:
-            raise PipeError(f"the OpenVINO peer exited (log {self._log})")
+            raise PipeError(f"{self.name} exited (log {self._log})")
         return data
 
     def _encode(self, texts: Sequence[str]) -> FloatArray:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from embedfleet.common.lifetime import die_with
+from embedfleet.testing import procfs
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
 T = TypeVar("T")
@@ -47,8 +48,7 @@ def start_ticks(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    # The command name (field 2) may contain spaces and parentheses; it ends at the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
+    fields = procfs.stat_fields(stat)
     state, ticks = fields[0], fields[19]
     return None if state in ("Z", "X") else int(ticks)
 
