@@ -127,7 +127,12 @@ async fn dispatch(
         if route != "/v1/embeddings" {
             return Err(errors::unsupported(&format!("POST {route}")));
         }
-        let body = read_body(service.settings.max_body_bytes, req).await?;
+        let body = read_body(
+            service.settings.max_body_bytes,
+            service.settings.body_timeout_seconds,
+            req,
+        )
+        .await?;
         let parsed = request::parse(&body)?;
         let doc = service.embeddings(parsed).await?;
         return Ok(respond(200, doc, "application/json"));
@@ -187,7 +192,11 @@ fn authorize(
     Ok(())
 }
 
-async fn read_body(limit: usize, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+async fn read_body(
+    limit: usize,
+    timeout_seconds: f64,
+    req: Request<Incoming>,
+) -> Result<Bytes, ApiError> {
     let over = || {
         errors::too_large(format!(
             "The request body is over the limit of {limit} bytes."
@@ -210,7 +219,16 @@ async fn read_body(limit: usize, req: Request<Incoming>) -> Result<Bytes, ApiErr
             .code("unsupported_media_type"));
         }
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    let deadline = std::time::Duration::from_secs_f64(timeout_seconds);
+    let collected = tokio::time::timeout(deadline, Limited::new(req.into_body(), limit).collect());
+    let Ok(collected) = collected.await else {
+        return Err(
+            ApiError::new(408, "The request body did not arrive in time.")
+                .code("request_timeout")
+                .header("connection", "close"),
+        );
+    };
+    match collected {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(over()),
         // The connection broke mid-body: the client is gone, nobody reads this.

@@ -5,6 +5,7 @@
 mod auth;
 mod balancer;
 mod coalescing;
+mod connection;
 mod errors;
 mod http;
 mod metrics;
@@ -18,6 +19,7 @@ mod splitting;
 mod tokenization;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hyper::server::conn::http1;
@@ -91,6 +93,18 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
     if let Some(keys) = &service.keys {
         keys.start();
     }
+    let open_files = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|t| connection::open_files_limit(&t))
+        .unwrap_or(1024);
+    let cap = connection::connection_cap(s.max_connections, open_files);
+    if cap < s.max_connections {
+        eprintln!(
+            "max connections lowered to fit the open-file limit: max_connections={cap} \
+             open_files={open_files}"
+        );
+    }
+    let open = Arc::new(AtomicU64::new(0));
     eprintln!("embedfleet-gateway-rs listening on http://{addr}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
@@ -106,15 +120,49 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
             _ = terminate.recv() => return Ok(()),
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
+        if open.fetch_add(1, Ordering::AcqRel) >= cap {
+            // Refused before any work: a write the socket's empty buffer takes whole, then close.
+            open.fetch_sub(1, Ordering::AcqRel);
+            let _ = stream.try_write(connection::too_many());
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         let service = Arc::clone(&service);
+        let open = Opened(Arc::clone(&open));
+        let bounds = connection::Bounds::drawn(
+            s.header_timeout_seconds,
+            s.keep_alive_seconds,
+            connection::draw(),
+        );
         tokio::spawn(async move {
-            let handler = service_fn(move |req| http::handle(Arc::clone(&service), req));
-            let _ = http1::Builder::new()
+            let _open = open;
+            let watch = connection::Watch::new();
+            let busy = Arc::clone(&watch);
+            let handler = service_fn(move |req| {
+                // Synchronously, before hyper reads on: from here the header bound is off.
+                let guard = busy.busy();
+                let reply = http::handle(Arc::clone(&service), req);
+                async move {
+                    let reply = reply.await;
+                    drop(guard);
+                    reply
+                }
+            });
+            let io = TokioIo::new(connection::Watched::new(stream, Arc::clone(&watch)));
+            let conn = http1::Builder::new()
                 .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), handler)
-                .await;
+                .serve_connection(io, handler);
+            watch.guard(bounds, conn).await;
         });
+    }
+}
+
+/// One open connection, counted against --max-connections until its task ends.
+struct Opened(Arc<AtomicU64>);
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -26,6 +26,10 @@ pub struct Settings {
     pub eject_seconds: f64,
     pub upstream_timeout_seconds: f64,
     pub probe_seconds: f64,
+    pub header_timeout_seconds: f64,
+    pub body_timeout_seconds: f64,
+    pub keep_alive_seconds: f64,
+    pub max_connections: u64,
     pub host: String,
     pub port: u16,
     pub log_level: String,
@@ -54,6 +58,10 @@ impl Default for Settings {
             eject_seconds: 5.0,
             upstream_timeout_seconds: 60.0,
             probe_seconds: 2.0,
+            header_timeout_seconds: 10.0,
+            body_timeout_seconds: 60.0,
+            keep_alive_seconds: 5.0,
+            max_connections: 0,
             host: "127.0.0.1".into(),
             port: 8080,
             log_level: "info".into(),
@@ -77,10 +85,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "tokenize_threads",
     "tokenize_inline_chars",
     "tokenize_large_chars",
-    "header_timeout_seconds",
-    "body_timeout_seconds",
-    "keep_alive_seconds",
-    "max_connections",
     "tracing_endpoint",
     "tracing_sample_ratio",
     "tracing_service_name",
@@ -90,6 +94,19 @@ fn number<T: std::str::FromStr>(name: &str, raw: &str) -> Result<T, String> {
     raw.trim()
         .parse()
         .map_err(|_| format!("--{}: invalid value {raw:?}", name.replace('_', "-")))
+}
+
+/// A duration in seconds: finite and not negative (a bound, never "forever" by accident).
+fn seconds(name: &str, raw: &str) -> Result<f64, String> {
+    let value: f64 = number(name, raw)?;
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(format!(
+            "--{}: invalid value {raw:?}, expected seconds >= 0",
+            name.replace('_', "-")
+        ))
+    }
 }
 
 /// The Python settings' booleans (common/settings.py): 1/true/yes/on, 0/false/no/off.
@@ -133,6 +150,10 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "eject_seconds" => s.eject_seconds = number(name, raw)?,
         "upstream_timeout_seconds" => s.upstream_timeout_seconds = number(name, raw)?,
         "probe_seconds" => s.probe_seconds = number(name, raw)?,
+        "header_timeout_seconds" => s.header_timeout_seconds = seconds(name, raw)?,
+        "body_timeout_seconds" => s.body_timeout_seconds = seconds(name, raw)?,
+        "keep_alive_seconds" => s.keep_alive_seconds = seconds(name, raw)?,
+        "max_connections" => s.max_connections = number(name, raw)?,
         "host" => s.host = raw.into(),
         "port" => s.port = number(name, raw)?,
         "log_level" => {
@@ -212,8 +233,9 @@ fn help() -> String {
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
      --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\
-     --eject-seconds, --upstream-timeout-seconds, --probe-seconds, --host, --port,\n\
-     --log-level.\n\
+     --eject-seconds, --upstream-timeout-seconds, --probe-seconds,\n\
+     --header-timeout-seconds, --body-timeout-seconds, --keep-alive-seconds,\n\
+     --max-connections, --host, --port, --log-level.\n\
      See docs/gateway.md, \"Rust gateway\"."
         .into()
 }
@@ -258,6 +280,22 @@ mod tests {
             std::iter::empty(),
         );
         assert!(bad.unwrap_err().contains("--api-key-metrics"));
+    }
+
+    #[test]
+    fn bounds_are_seconds_not_below_zero() {
+        let s = load(
+            &args(&["--workers", "a:1", "--header-timeout-seconds", "2.5"]),
+            std::iter::empty(),
+        );
+        assert_eq!(s.unwrap().header_timeout_seconds, 2.5);
+        for bad in ["-1", "nan", "inf", "x"] {
+            let e = load(
+                &args(&["--workers", "a:1", "--keep-alive-seconds", bad]),
+                std::iter::empty(),
+            );
+            assert!(e.unwrap_err().contains("--keep-alive-seconds"), "{bad}");
+        }
     }
 
     #[test]

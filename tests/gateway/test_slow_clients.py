@@ -1,6 +1,7 @@
-"""Slow, stalled and idle HTTP clients against the gateway's real server settings (cli.py), in front
-of FAKE workers (fakes.py): stalled connections are closed after their bound, a connection flood is
-refused cleanly past the cap, and a normal client is answered throughout."""
+"""Slow, stalled and idle HTTP clients against each gateway's real server settings (the Python
+gateway's cli.py, the Rust gateway's binary), in front of FAKE workers (fakes.py): stalled
+connections are closed after their bound, a connection flood is refused cleanly past the cap, and
+a normal client is answered throughout."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.cli import connection_cap
 from embedfleet.gateway.connection import SPREAD
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import running_gateway_rs
 
 from .fakes import FakeWorker
 from .helpers import GatewayThread, wait_until
@@ -26,6 +29,8 @@ BODY_SECONDS = 1.0
 KEEP_ALIVE_SECONDS = 1.0
 STALLED = 300
 CAP = 400
+#: the Python gateway (the reference) and the Rust one, each run as it serves
+GATEWAYS = ("python", "rust")
 
 
 @pytest.fixture(scope="module")
@@ -36,33 +41,50 @@ def workers() -> Iterator[list[FakeWorker]]:
         w.stop()
 
 
-def _gateway(minilm: ModelDir, workers: list[FakeWorker], cap: int) -> GatewayThread:
-    settings = GatewaySettings(
-        workers=tuple(w.address for w in workers),
-        probe_seconds=0.1,
-        header_timeout_seconds=HEADER_SECONDS,
-        body_timeout_seconds=BODY_SECONDS,
-        keep_alive_seconds=KEEP_ALIVE_SECONDS,
-        max_connections=cap,
-    )
+@contextlib.contextmanager
+def _serving(
+    kind: str, minilm: ModelDir, workers: list[FakeWorker], cap: int, log: Path
+) -> Iterator[str]:
+    """The gateway's URL, serving with these bounds until the block ends."""
+    bounds = {
+        "header_timeout_seconds": HEADER_SECONDS,
+        "body_timeout_seconds": BODY_SECONDS,
+        "keep_alive_seconds": KEEP_ALIVE_SECONDS,
+        "max_connections": cap,
+    }
+    addresses = [w.address for w in workers]
+    if kind == "rust":
+        flags = [f for k, v in bounds.items() for f in (f"--{k.replace('_', '-')}", str(v))]
+        with running_gateway_rs(addresses, "--probe-seconds", "0.1", *flags, log=log) as rs:
+            yield rs.url
+        return
+    settings = GatewaySettings(workers=tuple(addresses), probe_seconds=0.1, **bounds)  # type: ignore[arg-type]
     gw = GatewayThread(settings, minilm).start()
-    wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
-    return gw
+    try:
+        wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
+        yield gw.url
+    finally:
+        gw.stop()
 
 
-@pytest.fixture(scope="module")
-def gateway(minilm: ModelDir, workers: list[FakeWorker]) -> Iterator[GatewayThread]:
-    gw = _gateway(minilm, workers, CAP)
-    yield gw
-    gw.stop()
+@pytest.fixture(scope="module", params=GATEWAYS)
+def gateway(
+    request: pytest.FixtureRequest,
+    minilm: ModelDir,
+    workers: list[FakeWorker],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("slow_clients") / "gateway-rs.log"
+    with _serving(request.param, minilm, workers, CAP, log) as url:
+        yield url
 
 
-def _port(gw: GatewayThread) -> int:
-    return int(gw.url.rsplit(":", 1)[1])
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
 
 
-def _connect(gw: GatewayThread, first: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", _port(gw)), timeout=10)
+def _connect(url: str, first: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", _port(url)), timeout=10)
     if first:
         sock.sendall(first)
     return sock
@@ -112,9 +134,9 @@ class Prober:
 
 
 def test_stalled_connections_are_closed_after_the_header_bound_while_others_are_served(
-    gateway: GatewayThread,
+    gateway: str,
 ) -> None:
-    with Prober(gateway.url) as prober:
+    with Prober(gateway) as prober:
         time.sleep(0.3)
         opened = time.monotonic()
         # Half send a request line and a Host header and stop; half send nothing at all.
@@ -139,7 +161,7 @@ def test_stalled_connections_are_closed_after_the_header_bound_while_others_are_
     assert worst < 1.0
 
 
-def test_a_slow_body_gets_408_and_the_connection_closes(gateway: GatewayThread) -> None:
+def test_a_slow_body_gets_408_and_the_connection_closes(gateway: str) -> None:
     head = (
         b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
         b"content-length: 100\r\n\r\n"
@@ -153,7 +175,7 @@ def test_a_slow_body_gets_408_and_the_connection_closes(gateway: GatewayThread) 
     assert BODY_SECONDS * 0.9 <= closed - start < BODY_SECONDS + 3.0
 
 
-def test_an_idle_kept_alive_connection_is_closed(gateway: GatewayThread) -> None:
+def test_an_idle_kept_alive_connection_is_closed(gateway: str) -> None:
     sock = _connect(gateway, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     start = time.monotonic()
     got, closed = _until_closed(sock, KEEP_ALIVE_SECONDS + 10)
@@ -163,27 +185,27 @@ def test_an_idle_kept_alive_connection_is_closed(gateway: GatewayThread) -> None
     assert KEEP_ALIVE_SECONDS * (1 - SPREAD) <= closed - start < KEEP_ALIVE_SECONDS + 3.0
 
 
+@pytest.mark.parametrize("kind", GATEWAYS)
 def test_connections_past_the_cap_are_refused_cleanly(
-    minilm: ModelDir, workers: list[FakeWorker]
+    kind: str, minilm: ModelDir, workers: list[FakeWorker], tmp_path: Path
 ) -> None:
-    gw = _gateway(minilm, workers, cap=20)
-    held = [_connect(gw) for _ in range(20)]
-    try:
-        extra = _connect(gw)
-        got, _ = _until_closed(extra, 5)
-        extra.close()
-        assert got.startswith(b"HTTP/1.1 503 "), got
-        assert b'"too_many_connections"' in got
-    finally:
-        for s in held:
-            s.close()
-    # Once they are gone, new clients are served again.
-    wait_until(
-        "served again",
-        lambda: httpx.get(gw.url + "/health", timeout=5).status_code == 200,
-        timeout=10,
-    )
-    gw.stop()
+    with _serving(kind, minilm, workers, 20, tmp_path / "gateway-rs.log") as url:
+        held = [_connect(url) for _ in range(20)]
+        try:
+            extra = _connect(url)
+            got, _ = _until_closed(extra, 5)
+            extra.close()
+            assert got.startswith(b"HTTP/1.1 503 "), got
+            assert b'"too_many_connections"' in got
+        finally:
+            for s in held:
+                s.close()
+        # Once they are gone, new clients are served again.
+        wait_until(
+            "served again",
+            lambda: httpx.get(url + "/health", timeout=5).status_code == 200,
+            timeout=10,
+        )
 
 
 def test_the_connection_cap_stays_below_the_open_file_limit() -> None:

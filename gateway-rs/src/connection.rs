@@ -1,0 +1,430 @@
+//! Bounds on slow, stalled and idle clients (the Python gateway's connection.py): a request's
+//! headers must arrive within `--header-timeout-seconds` of the connection opening (or of the
+//! next request's first byte), else 408 and the connection closes; an idle kept-alive
+//! connection closes after `--keep-alive-seconds`; past `--max-connections` open connections a
+//! new one is answered 503 and closed at once, before the file descriptors run out. The body's
+//! own deadline is the handler's (http.rs): only it reads the body.
+//!
+//! hyper's own `header_read_timeout` closes a stalled head without a response and counts an idle
+//! kept-alive connection against the same bound, so the bounds are kept here instead: the
+//! socket is wrapped (`Watched`) to see a request's first byte and to end the connection on a
+//! deadline, and the connection's task sleeps until its next deadline. Each connection's
+//! deadlines are drawn from the last `SPREAD` of their bound, as in the Python gateway: with
+//! one fixed bound, connections opened in one burst are closed, and reopened, in one burst.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+/// The fraction of a bound its deadlines are spread over, below the bound itself.
+pub const SPREAD: f64 = 0.1;
+/// File descriptors kept out of --max-connections: worker channels, the log, the listener.
+pub const FD_RESERVE: u64 = 64;
+
+/// One connection's deadline for `bound`, from `draw` uniform in [0, 1): never past the bound,
+/// never sooner than `1 - SPREAD` of it.
+pub fn spread(bound: f64, draw: f64) -> f64 {
+    bound * (1.0 - SPREAD * draw)
+}
+
+/// --max-connections (0: no cap of its own), kept below the open-file limit so that refusing
+/// stays possible.
+pub fn connection_cap(wanted: u64, open_files: u64) -> u64 {
+    let room = open_files.saturating_sub(FD_RESERVE).max(1);
+    if wanted > 0 {
+        wanted.min(room)
+    } else {
+        room
+    }
+}
+
+/// The soft open-file limit from a /proc/self/limits text (None if the line is missing;
+/// "unlimited" reads as 2^20, as the Python gateway takes RLIM_INFINITY).
+pub fn open_files_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line["Max open files".len()..].split_whitespace().next()?;
+    if soft == "unlimited" {
+        Some(1 << 20)
+    } else {
+        soft.parse().ok()
+    }
+}
+
+/// A complete HTTP/1.1 response in OpenAI's error shape that closes the connection.
+pub fn canned(status: &str, code: &'static str, message: &str, kind: &'static str) -> Vec<u8> {
+    let body = crate::errors::ApiError::new(0, message)
+        .kind(kind)
+        .code(code)
+        .body();
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{}",
+        body.len(),
+        String::from_utf8_lossy(&body)
+    )
+    .into_bytes()
+}
+
+pub fn too_many() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| {
+        canned(
+            "503 Service Unavailable",
+            "too_many_connections",
+            "The server holds its maximum number of connections; retry later.",
+            "server_error",
+        )
+    })
+}
+
+fn headers_too_slow() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| {
+        canned(
+            "408 Request Timeout",
+            "request_timeout",
+            "The request's headers did not arrive in time.",
+            "invalid_request_error",
+        )
+    })
+}
+
+/// What a connection is doing, for its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Opened, or a request's first byte came after an idle spell: the header bound runs.
+    Head,
+    /// A request is being handled: no bound here (the body's and the workers' are their own).
+    Busy,
+    /// Answered, waiting for the next request: the keep-alive bound runs.
+    Idle,
+}
+
+/// What the deadline calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// 408 and close.
+    SlowHead,
+    /// Close, saying nothing.
+    IdleTooLong,
+}
+
+/// One connection's bounds, their spread already drawn.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub header: Duration,
+    pub keep_alive: Duration,
+}
+
+impl Bounds {
+    pub fn drawn(header_seconds: f64, keep_alive_seconds: f64, draw: f64) -> Self {
+        Bounds {
+            header: Duration::from_secs_f64(spread(header_seconds, draw).max(0.0)),
+            keep_alive: Duration::from_secs_f64(spread(keep_alive_seconds, draw).max(0.0)),
+        }
+    }
+
+    /// Pure: when a connection in `phase` since `since` is due, if ever.
+    pub fn deadline(&self, phase: Phase, since: Duration) -> Option<Duration> {
+        match phase {
+            Phase::Head => Some(since + self.header),
+            Phase::Idle => Some(since + self.keep_alive),
+            Phase::Busy => None,
+        }
+    }
+
+    /// Pure: what is due at `now` for a connection in `phase` since `since`.
+    pub fn due(&self, phase: Phase, since: Duration, now: Duration) -> Option<Expiry> {
+        match self.deadline(phase, since) {
+            Some(at) if now >= at => Some(match phase {
+                Phase::Head => Expiry::SlowHead,
+                _ => Expiry::IdleTooLong,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A uniform draw in [0, 1) per connection: splitmix64 over a counter seeded by the clock, so
+/// connections opened together get scattered deadlines (no randomness crate for this).
+pub fn draw() -> f64 {
+    static STATE: OnceLock<AtomicU64> = OnceLock::new();
+    let state = STATE.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        AtomicU64::new(nanos)
+    });
+    let mut z = state
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn clock() -> Duration {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed()
+}
+
+const HEAD: u8 = 0;
+const BUSY: u8 = 1;
+const IDLE: u8 = 2;
+const LIVE: u8 = 0;
+const SLOW_HEAD: u8 = 1;
+const CLOSE: u8 = 2;
+const ENDED: u8 = 3;
+
+/// A connection's phase, shared by its socket wrapper, its handler and its task.
+pub struct Watch {
+    phase: AtomicU8,
+    since_nanos: AtomicU64,
+    end: AtomicU8,
+    changed: Notify,
+}
+
+impl Watch {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Watch {
+            phase: AtomicU8::new(HEAD),
+            since_nanos: AtomicU64::new(clock().as_nanos() as u64),
+            end: AtomicU8::new(LIVE),
+            changed: Notify::new(),
+        })
+    }
+
+    pub fn phase(&self) -> (Phase, Duration) {
+        let phase = match self.phase.load(Ordering::Acquire) {
+            HEAD => Phase::Head,
+            BUSY => Phase::Busy,
+            _ => Phase::Idle,
+        };
+        (
+            phase,
+            Duration::from_nanos(self.since_nanos.load(Ordering::Acquire)),
+        )
+    }
+
+    fn enter(&self, phase: u8) {
+        self.since_nanos
+            .store(clock().as_nanos() as u64, Ordering::Release);
+        self.phase.store(phase, Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// A response still going out to a slow reader is not idle: its bound starts after.
+    fn wrote(&self, written: &Poll<io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0)
+            && self.phase.load(Ordering::Acquire) == IDLE
+        {
+            self.since_nanos
+                .store(clock().as_nanos() as u64, Ordering::Release);
+        }
+    }
+
+    /// The handler runs from here until the guard drops (its response is then being written).
+    pub fn busy(self: &Arc<Self>) -> BusyGuard {
+        self.phase.store(BUSY, Ordering::Release);
+        BusyGuard(Arc::clone(self))
+    }
+
+    /// The connection's task: serve `conn` until it ends, ending it on a due deadline.
+    pub async fn guard<F: std::future::Future>(&self, bounds: Bounds, conn: F) {
+        tokio::pin!(conn);
+        loop {
+            let (phase, since) = self.phase();
+            let sleep = async {
+                match bounds.deadline(phase, since) {
+                    Some(at) => tokio::time::sleep(at.saturating_sub(clock())).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = self.changed.notified() => {}
+                _ = sleep => {
+                    let (phase, since) = self.phase();
+                    match bounds.due(phase, since, clock()) {
+                        Some(Expiry::SlowHead) => self.end.store(SLOW_HEAD, Ordering::Release),
+                        Some(Expiry::IdleTooLong) => self.end.store(CLOSE, Ordering::Release),
+                        None => continue,
+                    }
+                    // hyper is waiting for bytes in both phases: its next read ends it. A
+                    // response stuck on a client that reads nothing is dropped after one bound.
+                    let _ = tokio::time::timeout(bounds.keep_alive.max(Duration::from_secs(1)), conn)
+                        .await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+pub struct BusyGuard(Arc<Watch>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.enter(IDLE);
+    }
+}
+
+/// The socket as hyper sees it: a read after an idle spell starts the header bound, and once a
+/// deadline has ended the connection a read writes its response (408 or nothing) and is EOF.
+pub struct Watched<T> {
+    inner: T,
+    watch: Arc<Watch>,
+}
+
+impl<T> Watched<T> {
+    pub fn new(inner: T, watch: Arc<Watch>) -> Self {
+        Watched { inner, watch }
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.watch.end.load(Ordering::Acquire) {
+            LIVE => {}
+            end => {
+                if end != ENDED {
+                    // Once, best effort, as the Python gateway's transport.write and close: a
+                    // client that reads nothing may miss the 408, and is closed all the same.
+                    // The FIN goes now, whatever hyper does with the EOF.
+                    self.watch.end.store(ENDED, Ordering::Release);
+                    if end == SLOW_HEAD {
+                        let _ = Pin::new(&mut self.inner).poll_write(cx, headers_too_slow());
+                    }
+                    let _ = Pin::new(&mut self.inner).poll_shutdown(cx);
+                }
+                return Poll::Ready(Ok(()));
+            }
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before && self.watch.phase.load(Ordering::Acquire) == IDLE {
+            self.watch.enter(HEAD);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.watch.wrote(&written);
+        written
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch.wrote(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_stays_within_the_last_tenth_of_the_bound() {
+        assert_eq!(spread(10.0, 0.0), 10.0);
+        assert!((spread(10.0, 0.999_999) - 9.0).abs() < 1e-4);
+        for _ in 0..1000 {
+            let d = draw();
+            assert!((0.0..1.0).contains(&d));
+        }
+        let draws: Vec<f64> = (0..100).map(|_| draw()).collect();
+        let spread_out = draws.iter().cloned().fold(f64::NAN, f64::max)
+            - draws.iter().cloned().fold(f64::NAN, f64::min);
+        assert!(spread_out > 0.5, "draws bunched: {spread_out}");
+    }
+
+    #[test]
+    fn the_cap_stays_below_the_open_file_limit() {
+        assert_eq!(connection_cap(4096, 1024), 1024 - 64);
+        assert_eq!(connection_cap(100, 1024), 100);
+        assert_eq!(connection_cap(0, 20000), 20000 - 64);
+        assert_eq!(connection_cap(4096, 10), 1);
+    }
+
+    #[test]
+    fn the_open_file_limit_is_the_soft_one() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(open_files_limit(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(open_files_limit(unlimited), Some(1 << 20));
+        assert_eq!(open_files_limit("Max processes 10 10 processes\n"), None);
+    }
+
+    #[test]
+    fn a_head_is_due_at_the_header_bound_and_an_idle_connection_at_keep_alive() {
+        let b = Bounds {
+            header: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(5),
+        };
+        let t = Duration::from_secs(100);
+        assert_eq!(b.due(Phase::Head, t, t + Duration::from_secs(9)), None);
+        assert_eq!(
+            b.due(Phase::Head, t, t + Duration::from_secs(10)),
+            Some(Expiry::SlowHead)
+        );
+        assert_eq!(b.due(Phase::Idle, t, t + Duration::from_secs(4)), None);
+        assert_eq!(
+            b.due(Phase::Idle, t, t + Duration::from_secs(5)),
+            Some(Expiry::IdleTooLong)
+        );
+        assert_eq!(b.due(Phase::Busy, t, t + Duration::from_secs(1000)), None);
+        assert_eq!(b.deadline(Phase::Busy, t), None);
+    }
+
+    #[test]
+    fn canned_responses_are_complete_and_close() {
+        let text = String::from_utf8(too_many().to_vec()).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"));
+        assert!(head.contains("connection: close"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(doc["error"]["code"], "too_many_connections");
+        assert_eq!(doc["error"]["type"], "server_error");
+        let slow = String::from_utf8(headers_too_slow().to_vec()).unwrap();
+        assert!(slow.starts_with("HTTP/1.1 408 Request Timeout\r\n"));
+        assert!(slow.contains(r#""code":"request_timeout""#));
+    }
+}
