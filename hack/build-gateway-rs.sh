@@ -3,10 +3,11 @@
 # "Rust gateway"), and prints the binary's path as its last line.
 #
 # The binary lands in ${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/gateway-rs/bin/<key>/, key =
-# hash of rustc -V, Cargo.lock, Cargo.toml, build.rs, src/ and the proto it compiles: a cached
-# build is reused without invoking cargo. The target directory is keyed by rustc -V alone, so
-# a source change recompiles the crate, not its ~150 dependencies (cargo tracks Cargo.lock in
-# it itself). Cargo runs under nice with CARGO_BUILD_JOBS (default 1: the machine is shared).
+# hash of rustc -V, Cargo.lock, Cargo.toml, build.rs, src/, the proto it compiles and the
+# calibration it embeds: a cached build is reused without invoking cargo. The target directory
+# is keyed by rustc -V alone, so a source change recompiles the crate, not its ~150 dependencies
+# (cargo tracks Cargo.lock in it itself). Cargo runs under nice with CARGO_BUILD_JOBS (default 1:
+# the machine is shared).
 # --key prints the binary's path without building; --target-dir the cargo target directory.
 set -euo pipefail
 
@@ -16,6 +17,8 @@ cargo="${CARGO:-$(command -v cargo || echo "$HOME/.cargo/bin/cargo")}"
 rustc="${RUSTC:-$(command -v rustc || echo "$HOME/.cargo/bin/rustc")}"
 cache="${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/gateway-rs"
 proto="$root/common/src/embedfleet/common/proto/embedfleet.proto"
+# compiled in (quantization.rs): the bundled model's int8/uint8 calibration
+calibration="$root/gateway/src/embedfleet/gateway/minilm_quantization.json"
 
 toolchain="$("$rustc" -V)"
 key="$(
@@ -24,6 +27,7 @@ key="$(
     cd "$crate"
     find Cargo.lock Cargo.toml build.rs src -type f | LC_ALL=C sort | xargs sha256sum
     sha256sum "$proto" | cut -d' ' -f1
+    sha256sum "$calibration" | cut -d' ' -f1
   } | sha256sum | cut -c1-16
 )"
 deps_key="$(echo "$toolchain" | sha256sum | cut -c1-16)"

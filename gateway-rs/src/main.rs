@@ -12,6 +12,7 @@ mod metrics;
 mod model;
 mod pool;
 mod proto;
+mod quantization;
 mod request;
 mod service;
 mod settings;
@@ -66,6 +67,11 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
             s.api_keys_reload_seconds,
         )?))
     };
+    let calibration = quantization::find_calibration(
+        &s.quantization_file,
+        &model.path,
+        model.name == model::DEFAULT_MODEL_NAME,
+    )?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -77,6 +83,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         pool,
         metrics: Arc::new(metrics::Metrics::default()),
         keys,
+        calibration,
         created,
     })
 }

@@ -5,20 +5,13 @@
 use serde_json::{Map, Value};
 
 use crate::errors::{invalid, ApiError};
+use crate::quantization::{self, Encoding};
 use crate::tokenization::Side;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     Texts(Vec<String>),
     Ids(Vec<Vec<i64>>),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoding {
-    Float,
-    Base64,
-    /// int8, uint8, binary, ubinary and their _base64 forms: not in this phase
-    Quantized,
 }
 
 #[derive(Debug, Clone)]
@@ -32,19 +25,6 @@ pub struct EmbeddingRequest {
     pub split_long_inputs: Option<bool>,
     pub input_type: Option<String>,
 }
-
-const ENCODINGS: [&str; 10] = [
-    "float",
-    "base64",
-    "int8",
-    "uint8",
-    "binary",
-    "ubinary",
-    "int8_base64",
-    "uint8_base64",
-    "binary_base64",
-    "ubinary_base64",
-];
 
 const INPUT_EXPECTED: &str = "'input' must be a non-empty string, an array of strings, an array \
     of token ids (integers) or an array of arrays of token ids.";
@@ -155,11 +135,10 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
         None => return Err(invalid("'input' is required.").param("input")),
         Some(v) => input(v)?,
     };
-    let encoding = match literal(&doc, "encoding_format", &ENCODINGS, false)? {
-        None | Some("float") => Encoding::Float,
-        Some("base64") => Encoding::Base64,
-        Some(_) => Encoding::Quantized,
-    };
+    let names = quantization::ENCODINGS.map(|(name, _, _)| name);
+    let encoding = literal(&doc, "encoding_format", &names, false)?
+        .and_then(quantization::encoding)
+        .unwrap_or(quantization::FLOAT);
     let dimensions = match doc.get("dimensions") {
         None | Some(Value::Null) => None,
         Some(v) => match strict_int(v) {

@@ -12,7 +12,8 @@ use crate::errors::{self, invalid, ApiError};
 use crate::metrics::Metrics;
 use crate::model::ModelDir;
 use crate::pool::{pack, Pool};
-use crate::request::{EmbeddingRequest, Encoding, Input};
+use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
+use crate::request::{EmbeddingRequest, Input};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
 use crate::tokenization::Tokenization;
@@ -31,6 +32,8 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// The API keys file, when /v1/* needs a key (--api-keys-file).
     pub keys: Option<Arc<KeyFile>>,
+    /// int8/uint8 ranges (--quantization-file, the model's own, or the bundled model's).
+    pub calibration: Option<Calibration>,
     pub created: u64,
 }
 
@@ -114,9 +117,7 @@ impl Service {
                 .param("dimensions"));
             }
         }
-        if req.encoding == Encoding::Quantized {
-            return Err(errors::unsupported("A quantized 'encoding_format'"));
-        }
+        let ranges = self.ranges(req.encoding, req.dimensions.map_or(dims, |d| d as usize))?;
         if req.truncate && req.split_long_inputs == Some(true) {
             return Err(invalid(
                 "'truncate' and 'split_long_inputs' are both true: pick one way to handle inputs \
@@ -171,9 +172,45 @@ impl Service {
             &rows,
             rows.len() / count,
             req.encoding,
+            ranges,
             &self.name,
             total,
         ))
+    }
+
+    /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
+    fn ranges(&self, encoding: Encoding, dimensions: usize) -> Result<Option<&Ranges>, ApiError> {
+        if !encoding.precision.needs_ranges() {
+            return Ok(None);
+        }
+        let found = self
+            .calibration
+            .as_ref()
+            .and_then(|c| c.ranges.get(&dimensions));
+        if found.is_some() {
+            return Ok(found);
+        }
+        let have: Vec<String> = self
+            .calibration
+            .iter()
+            .flat_map(|c| c.ranges.keys().map(usize::to_string))
+            .collect();
+        let name = quantization::ENCODINGS
+            .iter()
+            .find(|(_, p, b)| *p == encoding.precision && *b == encoding.base64)
+            .map_or("", |(n, _, _)| n);
+        let held = if have.is_empty() {
+            "none".to_string()
+        } else {
+            format!("ranges for [{}]", have.join(", "))
+        };
+        Err(invalid(format!(
+            "'{name}' needs this model's {} calibration at {dimensions} dimensions, and the \
+             server has {held}. Use binary or float, or calibrate (embedfleet calibrate; \
+             docs/gateway.md).",
+            encoding.precision.name()
+        ))
+        .param("encoding_format"))
     }
 
     pub fn models(&self) -> Vec<u8> {
@@ -188,7 +225,36 @@ impl Service {
 
 /// The response document, keys in the Python gateway's order; floats as orjson writes a
 /// float32 (the shortest text that reads back as the same float32).
-pub fn body(rows: &[f32], dims: usize, encoding: Encoding, model: &str, tokens: usize) -> Vec<u8> {
+/// Integers (int8 and uint8 values, packed sign bits) as orjson writes a numpy row of them.
+fn int_array(out: &mut Vec<u8>, values: impl Iterator<Item = i16>) {
+    out.push(b'[');
+    for (j, v) in values.enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(v.to_string().as_bytes());
+    }
+    out.push(b']');
+}
+
+fn base64_string(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.push(b'"');
+    out.extend_from_slice(
+        base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .as_bytes(),
+    );
+    out.push(b'"');
+}
+
+pub fn body(
+    rows: &[f32],
+    dims: usize,
+    encoding: Encoding,
+    ranges: Option<&Ranges>,
+    model: &str,
+    tokens: usize,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + rows.len() * 12);
     out.extend_from_slice(br#"{"object":"list","data":["#);
     let mut floats = ryu::Buffer::new();
@@ -200,18 +266,19 @@ pub fn body(rows: &[f32], dims: usize, encoding: Encoding, model: &str, tokens: 
         out.extend_from_slice(br#"{"object":"embedding","index":"#);
         out.extend_from_slice(i.to_string().as_bytes());
         out.extend_from_slice(br#","embedding":"#);
-        if encoding == Encoding::Base64 {
+        if encoding.precision != Precision::Float32 {
+            let q = quantization::quantize(row, encoding.precision, ranges);
+            match (&q, encoding.base64) {
+                (_, true) => base64_string(&mut out, &q.bytes()),
+                (Row::Signed(v), false) => int_array(&mut out, v.iter().map(|&x| i16::from(x))),
+                (Row::Unsigned(v), false) => int_array(&mut out, v.iter().map(|&x| i16::from(x))),
+            }
+        } else if encoding.base64 {
             bytes.clear();
             for v in row {
                 bytes.extend_from_slice(&v.to_le_bytes());
             }
-            out.push(b'"');
-            out.extend_from_slice(
-                base64::engine::general_purpose::STANDARD
-                    .encode(&bytes)
-                    .as_bytes(),
-            );
-            out.push(b'"');
+            base64_string(&mut out, &bytes);
         } else {
             out.push(b'[');
             for (j, v) in row.iter().enumerate() {
@@ -244,14 +311,21 @@ mod tests {
 
     #[test]
     fn body_shapes() {
-        let b = body(&[1.0, 0.1, -2.5, 3.0], 2, Encoding::Float, "m", 7);
+        let b = body(&[1.0, 0.1, -2.5, 3.0], 2, quantization::FLOAT, None, "m", 7);
         assert_eq!(
             String::from_utf8(b).unwrap(),
             r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[1.0,0.1]},{"object":"embedding","index":1,"embedding":[-2.5,3.0]}],"model":"m","usage":{"prompt_tokens":7,"total_tokens":7}}"#
         );
-        let b = body(&[1.0], 1, Encoding::Base64, "m", 1);
+        let base64 = quantization::encoding("base64").unwrap();
+        let b = body(&[1.0], 1, base64, None, "m", 1);
         assert!(String::from_utf8(b)
             .unwrap()
             .contains(r#""embedding":"AACAPw==""#));
+        let ubinary = quantization::encoding("ubinary").unwrap();
+        let b = String::from_utf8(body(&[1.0, -1.0, 1.0], 3, ubinary, None, "m", 1)).unwrap();
+        assert!(b.contains(r#""embedding":[160]"#), "{b}");
+        let binary = quantization::encoding("binary_base64").unwrap();
+        let b = String::from_utf8(body(&[-1.0], 1, binary, None, "m", 1)).unwrap();
+        assert!(b.contains(r#""embedding":"gA==""#), "{b}"); // 0 - 128 as a byte: 0x80
     }
 }

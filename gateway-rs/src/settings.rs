@@ -10,6 +10,7 @@ pub struct Settings {
     pub task: String,
     pub served_model_name: String,
     pub max_input_tokens: usize,
+    pub quantization_file: String,
     pub api_keys_file: String,
     pub api_keys_reload_seconds: f64,
     pub api_key_metrics: bool,
@@ -42,6 +43,7 @@ impl Default for Settings {
             task: "auto".into(),
             served_model_name: String::new(),
             max_input_tokens: 0,
+            quantization_file: String::new(),
             api_keys_file: String::new(),
             api_keys_reload_seconds: 1.0,
             api_key_metrics: false,
@@ -71,7 +73,6 @@ impl Default for Settings {
 
 /// The Python gateway's settings this phase does not implement: set, they are refused.
 pub const UNSUPPORTED: &[&str] = &[
-    "quantization_file",
     "models_file",
     "split_long_inputs",
     "split_overlap_tokens",
@@ -127,6 +128,7 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "task" => s.task = raw.into(),
         "served_model_name" => s.served_model_name = raw.into(),
         "max_input_tokens" => s.max_input_tokens = number(name, raw)?,
+        "quantization_file" => s.quantization_file = raw.into(),
         "api_keys_file" => s.api_keys_file = raw.into(),
         "api_keys_reload_seconds" => s.api_keys_reload_seconds = number(name, raw)?,
         "api_key_metrics" => s.api_key_metrics = boolean(name, raw)?,
@@ -229,7 +231,8 @@ pub fn load(
 fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
-     --task auto|embed, --served-model-name, --max-input-tokens, --api-keys-file,\n\
+     --task auto|embed, --served-model-name, --max-input-tokens, --quantization-file,\n\
+     --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
      --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\

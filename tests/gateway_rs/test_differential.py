@@ -13,6 +13,7 @@ import grpc
 import orjson
 import pytest
 
+from embedfleet.gateway.quantization import ENCODINGS
 from embedfleet.testing.workers import metric_value
 
 from .pair import Pair
@@ -32,6 +33,14 @@ EMBEDDINGS: dict[str, dict[str, Any]] = {
     "base64 strings": {"input": ["a", "b c"], "encoding_format": "base64"},
     "base64 token ids": {"input": [IDS, IDS[:3]], "encoding_format": "base64"},
     "explicit float": {"input": "x", "encoding_format": "float"},
+    "binary": {"input": ["a", "b c"], "encoding_format": "binary"},
+    "ubinary": {"input": ["a", "b c"], "encoding_format": "ubinary"},
+    "binary base64": {"input": "a", "encoding_format": "binary_base64"},
+    "ubinary base64 below the model's dimensions": {
+        "input": "a",
+        "encoding_format": "ubinary_base64",
+        "dimensions": 2,
+    },
     "served model named": {"input": "x", "model": NAME},
     "model null": {"input": "x", "model": None},
     "dimensions below the model's": {"input": "x", "dimensions": 2},
@@ -80,6 +89,8 @@ ERRORS: dict[str, Any] = {
     "truncate null": {"input": "x", "truncate": None},
     "truncation side": {"input": "x", "truncation_side": "middle"},
     "encoding format": {"input": "x", "encoding_format": "float16"},
+    "int8 without ranges at these dimensions": {"input": "x", "encoding_format": "int8"},
+    "uint8 base64 without ranges": {"input": "x", "encoding_format": "uint8_base64"},
     "dimensions zero": {"input": "x", "dimensions": 0},
     "dimensions a string": {"input": "x", "dimensions": "2"},
     "dimensions a float": {"input": "x", "dimensions": 2.0},
@@ -292,6 +303,12 @@ def test_real_worker_answers_equal(null_pair: Pair) -> None:
         {"input": "x", "dimensions": 8},
         {"input": [LONG], "truncate": True},
         {"input": "x", "dimensions": 10_000},
+        # the bundled model's calibration (384 dimensions), every quantized encoding
+        *(
+            {"input": ["a b c", "d e f g", "Hello, world!"], "encoding_format": encoding}
+            for encoding in ENCODINGS
+        ),
+        {"input": "x", "encoding_format": "int8", "dimensions": 8},  # no ranges: 400 alike
     ):
         null_pair.embed(body)
         py, rs = null_pair.both("POST", "/v1/embeddings", content=orjson.dumps(body))

@@ -24,8 +24,6 @@ from .pair import Pair
         ("/v1/score", {"text_1": "a", "text_2": "b"}),
         ("/v1/classify", {"input": "x"}),
         ("/v1/sparse_embeddings", {"input": "x"}),
-        ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}),
-        ("/v1/embeddings", {"input": "x", "encoding_format": "binary_base64"}),
         ("/v1/embeddings", {"input": "x", "split_long_inputs": True}),
     ],
 )
