@@ -107,11 +107,13 @@ impl Coalescer {
         &self,
         batch: TokenBatch,
         dims: u32,
+        normalize: Option<bool>,
         timeout: Duration,
     ) -> Result<(Vec<f32>, usize), Status> {
         let request = EmbedRequest {
             batch: Some(batch),
             dimensions: dims,
+            normalize,
             ..Default::default()
         };
         let mut call = tonic::Request::new(request);
@@ -125,13 +127,18 @@ impl Coalescer {
         self: &Arc<Self>,
         batch: TokenBatch,
         dims: u32,
+        normalize: Option<bool>,
         timeout: Duration,
     ) -> Result<Vec<f32>, Status> {
         let tokens = batch.token_ids.len() / 4;
-        if self.max_inflight == 0 || tokens >= self.small_tokens {
+        if self.max_inflight == 0 || tokens >= self.small_tokens || normalize.is_some() {
             // A chunk this large carries its own framing well, and a large request's chunks
-            // must reach the workers together: it never waits, nor holds small ones up.
-            return self.send(batch, dims, timeout).await.map(|(rows, _)| rows);
+            // must reach the workers together: it never waits, nor holds small ones up. The
+            // windows of a split input (unnormalized) are rare and travel on their own.
+            return self
+                .send(batch, dims, normalize, timeout)
+                .await
+                .map(|(rows, _)| rows);
         }
         let (tx, rx) = oneshot::channel();
         let now = {
@@ -182,7 +189,9 @@ impl Coalescer {
             }
         }
         let _slot = Slot(self);
-        self.send(batch, dims, timeout).await.map(|(rows, _)| rows)
+        self.send(batch, dims, None, timeout)
+            .await
+            .map(|(rows, _)| rows)
     }
 
     fn enqueue(&self, state: &mut State, dims: u32, timeout: Duration, part: Part) {
@@ -263,7 +272,7 @@ impl Coalescer {
         };
         let counts: Vec<usize> = parts.iter().map(|p| p.count).collect();
         let total: usize = counts.iter().sum();
-        let result = self.send(batch, message.dims, message.timeout).await;
+        let result = self.send(batch, message.dims, None, message.timeout).await;
         let shares = match result {
             Ok((rows, dims)) if dims > 0 && rows.len() == total * dims => {
                 Ok(cut(&rows, &counts, dims))

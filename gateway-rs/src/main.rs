@@ -18,6 +18,7 @@ mod service;
 mod settings;
 mod splitting;
 mod tokenization;
+mod windows;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

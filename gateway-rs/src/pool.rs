@@ -237,6 +237,17 @@ impl Pool {
             .map_or(0, |i| i.dimensions)
     }
 
+    /// Whether the workers normalize by default (the first that answered Info; else true, as
+    /// sentence-transformers embedders mostly do).
+    pub fn default_normalize(&self) -> bool {
+        let infos = self.infos.lock().expect("infos lock");
+        infos
+            .1
+            .first()
+            .and_then(|&i| infos.0[i].as_ref())
+            .map_or(true, |i| i.default_normalize)
+    }
+
     pub fn start_probes(self: &Arc<Self>) {
         for index in 0..self.workers.len() {
             let pool = Arc::clone(self);
@@ -316,6 +327,7 @@ impl Pool {
         &self,
         batch: &TokenBatch,
         dims: u32,
+        normalize: Option<bool>,
         tokens: usize,
         timeout: Duration,
         tried: &mut Vec<usize>,
@@ -323,7 +335,7 @@ impl Pool {
         let lease = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.index);
         let worker = &self.workers[lease.index];
-        match worker.embed(batch.clone(), dims, timeout).await {
+        match worker.embed(batch.clone(), dims, normalize, timeout).await {
             Ok(rows) => Ok(rows),
             Err(status) => {
                 if ejects(&status) {
@@ -346,6 +358,7 @@ impl Pool {
         &self,
         batch: TokenBatch,
         dims: u32,
+        normalize: Option<bool>,
         tokens: usize,
         timeout: Duration,
     ) -> Result<Vec<f32>, ApiError> {
@@ -353,7 +366,7 @@ impl Pool {
         let mut busy: Option<Status> = None;
         for attempt in 0..ATTEMPTS {
             match self
-                .attempt(&batch, dims, tokens, timeout, &mut tried)
+                .attempt(&batch, dims, normalize, tokens, timeout, &mut tried)
                 .await
             {
                 Ok(rows) => return Ok(rows),

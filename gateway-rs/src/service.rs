@@ -79,7 +79,13 @@ impl Service {
         plan(lengths, budget, s.chunk_sequences)
     }
 
-    async fn tokenize(&self, req: &EmbeddingRequest) -> Result<Vec<Vec<u32>>, ApiError> {
+    /// The request's token ids; with `windowed`, over-long inputs stay whole and each input's
+    /// special ends come too, for splitting into windows.
+    async fn tokenize(
+        &self,
+        req: &EmbeddingRequest,
+        windowed: bool,
+    ) -> Result<(Vec<Vec<u32>>, Option<Vec<(usize, usize)>>), ApiError> {
         match &req.input {
             Input::Texts(texts) => {
                 if let Some(i) = texts.iter().position(String::is_empty) {
@@ -90,17 +96,103 @@ impl Service {
                 let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
                 let chars: usize = texts.iter().map(String::len).sum();
                 let (truncate, side) = (req.truncate, req.side);
-                if chars < INLINE_CHARS {
-                    return self.tokenization.texts(texts, &prompt, truncate, side);
-                }
                 let tok = Arc::clone(&self.tokenization);
+                let work = move |texts: &[String]| {
+                    if windowed {
+                        tok.whole_texts(texts, &prompt)
+                            .map(|(ids, ends)| (ids, Some(ends)))
+                    } else {
+                        tok.texts(texts, &prompt, truncate, side)
+                            .map(|ids| (ids, None))
+                    }
+                };
+                if chars < INLINE_CHARS {
+                    return work(texts);
+                }
                 let texts = texts.clone();
-                tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
+                tokio::task::spawn_blocking(move || work(&texts))
                     .await
                     .map_err(|_| errors::internal())?
             }
-            Input::Ids(seqs) => self.tokenization.token_ids(seqs, req.truncate, req.side),
+            Input::Ids(seqs) => {
+                let ids = self
+                    .tokenization
+                    .token_ids(seqs, req.truncate, req.side, windowed)?;
+                let ends = windowed.then(|| vec![(0, 0); ids.len()]);
+                Ok((ids, ends))
+            }
         }
+    }
+
+    fn check_tokens(&self, total: usize) -> Result<(), ApiError> {
+        if total > self.settings.max_request_tokens {
+            return Err(errors::too_large(format!(
+                "The request holds {total} tokens; at most {} are allowed per request. Split \
+                 the request.",
+                self.settings.max_request_tokens
+            ))
+            .param("input"));
+        }
+        self.metrics
+            .input_tokens
+            .fetch_add(total as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Rows of `ids` from the workers, chunked over them; `normalize` None: the model's way.
+    async fn embed(
+        &self,
+        ids: &[Vec<u32>],
+        requested: u32,
+        normalize: Option<bool>,
+    ) -> Result<Vec<f32>, ApiError> {
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        let total: usize = lengths.iter().sum();
+        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
+        let calls = self.chunks(&lengths, total).into_iter().map(|c| {
+            let batch = pack(&ids[c.start..c.stop]);
+            self.pool
+                .embed(batch, requested, normalize, c.tokens, timeout)
+        });
+        let parts = futures_util::future::join_all(calls).await;
+        let mut rows = Vec::new();
+        for part in parts {
+            rows.extend(part?);
+        }
+        if ids.is_empty() || rows.len() % ids.len() != 0 {
+            eprintln!(
+                "workers answered {} floats for {} inputs",
+                rows.len(),
+                ids.len()
+            );
+            return Err(errors::internal());
+        }
+        Ok(rows)
+    }
+
+    /// Inputs over the limit as windows in one batch; each input's token-weighted mean.
+    async fn embed_windows(
+        &self,
+        ids: &[Vec<u32>],
+        ends: &[(usize, usize)],
+        requested: u32,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let limit = self.tokenization.max_tokens;
+        let (flat, owner) =
+            crate::windows::split(ids, ends, limit, self.settings.split_overlap_tokens).map_err(
+                |e| invalid(format!("Cannot split inputs: {e}.")).param("split_long_inputs"),
+            )?;
+        let weights: Vec<usize> = flat.iter().map(Vec::len).collect();
+        let total: usize = weights.iter().sum();
+        self.check_tokens(total)?;
+        if flat.len() == ids.len() {
+            return Ok((self.embed(&flat, requested, None).await?, total));
+        }
+        let normalize = self.pool.default_normalize();
+        let rows = self.embed(&flat, requested, Some(false)).await?;
+        let dims = rows.len() / flat.len();
+        let merged = crate::windows::merge(&rows, dims, &weights, &owner, normalize);
+        Ok((merged, total))
     }
 
     pub async fn embeddings(&self, req: EmbeddingRequest) -> Result<Vec<u8>, ApiError> {
@@ -125,9 +217,10 @@ impl Service {
             )
             .param("split_long_inputs"));
         }
-        if !req.truncate && req.split_long_inputs == Some(true) {
-            return Err(errors::unsupported("'split_long_inputs'"));
-        }
+        let windowed = !req.truncate
+            && req
+                .split_long_inputs
+                .unwrap_or(self.settings.split_long_inputs);
         let count = match &req.input {
             Input::Texts(t) => t.len(),
             Input::Ids(s) => s.len(),
@@ -136,38 +229,19 @@ impl Service {
         if !self.pool.ready() {
             return Err(errors::unavailable("No ready worker."));
         }
-        let ids = self.tokenize(&req).await?;
-        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
-        let total: usize = lengths.iter().sum();
-        if total > self.settings.max_request_tokens {
-            return Err(errors::too_large(format!(
-                "The request holds {total} tokens; at most {} are allowed per request. Split \
-                 the request.",
-                self.settings.max_request_tokens
-            ))
-            .param("input"));
-        }
-        self.metrics
-            .input_tokens
-            .fetch_add(total as u64, Ordering::Relaxed);
+        let (ids, ends) = self.tokenize(&req, windowed).await?;
         let requested = match req.dimensions {
             Some(d) if (d as usize) < dims => d as u32,
             _ => 0,
         };
-        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
-        let calls = self.chunks(&lengths, total).into_iter().map(|c| {
-            let batch = pack(&ids[c.start..c.stop]);
-            self.pool.embed(batch, requested, c.tokens, timeout)
-        });
-        let parts = futures_util::future::join_all(calls).await;
-        let mut rows = Vec::new();
-        for part in parts {
-            rows.extend(part?);
-        }
-        if count == 0 || rows.len() % count != 0 {
-            eprintln!("workers answered {} floats for {count} inputs", rows.len());
-            return Err(errors::internal());
-        }
+        let (rows, total) = match ends {
+            Some(ends) => self.embed_windows(&ids, &ends, requested).await?,
+            None => {
+                let total = ids.iter().map(Vec::len).sum();
+                self.check_tokens(total)?;
+                (self.embed(&ids, requested, None).await?, total)
+            }
+        };
         Ok(body(
             &rows,
             rows.len() / count,

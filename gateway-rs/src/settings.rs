@@ -11,6 +11,8 @@ pub struct Settings {
     pub served_model_name: String,
     pub max_input_tokens: usize,
     pub quantization_file: String,
+    pub split_long_inputs: bool,
+    pub split_overlap_tokens: usize,
     pub api_keys_file: String,
     pub api_keys_reload_seconds: f64,
     pub api_key_metrics: bool,
@@ -44,6 +46,8 @@ impl Default for Settings {
             served_model_name: String::new(),
             max_input_tokens: 0,
             quantization_file: String::new(),
+            split_long_inputs: false,
+            split_overlap_tokens: 32,
             api_keys_file: String::new(),
             api_keys_reload_seconds: 1.0,
             api_key_metrics: false,
@@ -74,8 +78,6 @@ impl Default for Settings {
 /// The Python gateway's settings this phase does not implement: set, they are refused.
 pub const UNSUPPORTED: &[&str] = &[
     "models_file",
-    "split_long_inputs",
-    "split_overlap_tokens",
     "workers_file",
     "k8s_service",
     "k8s_port_name",
@@ -129,6 +131,8 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "served_model_name" => s.served_model_name = raw.into(),
         "max_input_tokens" => s.max_input_tokens = number(name, raw)?,
         "quantization_file" => s.quantization_file = raw.into(),
+        "split_long_inputs" => s.split_long_inputs = boolean(name, raw)?,
+        "split_overlap_tokens" => s.split_overlap_tokens = number(name, raw)?,
         "api_keys_file" => s.api_keys_file = raw.into(),
         "api_keys_reload_seconds" => s.api_keys_reload_seconds = number(name, raw)?,
         "api_key_metrics" => s.api_key_metrics = boolean(name, raw)?,
@@ -232,7 +236,7 @@ fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
      --task auto|embed, --served-model-name, --max-input-tokens, --quantization-file,\n\
-     --api-keys-file,\n\
+     --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
      --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\

@@ -209,12 +209,35 @@ impl Tokenization {
         Ok(out)
     }
 
-    /// Checked token-id inputs: no special tokens are added, so truncation is a plain slice.
+    /// Texts (prompt prepended) tokenized whole, however long, with each one's special ends:
+    /// their windows are cut from the tokens (`split_long_inputs`).
+    pub fn whole_texts(
+        &self,
+        texts: &[String],
+        prompt: &str,
+    ) -> Result<(Vec<Vec<u32>>, Vec<(usize, usize)>), ApiError> {
+        let mut ids = Vec::with_capacity(texts.len());
+        let mut ends = Vec::with_capacity(texts.len());
+        for text in texts {
+            let enc = if prompt.is_empty() {
+                Self::encode(&self.plain, text, true, false)?
+            } else {
+                Self::encode(&self.plain, &format!("{prompt}{text}"), true, false)?
+            };
+            ends.push(crate::windows::special_ends(enc.get_special_tokens_mask()));
+            ids.push(enc.get_ids().to_vec());
+        }
+        Ok((ids, ends))
+    }
+
+    /// Checked token-id inputs: no special tokens are added, so truncation is a plain slice;
+    /// with `whole`, over-long ones are kept for splitting into windows.
     pub fn token_ids(
         &self,
         seqs: &[Vec<i64>],
         truncate: bool,
         side: Side,
+        whole: bool,
     ) -> Result<Vec<Vec<u32>>, ApiError> {
         let vocab = self.vocab_size as i64;
         let mut out = Vec::with_capacity(seqs.len());
@@ -231,7 +254,7 @@ impl Tokenization {
                 .param("input"));
             }
             let mut ids: &[i64] = seq;
-            if ids.len() > self.max_tokens {
+            if ids.len() > self.max_tokens && !whole {
                 if !truncate {
                     return Err(too_long(i, ids.len(), self.max_tokens, false));
                 }
@@ -308,10 +331,12 @@ mod tests {
     fn token_ids_are_checked_and_sliced() {
         let t = minilm();
         let seqs: Vec<Vec<i64>> = vec![(1..=300).collect()];
-        let ids = t.token_ids(&seqs, true, Side::Left).unwrap();
+        let ids = t.token_ids(&seqs, true, Side::Left, false).unwrap();
         assert_eq!((ids[0].len(), ids[0][0]), (256, 45));
-        assert!(t.token_ids(&seqs, false, Side::Right).is_err());
-        assert!(t.token_ids(&[vec![]], false, Side::Right).is_err());
-        assert!(t.token_ids(&[vec![30522]], false, Side::Right).is_err());
+        assert!(t.token_ids(&seqs, false, Side::Right, false).is_err());
+        assert!(t.token_ids(&[vec![]], false, Side::Right, false).is_err());
+        assert!(t
+            .token_ids(&[vec![30522]], false, Side::Right, false)
+            .is_err());
     }
 }

@@ -59,6 +59,17 @@ EMBEDDINGS: dict[str, dict[str, Any]] = {
     "input_type query": {"input": "x", "input_type": "query"},
     "user and unknown fields": {"input": "x", "user": "u", "something": [1, 2]},
     "split_long_inputs false": {"input": "x", "split_long_inputs": False},
+    "split a long text": {"input": LONG, "split_long_inputs": True},
+    "split one of several": {"input": ["short", LONG, "also short"], "split_long_inputs": True},
+    "split long token ids": {"input": list(range(1, 400)), "split_long_inputs": True},
+    "split nothing over the limit": {"input": ["a", "b"], "split_long_inputs": True},
+    "split with a prompt": {"input": LONG, "split_long_inputs": True, "input_type": "query"},
+    "split below the model's dimensions": {
+        "input": LONG,
+        "split_long_inputs": True,
+        "dimensions": 2,
+    },
+    "split then quantized": {"input": LONG, "split_long_inputs": True, "encoding_format": "binary"},
     "many inputs": {"input": [f"text number {i}" for i in range(64)]},
 }
 
@@ -97,6 +108,7 @@ ERRORS: dict[str, Any] = {
     "dimensions above the model's": {"input": "x", "dimensions": 5},
     "split and truncate": {"input": "x", "truncate": True, "split_long_inputs": True},
     "split not a bool": {"input": "x", "split_long_inputs": 1},
+    "split past the request's tokens": {"input": [HUGE], "split_long_inputs": True},
     "user not a string": {"input": "x", "user": 1},
     "input_type": {"input": "x", "input_type": "passage"},
     "first failing field wins": {"input": 1, "model": 2, "dimensions": 0},
@@ -309,6 +321,7 @@ def test_real_worker_answers_equal(null_pair: Pair) -> None:
             for encoding in ENCODINGS
         ),
         {"input": "x", "encoding_format": "int8", "dimensions": 8},  # no ranges: 400 alike
+        {"input": [LONG, "x", LONG + LONG], "split_long_inputs": True},
     ):
         null_pair.embed(body)
         py, rs = null_pair.both("POST", "/v1/embeddings", content=orjson.dumps(body))

@@ -24,7 +24,6 @@ from .pair import Pair
         ("/v1/score", {"text_1": "a", "text_2": "b"}),
         ("/v1/classify", {"input": "x"}),
         ("/v1/sparse_embeddings", {"input": "x"}),
-        ("/v1/embeddings", {"input": "x", "split_long_inputs": True}),
     ],
 )
 def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) -> None:
@@ -44,7 +43,6 @@ def test_openapi_is_501(fake_pair: Pair) -> None:
     "argv",
     [
         ["--k8s-service", "emb/workers"],
-        ["--split-long-inputs", "true"],
         ["--models-file", "m.json"],
         ["--hold-requests", "4"],
         ["--task", "score"],
