@@ -124,7 +124,7 @@ async fn dispatch(
                 "POST",
             ));
         }
-        if route != "/v1/embeddings" {
+        if !matches!(route, "/v1/embeddings" | "/v1/rerank" | "/v1/score") {
             return Err(errors::unsupported(&format!("POST {route}")));
         }
         let body = read_body(
@@ -133,8 +133,11 @@ async fn dispatch(
             req,
         )
         .await?;
-        let parsed = request::parse(&body)?;
-        let doc = service.embeddings(parsed).await?;
+        let doc = match route {
+            "/v1/rerank" => service.rerank(request::parse_rerank(&body)?).await?,
+            "/v1/score" => service.score(request::parse_score(&body)?).await?,
+            _ => service.embeddings(request::parse(&body)?).await?,
+        };
         return Ok(respond(200, doc, "application/json"));
     }
     if GETS.contains(&route) {

@@ -52,6 +52,21 @@ fn optional_str(doc: &Map<String, Value>, key: &'static str) -> Result<Option<St
     }
 }
 
+/// An optional strict integer of at least 1 (pydantic's `StrictInt, Field(ge=1)` or None).
+fn optional_positive(doc: &Map<String, Value>, key: &'static str) -> Result<Option<i64>, ApiError> {
+    match doc.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match strict_int(v) {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            Some(_) => Err(field_error(
+                key,
+                "Input should be greater than or equal to 1",
+            )),
+            None => Err(field_error(key, "Input should be a valid integer")),
+        },
+    }
+}
+
 fn optional_bool(doc: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
     match doc.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -113,24 +128,148 @@ fn input(v: &Value) -> Result<Input, ApiError> {
     }
 }
 
-pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
+/// The body as a JSON object.
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let doc: Value = serde_json::from_slice(body).map_err(|e| {
         // The Python gateway quotes orjson's own words here; the cause is worded differently.
         invalid(format!("The request body is not valid JSON: {e}."))
     })?;
-    let Value::Object(doc) = doc else {
-        return Err(invalid("The request body must be a JSON object."));
-    };
-    let model = optional_str(&doc, "model")?;
+    match doc {
+        Value::Object(doc) => Ok(doc),
+        _ => Err(invalid("The request body must be a JSON object.")),
+    }
+}
+
+/// The fields every request has first (schemas.py `_Request`): model, truncate, its side.
+fn common(doc: &Map<String, Value>) -> Result<(Option<String>, bool, Side), ApiError> {
+    let model = optional_str(doc, "model")?;
     let truncate = match doc.get("truncate") {
         None => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(field_error("truncate", "Input should be a valid boolean")),
     };
-    let side = match literal(&doc, "truncation_side", &["left", "right"], false)? {
+    let side = match literal(doc, "truncation_side", &["left", "right"], false)? {
         Some("left") => Side::Left,
         _ => Side::Right,
     };
+    Ok((model, truncate, side))
+}
+
+/// A string or an array of strings (schemas.py `Texts`), else app.py's readable message.
+fn texts(doc: &Map<String, Value>, key: &'static str) -> Result<Vec<String>, ApiError> {
+    let bad = || invalid(format!("'{key}' must be a string or an array of strings.")).param(key);
+    match doc.get(key) {
+        None => Err(invalid(format!("'{key}' is required.")).param(key)),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
+/// What the scoring requests share (schemas.py `_PairRequest`).
+#[derive(Debug, Clone)]
+pub struct PairRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub instruction: Option<String>,
+}
+
+fn pair_request(doc: &Map<String, Value>) -> Result<PairRequest, ApiError> {
+    let (model, truncate, side) = common(doc)?;
+    let instruction = optional_str(doc, "instruction")?;
+    Ok(PairRequest {
+        model,
+        truncate,
+        side,
+        instruction,
+    })
+}
+
+/// POST /v1/rerank, fields in schemas.py's order.
+#[derive(Debug, Clone)]
+pub struct RerankRequest {
+    pub pair: PairRequest,
+    pub query: String,
+    pub documents: Vec<String>,
+    pub top_n: Option<i64>,
+    pub return_documents: bool,
+}
+
+pub fn parse_rerank(body: &[u8]) -> Result<RerankRequest, ApiError> {
+    let doc = object(body)?;
+    let pair = pair_request(&doc)?;
+    let query = match doc.get("query") {
+        None => return Err(invalid("'query' is required.").param("query")),
+        Some(Value::String(q)) => q.clone(),
+        Some(_) => return Err(invalid("'query' must be a string.").param("query")),
+    };
+    let bad = || {
+        invalid(r#"'documents' must be an array of strings or of {"text": string} objects."#)
+            .param("documents")
+    };
+    let documents = match doc.get("documents") {
+        None => return Err(invalid("'documents' is required.").param("documents")),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|d| match d {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str).map(str::to_string),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?,
+        Some(_) => return Err(bad()),
+    };
+    let top_n = optional_positive(&doc, "top_n")?;
+    let return_documents = match doc.get("return_documents") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(field_error(
+                "return_documents",
+                "Input should be a valid boolean",
+            ))
+        }
+    };
+    Ok(RerankRequest {
+        pair,
+        query,
+        documents,
+        top_n,
+        return_documents,
+    })
+}
+
+/// POST /v1/score: one text against many, many against one, or element-wise.
+#[derive(Debug, Clone)]
+pub struct ScoreRequest {
+    pub pair: PairRequest,
+    /// (text_1 was one string, its texts)
+    pub text_1: (bool, Vec<String>),
+    pub text_2: (bool, Vec<String>),
+}
+
+pub fn parse_score(body: &[u8]) -> Result<ScoreRequest, ApiError> {
+    let doc = object(body)?;
+    let pair = pair_request(&doc)?;
+    let one = |key| matches!(doc.get(key), Some(Value::String(_)));
+    let text_1 = (one("text_1"), texts(&doc, "text_1")?);
+    let text_2 = (one("text_2"), texts(&doc, "text_2")?);
+    Ok(ScoreRequest {
+        pair,
+        text_1,
+        text_2,
+    })
+}
+
+pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
     let input = match doc.get("input") {
         None => return Err(invalid("'input' is required.").param("input")),
         Some(v) => input(v)?,
@@ -139,19 +278,7 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
     let encoding = literal(&doc, "encoding_format", &names, false)?
         .and_then(quantization::encoding)
         .unwrap_or(quantization::FLOAT);
-    let dimensions = match doc.get("dimensions") {
-        None | Some(Value::Null) => None,
-        Some(v) => match strict_int(v) {
-            Some(d) if d >= 1 => Some(d),
-            Some(_) => {
-                return Err(field_error(
-                    "dimensions",
-                    "Input should be greater than or equal to 1",
-                ))
-            }
-            None => return Err(field_error("dimensions", "Input should be a valid integer")),
-        },
-    };
+    let dimensions = optional_positive(&doc, "dimensions")?;
     let split_long_inputs = optional_bool(&doc, "split_long_inputs")?;
     optional_str(&doc, "user")?;
     let input_type = literal(&doc, "input_type", &["query", "document"], true)?.map(str::to_string);

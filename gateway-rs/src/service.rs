@@ -13,10 +13,10 @@ use crate::metrics::Metrics;
 use crate::model::ModelDir;
 use crate::pool::{pack, Pool};
 use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
-use crate::request::{EmbeddingRequest, Input};
+use crate::request::{EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
-use crate::tokenization::Tokenization;
+use crate::tokenization::{Side, Tokenization};
 
 /// Requests with more characters of text than this are tokenized on the blocking pool, so a
 /// large one never stalls the connections the event loop serves meanwhile; below it the hop
@@ -50,17 +50,17 @@ impl Service {
         }
     }
 
-    fn check_count(&self, count: usize) -> Result<(), ApiError> {
+    fn check_count(&self, count: usize, param: &'static str) -> Result<(), ApiError> {
         if count == 0 {
-            return Err(invalid("'input' must not be empty.").param("input"));
+            return Err(invalid(format!("'{param}' must not be empty.")).param(param));
         }
         let most = self.settings.max_client_batch;
         if count > most {
             return Err(errors::too_large(format!(
-                "'input' holds {count} items; at most {most} are allowed per request. Split the \
-                 request."
+                "'{param}' holds {count} items; at most {most} are allowed per request. Split \
+                 the request."
             ))
-            .param("input"));
+            .param(param));
         }
         Ok(())
     }
@@ -124,14 +124,14 @@ impl Service {
         }
     }
 
-    fn check_tokens(&self, total: usize) -> Result<(), ApiError> {
+    fn check_tokens(&self, total: usize, param: &'static str) -> Result<(), ApiError> {
         if total > self.settings.max_request_tokens {
             return Err(errors::too_large(format!(
                 "The request holds {total} tokens; at most {} are allowed per request. Split \
                  the request.",
                 self.settings.max_request_tokens
             ))
-            .param("input"));
+            .param(param));
         }
         self.metrics
             .input_tokens
@@ -184,7 +184,7 @@ impl Service {
             )?;
         let weights: Vec<usize> = flat.iter().map(Vec::len).collect();
         let total: usize = weights.iter().sum();
-        self.check_tokens(total)?;
+        self.check_tokens(total, "input")?;
         if flat.len() == ids.len() {
             return Ok((self.embed(&flat, requested, None).await?, total));
         }
@@ -225,7 +225,7 @@ impl Service {
             Input::Texts(t) => t.len(),
             Input::Ids(s) => s.len(),
         };
-        self.check_count(count)?;
+        self.check_count(count, "input")?;
         if !self.pool.ready() {
             return Err(errors::unavailable("No ready worker."));
         }
@@ -238,7 +238,7 @@ impl Service {
             Some(ends) => self.embed_windows(&ids, &ends, requested).await?,
             None => {
                 let total = ids.iter().map(Vec::len).sum();
-                self.check_tokens(total)?;
+                self.check_tokens(total, "input")?;
                 (self.embed(&ids, requested, None).await?, total)
             }
         };
@@ -250,6 +250,167 @@ impl Service {
             &self.name,
             total,
         ))
+    }
+
+    /// Texts' ids with the prompt of `input_type` (on the blocking pool when large).
+    async fn text_ids(
+        &self,
+        texts: &[String],
+        input_type: &str,
+        truncate: bool,
+        side: Side,
+    ) -> Result<Vec<Vec<u32>>, ApiError> {
+        let prompt = self.model.prompt_for(Some(input_type)).to_string();
+        let chars: usize = texts.iter().map(String::len).sum();
+        if chars < INLINE_CHARS {
+            return self.tokenization.texts(texts, &prompt, truncate, side);
+        }
+        let tok = Arc::clone(&self.tokenization);
+        let texts = texts.to_vec();
+        tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
+            .await
+            .map_err(|_| errors::internal())?
+    }
+
+    /// Relevance of each (query, document) pair for an embedding model: the cosine of their
+    /// embeddings, each distinct text embedded once (query prompt on the left, document on the
+    /// right); the tokens the workers ran.
+    async fn pair_scores(
+        &self,
+        pairs: &[(&str, &str)],
+        how: &PairRequest,
+        param: &'static str,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let (truncate, side) = (how.truncate, how.side);
+        if how.instruction.is_some() {
+            return Err(invalid(format!(
+                "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); '{}' \
+                 takes none.",
+                self.name
+            ))
+            .param("instruction"));
+        }
+        if !self.pool.ready() {
+            return Err(errors::unavailable("No ready worker."));
+        }
+        let (where_a, firsts) = distinct(pairs.iter().map(|p| p.0));
+        let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
+        let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;
+        ids.extend(self.text_ids(&seconds, "document", truncate, side).await?);
+        let total: usize = ids.iter().map(Vec::len).sum();
+        self.check_tokens(total, param)?;
+        let rows = self.embed(&ids, 0, None).await?;
+        let dims = rows.len() / ids.len();
+        let row = |i: usize| &rows[i * dims..(i + 1) * dims];
+        let scores = pairs
+            .iter()
+            .map(|(a, b)| cosine(row(where_a[a]), row(firsts.len() + where_b[b])))
+            .collect();
+        Ok((scores, total))
+    }
+
+    pub async fn rerank(&self, req: RerankRequest) -> Result<Vec<u8>, ApiError> {
+        self.check_model(&req.pair.model)?;
+        self.check_count(req.documents.len(), "documents")?;
+        if req.query.is_empty() {
+            return Err(invalid("'query' must not be empty.").param("query"));
+        }
+        if let Some(i) = req.documents.iter().position(String::is_empty) {
+            return Err(
+                invalid(format!("'documents' item {i} is an empty string.")).param("documents")
+            );
+        }
+        let pairs: Vec<(&str, &str)> = req
+            .documents
+            .iter()
+            .map(|d| (req.query.as_str(), d.as_str()))
+            .collect();
+        let (scores, tokens) = self.pair_scores(&pairs, &req.pair, "documents").await?;
+        let mut order: Vec<usize> = (0..scores.len()).collect();
+        // Best first; equal scores keep the documents' order (numpy's stable argsort).
+        order.sort_by(|&x, &y| {
+            scores[y]
+                .partial_cmp(&scores[x])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        if let Some(n) = req.top_n {
+            order.truncate(n as usize);
+        }
+        let mut out = Vec::with_capacity(64 + order.len() * 48);
+        out.extend_from_slice(br#"{"model":"#);
+        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.extend_from_slice(br#","results":["#);
+        let mut number = ryu::Buffer::new();
+        for (k, &i) in order.iter().enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"index":"#);
+            out.extend_from_slice(i.to_string().as_bytes());
+            out.extend_from_slice(br#","relevance_score":"#);
+            out.extend_from_slice(score_text(&mut number, scores[i]).as_bytes());
+            if req.return_documents {
+                out.extend_from_slice(br#","document":{"text":"#);
+                out.extend_from_slice(errors::json_string(&req.documents[i]).as_bytes());
+                out.push(b'}');
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],");
+        usage(&mut out, tokens);
+        Ok(out)
+    }
+
+    pub async fn score(&self, req: ScoreRequest) -> Result<Vec<u8>, ApiError> {
+        self.check_model(&req.pair.model)?;
+        let ((one_1, text_1), (one_2, text_2)) = (&req.text_1, &req.text_2);
+        let pairs: Vec<(&str, &str)> = match (one_1, one_2) {
+            (true, _) => text_2
+                .iter()
+                .map(|b| (text_1[0].as_str(), b.as_str()))
+                .collect(),
+            (false, true) => text_1
+                .iter()
+                .map(|a| (a.as_str(), text_2[0].as_str()))
+                .collect(),
+            (false, false) if text_1.len() != text_2.len() => {
+                return Err(invalid(format!(
+                    "text_1 and text_2 are lists of different lengths ({} and {}); pass equal \
+                     lengths, or a single text on one side.",
+                    text_1.len(),
+                    text_2.len()
+                ))
+                .param("text_2"))
+            }
+            (false, false) => text_1
+                .iter()
+                .zip(text_2)
+                .map(|(a, b)| (a.as_str(), b.as_str()))
+                .collect(),
+        };
+        self.check_count(pairs.len(), "text_2")?;
+        if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
+            return Err(invalid("Texts to score must not be empty.").param("text_1"));
+        }
+        let (scores, tokens) = self.pair_scores(&pairs, &req.pair, "text_2").await?;
+        let mut out = Vec::with_capacity(64 + scores.len() * 48);
+        out.extend_from_slice(br#"{"object":"list","data":["#);
+        let mut number = ryu::Buffer::new();
+        for (i, &s) in scores.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"object":"score","index":"#);
+            out.extend_from_slice(i.to_string().as_bytes());
+            out.extend_from_slice(br#","score":"#);
+            out.extend_from_slice(score_text(&mut number, s).as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(br#"],"model":"#);
+        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.push(b',');
+        usage(&mut out, tokens);
+        Ok(out)
     }
 
     /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
@@ -299,6 +460,47 @@ impl Service {
 
 /// The response document, keys in the Python gateway's order; floats as orjson writes a
 /// float32 (the shortest text that reads back as the same float32).
+/// Each distinct text once, in first-seen order, and where each text is in that list.
+fn distinct<'a>(
+    texts: impl Iterator<Item = &'a str>,
+) -> (std::collections::HashMap<&'a str, usize>, Vec<String>) {
+    let mut seen = std::collections::HashMap::new();
+    let mut order = Vec::new();
+    for text in texts {
+        seen.entry(text).or_insert_with(|| {
+            order.push(text.to_string());
+            order.len() - 1
+        });
+    }
+    (seen, order)
+}
+
+/// Row-wise cosine in float32, as numpy's einsum and norms of two float32 rows.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (norm(a) * norm(b)).max(1e-12)
+}
+
+/// A score as Python's `float(np.float32)` reaches orjson: the float64 of that float32 (so
+/// 0.8 is written 0.800000011920929), null where not finite.
+fn score_text(buffer: &mut ryu::Buffer, score: f32) -> String {
+    if score.is_finite() {
+        buffer.format_finite(f64::from(score)).to_string()
+    } else {
+        "null".to_string()
+    }
+}
+
+/// `"usage":{...}}`, closing the document.
+fn usage(out: &mut Vec<u8>, tokens: usize) {
+    out.extend_from_slice(br#""usage":{"prompt_tokens":"#);
+    out.extend_from_slice(tokens.to_string().as_bytes());
+    out.extend_from_slice(br#","total_tokens":"#);
+    out.extend_from_slice(tokens.to_string().as_bytes());
+    out.extend_from_slice(b"}}");
+}
+
 /// Integers (int8 and uint8 values, packed sign bits) as orjson writes a numpy row of them.
 fn int_array(out: &mut Vec<u8>, values: impl Iterator<Item = i16>) {
     out.push(b'[');

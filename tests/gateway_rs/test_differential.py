@@ -137,6 +137,75 @@ def test_errors_equal(fake_pair: Pair, name: str) -> None:
     assert fake_pair.calls() == ([], [])
 
 
+#: (route, body) -> the same scores, order and usage from both, or the same error
+PAIRS: dict[str, tuple[str, Any]] = {
+    "rerank": ("/v1/rerank", {"query": "what is it", "documents": ["a thing", "b", "a thing"]}),
+    "rerank objects and strings": (
+        "/v1/rerank",
+        {"query": "q", "documents": [{"text": "one", "extra": 1}, "two"], "top_n": 1},
+    ),
+    "rerank returning documents": (
+        "/v1/rerank",
+        {"query": "q", "documents": ["x y", "z"], "return_documents": True, "model": NAME},
+    ),
+    "rerank top_n past the documents": (
+        "/v1/rerank",
+        {"query": "q", "documents": ["d"], "top_n": 9},
+    ),
+    "rerank truncating a long document": (
+        "/v1/rerank",
+        {"query": "q", "documents": [LONG], "truncate": True, "truncation_side": "left"},
+    ),
+    "score one to one": ("/v1/score", {"text_1": "a", "text_2": "b"}),
+    "score one to many": ("/v1/score", {"text_1": "a", "text_2": ["b", "c", "b"]}),
+    "score many to one": ("/v1/score", {"text_1": ["b", "c"], "text_2": "a"}),
+    "score element-wise": ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d"]}),
+    # errors, in the schema's field order and then the service's
+    "rerank without query": ("/v1/rerank", {"documents": ["d"]}),
+    "rerank query not a string": ("/v1/rerank", {"query": 1, "documents": ["d"]}),
+    "rerank empty query": ("/v1/rerank", {"query": "", "documents": ["d"]}),
+    "rerank without documents": ("/v1/rerank", {"query": "q"}),
+    "rerank documents not a list": ("/v1/rerank", {"query": "q", "documents": "d"}),
+    "rerank a document without text": ("/v1/rerank", {"query": "q", "documents": [{"t": "d"}]}),
+    "rerank an empty document": ("/v1/rerank", {"query": "q", "documents": ["d", ""]}),
+    "rerank no documents": ("/v1/rerank", {"query": "q", "documents": []}),
+    "rerank too many documents": ("/v1/rerank", {"query": "q", "documents": ["d"] * 65}),
+    "rerank top_n zero": ("/v1/rerank", {"query": "q", "documents": ["d"], "top_n": 0}),
+    "rerank top_n a float": ("/v1/rerank", {"query": "q", "documents": ["d"], "top_n": 1.0}),
+    "rerank return_documents not a bool": (
+        "/v1/rerank",
+        {"query": "q", "documents": ["d"], "return_documents": 1},
+    ),
+    "rerank an instruction": ("/v1/rerank", {"query": "q", "documents": ["d"], "instruction": "i"}),
+    "rerank a long document": ("/v1/rerank", {"query": "q", "documents": ["d", LONG]}),
+    "rerank too many tokens": (
+        "/v1/rerank",
+        {"query": "q", "documents": [LONG + str(i) for i in range(60)], "truncate": True},
+    ),
+    "rerank unknown model": ("/v1/rerank", {"query": "q", "documents": ["d"], "model": "m"}),
+    "score lists of different lengths": ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c"]}),
+    "score without text_2": ("/v1/score", {"text_1": "a"}),
+    "score text_1 a number": ("/v1/score", {"text_1": 1, "text_2": "b"}),
+    "score an empty text": ("/v1/score", {"text_1": "a", "text_2": ["b", ""]}),
+    "score no pairs": ("/v1/score", {"text_1": "a", "text_2": []}),
+}
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_rerank_and_score_equal(fake_pair: Pair, name: str) -> None:
+    path, body = PAIRS[name]
+    doc = fake_pair.compare("POST", path, content=orjson.dumps(body))
+    py_calls, rs_calls = fake_pair.calls()
+    assert py_calls == rs_calls
+    if "error" in doc:
+        assert py_calls == []
+    elif path == "/v1/rerank":
+        scores = [r["relevance_score"] for r in doc["results"]]
+        assert scores == sorted(scores, reverse=True)
+    else:
+        assert [d["index"] for d in doc["data"]] == list(range(len(doc["data"])))
+
+
 def test_long_request_is_chunked_alike(fake_pair: Pair) -> None:
     """Over min_chunk_tokens per worker, the request spreads over both workers in chunks."""
     doc = fake_pair.embed({"input": [list(range(1, 151))] * 60})  # 9,000 tokens
@@ -360,3 +429,15 @@ def test_concurrent_queries_are_coalesced_and_answered_right(fake_pair: Pair) ->
 
 def _post(one: Any, body: bytes) -> Any:
     return one.request("POST", "/v1/embeddings", content=body)
+
+
+def test_real_worker_scores_equal(null_pair: Pair) -> None:
+    """Scores from a real worker's vectors (null engine, 384 dimensions): the same order and the
+    same float32 cosines through either gateway (numpy's and Rust's float32 sums may differ in
+    the last bit, hence the tolerance of pair.py)."""
+    for path, body in (
+        ("/v1/rerank", {"query": "Hello", "documents": ["a b c", "d e f g", LONG[:200]]}),
+        ("/v1/score", {"text_1": ["x y", "z"], "text_2": ["z", "x y"]}),
+    ):
+        doc = null_pair.compare("POST", path, content=orjson.dumps(body))
+        assert "error" not in doc

@@ -20,8 +20,6 @@ from .pair import Pair
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
-        ("/v1/score", {"text_1": "a", "text_2": "b"}),
         ("/v1/classify", {"input": "x"}),
         ("/v1/sparse_embeddings", {"input": "x"}),
     ],
