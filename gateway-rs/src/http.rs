@@ -169,6 +169,18 @@ async fn dispatch(
                 "text/plain; version=0.0.4; charset=utf-8",
             )),
             "/v1/models" => Ok(respond(200, service.models(), "application/json")),
+            // The Python gateway's document, generated from its schemas (openapi.py writes
+            // these copies; tests/gateway_rs compares what both serve).
+            "/openapi.json" if service.keys.is_some() => Ok(respond(
+                200,
+                include_bytes!("../openapi/auth.json").to_vec(),
+                "application/json",
+            )),
+            "/openapi.json" => Ok(respond(
+                200,
+                include_bytes!("../openapi/open.json").to_vec(),
+                "application/json",
+            )),
             _ => Err(errors::unsupported(&format!("GET {route}"))),
         };
     }

@@ -29,6 +29,13 @@ class Answer:
         return orjson.loads(self.body)
 
 
+#: why the Rust gateway's /openapi.json can differ from the Python gateway's
+STALE = (
+    "gateway-rs/openapi/ is stale (the schemas changed): run "
+    "`python -m embedfleet.gateway.openapi gateway-rs/openapi`"
+)
+
+
 def same(a: Any, b: Any, where: str = "$") -> None:
     """Equal JSON documents, floats within TOLERANCE; base64 float32 vectors compared decoded
     (quantized ones byte for byte)."""

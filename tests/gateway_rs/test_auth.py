@@ -19,7 +19,7 @@ from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import GatewayThread, wait_until
 
 from .conftest import LIMITS, flags, run_binary
-from .pair import Pair
+from .pair import STALE, Pair
 
 KEYS = "# the team's keys\nkey-one\n\n  key-two  \n"
 AUTH = {"api_key_metrics": True, "api_keys_reload_seconds": 0.1}
@@ -87,6 +87,13 @@ def test_probes_and_metrics_stay_open_and_v1_paths_are_closed(keyed_pair: Pair) 
     assert keyed_pair.compare("GET", "/v1/nope", headers=bearer("key-one"))["error"]["code"] == (
         "not_found"
     )
+
+
+def test_the_document_declares_the_key_alike(keyed_pair: Pair) -> None:
+    py, rs = keyed_pair.both("GET", "/openapi.json")
+    assert py.status == rs.status == 200
+    assert py.body == rs.body, STALE
+    assert "securitySchemes" in py.json()["components"]
 
 
 def test_key_requests_are_counted_by_digest_never_by_key(keyed_pair: Pair) -> None:

@@ -16,7 +16,7 @@ import pytest
 from embedfleet.gateway.quantization import ENCODINGS
 from embedfleet.testing.workers import metric_value
 
-from .pair import Pair
+from .pair import STALE, Pair
 
 NAME = "sentence-transformers/all-MiniLM-L6-v2"
 LONG = "the quick brown fox jumps over the lazy dog " * 40  # ~361 tokens: over 256
@@ -204,6 +204,13 @@ def test_rerank_and_score_equal(fake_pair: Pair, name: str) -> None:
         assert scores == sorted(scores, reverse=True)
     else:
         assert [d["index"] for d in doc["data"]] == list(range(len(doc["data"])))
+
+
+def test_the_openapi_document_is_the_python_gateway_s(fake_pair: Pair) -> None:
+    py, rs = fake_pair.both("GET", "/openapi.json")
+    assert py.status == rs.status == 200
+    assert py.body == rs.body, STALE
+    assert "securitySchemes" not in py.json()["components"]
 
 
 def test_long_request_is_chunked_alike(fake_pair: Pair) -> None:

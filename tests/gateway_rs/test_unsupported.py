@@ -33,10 +33,6 @@ def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) 
     assert "embedfleet-gateway-rs" in error["message"]
 
 
-def test_openapi_is_501(fake_pair: Pair) -> None:
-    assert fake_pair.rust().request("GET", "/openapi.json").status == 501
-
-
 @pytest.mark.parametrize(
     "argv",
     [

@@ -40,7 +40,6 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
 CLIENT_GONE = 499  # nginx's "client closed request", for metrics: nobody reads this response
 _JSON = (b"content-type", b"application/json")
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
@@ -136,7 +135,7 @@ class Gateway:
         self.admission: Admission | None = None
         self.service: Service | None = None
         self.discovery: Discovery | None = None
-        self._openapi = orjson.dumps(openapi.document(VERSION, auth=self.keys is not None))
+        self._openapi = orjson.dumps(openapi.document(openapi.VERSION, auth=self.keys is not None))
         self._posts: dict[str, Handler] = {}
         #: (route, status, served model) -> its request count and duration children, resolved
         #: once: `labels()` per request took a lock and built a key each time (few series: the

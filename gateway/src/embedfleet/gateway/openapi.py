@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from embedfleet.gateway import schemas
 
+#: the API's version, as the document states it
+VERSION = "0.1.0"
 _REF = "#/components/schemas/{model}"
 
 
@@ -152,3 +157,24 @@ def document(version: str, auth: bool = False) -> dict[str, Any]:
         "paths": paths,
         "components": components,
     }
+
+
+#: the files the Rust gateway serves as its /openapi.json (gateway-rs/openapi/), by `auth`
+RUST_COPIES = {False: "open.json", True: "auth.json"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m embedfleet.gateway.openapi DIR`: writes the document, as the gateway sends it
+    with and without API keys, into DIR for the Rust gateway to compile in (tests/gateway_rs
+    compares what both gateways serve, so a stale copy fails there)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    for auth, name in RUST_COPIES.items():
+        (args.dir / name).write_bytes(orjson.dumps(document(VERSION, auth=auth)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
