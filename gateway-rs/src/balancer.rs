@@ -65,6 +65,11 @@ impl Rng {
         self.0 = x;
         x
     }
+
+    /// Uniform in [0, 1): the top 53 bits of the next draw.
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
 pub struct Balancer {

@@ -113,6 +113,7 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
         );
     }
     let open = Arc::new(AtomicU64::new(0));
+    let mut rng = balancer::Rng::seeded();
     eprintln!("embedfleet-gateway-rs listening on http://{addr}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
@@ -137,11 +138,8 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         let service = Arc::clone(&service);
         let open = Opened(Arc::clone(&open));
-        let bounds = connection::Bounds::drawn(
-            s.header_timeout_seconds,
-            s.keep_alive_seconds,
-            connection::draw(),
-        );
+        let bounds =
+            connection::Bounds::drawn(s.header_timeout_seconds, s.keep_alive_seconds, rng.unit());
         tokio::spawn(async move {
             let _open = open;
             let watch = connection::Watch::new();
