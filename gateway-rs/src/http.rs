@@ -165,7 +165,10 @@ async fn dispatch(
             )),
             "/metrics" => Ok(respond(
                 200,
-                service.metrics.exposition().into_bytes(),
+                service
+                    .metrics
+                    .exposition(&service.pool.worker_states())
+                    .into_bytes(),
                 "text/plain; version=0.0.4; charset=utf-8",
             )),
             "/v1/models" => Ok(respond(200, service.models(), "application/json")),

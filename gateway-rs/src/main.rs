@@ -48,12 +48,14 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         max_sequences: s.chunk_sequences,
         small_tokens: s.min_chunk_tokens,
     };
+    let metrics = Arc::new(metrics::Metrics::default());
     let pool = pool::Pool::new(
         &s.workers,
         s.eject_seconds,
         s.probe_seconds,
         s.retry_after_seconds,
         coalescing,
+        Arc::clone(&metrics),
     )?;
     let name = if s.served_model_name.is_empty() {
         model.name.clone()
@@ -82,7 +84,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         name,
         tokenization: Arc::new(tokenization),
         pool,
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics,
         keys,
         calibration,
         created,

@@ -1,8 +1,10 @@
-//! The Python gateway's request metrics under the same names and labels, in Prometheus text:
-//! embedfleet_gateway_requests_total{route,code}, embedfleet_gateway_request_seconds{route},
-//! embedfleet_gateway_input_tokens_total, embedfleet_gateway_inflight_requests and, with
-//! --api-key-metrics, embedfleet_gateway_key_requests_total{key,route}. Hand-written: five
-//! families do not need a client library's registry, locks and label hashing per request.
+//! The Python gateway's metrics under the same names and labels, in Prometheus text: requests
+//! (embedfleet_gateway_requests_total{route,code}, embedfleet_gateway_request_seconds{route},
+//! embedfleet_gateway_inflight_requests, embedfleet_gateway_input_tokens_total and, with
+//! --api-key-metrics, embedfleet_gateway_key_requests_total{key,route}), the tokenize, upstream
+//! and chunks-per-request histograms, retries, ejections, split inputs, and the worker gauges
+//! read at scrape time. Hand-written: a dozen families do not need a client library's registry,
+//! locks and label hashing per request.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -14,11 +16,55 @@ pub const LATENCY: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// The Python gateway's chunks-per-request buckets.
+pub const CHUNKS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
 #[derive(Default, Clone)]
 struct Histogram {
     counts: [u64; LATENCY.len()],
     count: u64,
     sum: f64,
+}
+
+impl Histogram {
+    /// Each sample lands in its first bucket here; buckets are cumulative at exposition.
+    fn observe(&mut self, bounds: &[f64], value: f64) {
+        if let Some(i) = bounds.iter().position(|&b| value <= b) {
+            self.counts[i] += 1;
+        }
+        self.count += 1;
+        self.sum += value;
+    }
+
+    /// `name`'s bucket, count and sum lines; `labels` ("route=\"/x\"," or "") come first.
+    fn write(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64]) {
+        let mut cumulative = 0;
+        for (i, bound) in bounds.iter().enumerate() {
+            cumulative += self.counts[i];
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}le=\"{}\"}} {}",
+                number(*bound),
+                number(cumulative as f64)
+            );
+        }
+        let bare = labels.trim_end_matches(',');
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}le=\"+Inf\"}} {}",
+            number(self.count as f64)
+        );
+        let _ = writeln!(out, "{name}_count{{{bare}}} {}", number(self.count as f64));
+        let _ = writeln!(out, "{name}_sum{{{bare}}} {}", self.sum);
+    }
+}
+
+/// A worker's state at scrape time, for the worker gauges.
+pub struct WorkerState {
+    pub address: String,
+    pub outstanding_tokens: usize,
+    /// "ready", "ejected" or "unready", as the Python gateway counts them
+    pub state: &'static str,
 }
 
 #[derive(Default)]
@@ -31,9 +77,40 @@ struct Requests {
 pub struct Metrics {
     requests: Mutex<Requests>,
     keys: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
+    /// one request's tokenization; one chunk call's attempt; chunks a request went out in
+    stages: Mutex<[Histogram; 3]>,
     pub input_tokens: AtomicU64,
     pub inflight: AtomicI64,
+    pub retries: AtomicU64,
+    pub ejections: AtomicU64,
+    pub split_inputs: AtomicU64,
 }
+
+const TOKENIZE: usize = 0;
+const UPSTREAM: usize = 1;
+const CHUNKS_PER_REQUEST: usize = 2;
+
+/// The families besides the request ones: (index in `stages`, name, help, bounds).
+const HISTOGRAMS: [(usize, &str, &str, &[f64]); 3] = [
+    (
+        TOKENIZE,
+        "embedfleet_gateway_tokenize_seconds",
+        "Time tokenizing one request (including the hop to the tokenizer threads).",
+        &LATENCY,
+    ),
+    (
+        UPSTREAM,
+        "embedfleet_gateway_upstream_seconds",
+        "Time of one chunk's call to a worker (queueing there plus compute), per attempt.",
+        &LATENCY,
+    ),
+    (
+        CHUNKS_PER_REQUEST,
+        "embedfleet_gateway_chunks_per_request",
+        "Chunks a request was split into.",
+        &CHUNKS,
+    ),
+];
 
 /// Python's float repr for the values these families hold (prometheus_client writes floats).
 fn number(v: f64) -> String {
@@ -48,13 +125,26 @@ impl Metrics {
     pub fn observe(&self, route: &'static str, code: u16, seconds: f64) {
         let mut r = self.requests.lock().expect("metrics lock");
         *r.counts.entry((route, code)).or_default() += 1;
-        let h = r.seconds.entry(route).or_default();
-        // Buckets are cumulative at exposition; here each sample lands in its first bucket.
-        if let Some(i) = LATENCY.iter().position(|&b| seconds <= b) {
-            h.counts[i] += 1;
-        }
-        h.count += 1;
-        h.sum += seconds;
+        r.seconds
+            .entry(route)
+            .or_default()
+            .observe(&LATENCY, seconds);
+    }
+
+    fn stage(&self, which: usize, value: f64) {
+        self.stages.lock().expect("metrics lock")[which].observe(HISTOGRAMS[which].3, value);
+    }
+
+    pub fn tokenized(&self, seconds: f64) {
+        self.stage(TOKENIZE, seconds);
+    }
+
+    pub fn upstream(&self, seconds: f64) {
+        self.stage(UPSTREAM, seconds);
+    }
+
+    pub fn chunks(&self, chunks: usize) {
+        self.stage(CHUNKS_PER_REQUEST, chunks as f64);
     }
 
     /// One authorized request of the key whose label this is.
@@ -67,7 +157,7 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn exposition(&self) -> String {
+    pub fn exposition(&self, workers: &[WorkerState]) -> String {
         let keys = self.keys.lock().expect("metrics lock").clone();
         let (counts, seconds) = {
             let r = self.requests.lock().expect("metrics lock");
@@ -88,30 +178,12 @@ impl Metrics {
         out.push_str("# HELP embedfleet_gateway_request_seconds Time from request start to the response being sent, by route.\n");
         out.push_str("# TYPE embedfleet_gateway_request_seconds histogram\n");
         for (route, h) in &seconds {
-            let mut cumulative = 0;
-            for (i, bound) in LATENCY.iter().enumerate() {
-                cumulative += h.counts[i];
-                let _ = writeln!(
-                    out,
-                    "embedfleet_gateway_request_seconds_bucket{{le=\"{}\",route=\"{route}\"}} {}",
-                    number(*bound),
-                    number(cumulative as f64)
-                );
-            }
-            let _ = writeln!(
-                out,
-                "embedfleet_gateway_request_seconds_bucket{{le=\"+Inf\",route=\"{route}\"}} {}",
-                number(h.count as f64)
-            );
-            let _ = writeln!(
-                out,
-                "embedfleet_gateway_request_seconds_count{{route=\"{route}\"}} {}",
-                number(h.count as f64)
-            );
-            let _ = writeln!(
-                out,
-                "embedfleet_gateway_request_seconds_sum{{route=\"{route}\"}} {}",
-                h.sum
+            let labels = format!("route=\"{route}\",");
+            h.write(
+                &mut out,
+                "embedfleet_gateway_request_seconds",
+                &labels,
+                &LATENCY,
             );
         }
         out.push_str(
@@ -134,6 +206,57 @@ impl Metrics {
             "embedfleet_gateway_input_tokens_total {}",
             number(self.input_tokens.load(Ordering::Relaxed) as f64)
         );
+        let stages = self.stages.lock().expect("metrics lock").clone();
+        for (which, name, help, bounds) in HISTOGRAMS {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+            stages[which].write(&mut out, name, "", bounds);
+        }
+        for (name, help, value) in [
+            (
+                "embedfleet_gateway_retries_total",
+                "Chunks retried on another worker.",
+                &self.retries,
+            ),
+            (
+                "embedfleet_gateway_worker_ejections_total",
+                "Times a failing worker was taken out of rotation.",
+                &self.ejections,
+            ),
+            (
+                "embedfleet_gateway_split_inputs_total",
+                "Inputs over the model's limit embedded as windows (split_long_inputs).",
+                &self.split_inputs,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let n = value.load(Ordering::Relaxed) as f64;
+            let _ = writeln!(out, "{name} {}", number(n));
+        }
+        out.push_str(
+            "# HELP embedfleet_gateway_worker_outstanding_tokens Tokens sent to a worker by this \
+             gateway and not yet answered.\n\
+             # TYPE embedfleet_gateway_worker_outstanding_tokens gauge\n",
+        );
+        for w in workers {
+            let _ = writeln!(
+                out,
+                "embedfleet_gateway_worker_outstanding_tokens{{worker=\"{}\"}} {}",
+                w.address,
+                number(w.outstanding_tokens as f64)
+            );
+        }
+        out.push_str(
+            "# HELP embedfleet_gateway_workers Known workers by state (ready: taking traffic; \
+             ejected: failing; unready).\n# TYPE embedfleet_gateway_workers gauge\n",
+        );
+        for state in ["ready", "ejected", "unready"] {
+            let n = workers.iter().filter(|w| w.state == state).count();
+            let _ = writeln!(
+                out,
+                "embedfleet_gateway_workers{{state=\"{state}\"}} {}",
+                number(n as f64)
+            );
+        }
         out.push_str("# HELP embedfleet_gateway_inflight_requests Requests being served now.\n");
         out.push_str("# TYPE embedfleet_gateway_inflight_requests gauge\n");
         let _ = writeln!(
@@ -155,14 +278,14 @@ mod tests {
         m.observe("/v1/embeddings", 200, 0.002);
         m.observe("/v1/embeddings", 200, 0.2);
         m.observe("/v1/embeddings", 400, 100.0);
-        let text = m.exposition();
+        let text = m.exposition(&[]);
         assert!(text.contains(
             "embedfleet_gateway_requests_total{route=\"/v1/embeddings\",code=\"200\"} 2.0"
         ));
-        assert!(text.contains("_bucket{le=\"0.0025\",route=\"/v1/embeddings\"} 1.0"));
-        assert!(text.contains("_bucket{le=\"0.25\",route=\"/v1/embeddings\"} 2.0"));
-        assert!(text.contains("_bucket{le=\"30.0\",route=\"/v1/embeddings\"} 2.0"));
-        assert!(text.contains("_bucket{le=\"+Inf\",route=\"/v1/embeddings\"} 3.0"));
+        assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"0.0025\"} 1.0"));
+        assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"0.25\"} 2.0"));
+        assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"30.0\"} 2.0"));
+        assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"+Inf\"} 3.0"));
     }
 
     #[test]
@@ -171,7 +294,7 @@ mod tests {
         let label: Arc<str> = Arc::from("ba7816bf8f01");
         m.count_key(Arc::clone(&label), "/v1/embeddings");
         m.count_key(label, "/v1/embeddings");
-        let text = m.exposition();
+        let text = m.exposition(&[]);
         assert!(text.contains(
             "embedfleet_gateway_key_requests_total{key=\"ba7816bf8f01\",route=\"/v1/embeddings\"} 2.0"
         ));

@@ -2,6 +2,7 @@
 //! (the Python gateway's pool.py), and chunks dispatched to them with one retry elsewhere for
 //! a failure that says the worker never ran the chunk (dispatcher.py, upstream.py).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use tonic::{Code, Status};
 use crate::balancer::Balancer;
 use crate::coalescing::Coalescer;
 use crate::errors::{self, ApiError};
+use crate::metrics::{Metrics, WorkerState};
 use crate::proto::{InfoRequest, InfoResponse, TokenBatch};
 
 const ATTEMPTS: usize = 2;
@@ -31,6 +33,7 @@ pub struct Pool {
     infos: Mutex<(Vec<Option<InfoResponse>>, Vec<usize>)>,
     probe_seconds: f64,
     retry_after: u64,
+    metrics: Arc<Metrics>,
 }
 
 /// Outstanding tokens at one worker for as long as a call holds it, however the call ends (an
@@ -184,6 +187,7 @@ impl Pool {
         probe_seconds: f64,
         retry_after: u64,
         coalescing: Coalescing,
+        metrics: Arc<Metrics>,
     ) -> Result<Arc<Self>, String> {
         let balancer = Balancer::new(addresses, eject_seconds);
         let mut workers = Vec::new();
@@ -211,6 +215,7 @@ impl Pool {
             infos: Mutex::new((vec![None; n], Vec::new())),
             probe_seconds,
             retry_after,
+            metrics,
         }))
     }
 
@@ -235,6 +240,24 @@ impl Pool {
             .first()
             .and_then(|&i| infos.0[i].as_ref())
             .map_or(0, |i| i.dimensions)
+    }
+
+    /// Each known worker's outstanding tokens and state, for the worker gauges.
+    pub fn worker_states(&self) -> Vec<WorkerState> {
+        let b = self.balancer.lock().expect("balancer lock");
+        let now = Instant::now();
+        b.endpoints
+            .iter()
+            .map(|e| WorkerState {
+                address: e.address.clone(),
+                outstanding_tokens: e.outstanding_tokens,
+                state: match (e.usable(now), e.ready) {
+                    (true, _) => "ready",
+                    (false, true) => "ejected",
+                    (false, false) => "unready",
+                },
+            })
+            .collect()
     }
 
     /// Whether the workers normalize by default (the first that answered Info; else true, as
@@ -335,12 +358,16 @@ impl Pool {
         let lease = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.index);
         let worker = &self.workers[lease.index];
-        match worker.embed(batch.clone(), dims, normalize, timeout).await {
+        let start = Instant::now();
+        let called = worker.embed(batch.clone(), dims, normalize, timeout).await;
+        self.metrics.upstream(start.elapsed().as_secs_f64());
+        match called {
             Ok(rows) => Ok(rows),
             Err(status) => {
                 if ejects(&status) {
                     let mut b = self.balancer.lock().expect("balancer lock");
                     if b.eject(lease.index, Instant::now()) {
+                        self.metrics.ejections.fetch_add(1, Ordering::Relaxed);
                         eprintln!(
                             "worker ejected: {} ({})",
                             b.endpoints[lease.index].address,
@@ -384,6 +411,7 @@ impl Pool {
                     if status.code() == Code::ResourceExhausted {
                         busy = Some(status);
                     }
+                    self.metrics.retries.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }

@@ -96,6 +96,7 @@ impl Service {
                 let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
                 let chars: usize = texts.iter().map(String::len).sum();
                 let (truncate, side) = (req.truncate, req.side);
+                let start = std::time::Instant::now();
                 let tok = Arc::clone(&self.tokenization);
                 let work = move |texts: &[String]| {
                     if windowed {
@@ -106,13 +107,16 @@ impl Service {
                             .map(|ids| (ids, None))
                     }
                 };
-                if chars < INLINE_CHARS {
-                    return work(texts);
-                }
-                let texts = texts.clone();
-                tokio::task::spawn_blocking(move || work(&texts))
-                    .await
-                    .map_err(|_| errors::internal())?
+                let done = if chars < INLINE_CHARS {
+                    work(texts)
+                } else {
+                    let texts = texts.clone();
+                    tokio::task::spawn_blocking(move || work(&texts))
+                        .await
+                        .map_err(|_| errors::internal())?
+                };
+                self.metrics.tokenized(start.elapsed().as_secs_f64());
+                done
             }
             Input::Ids(seqs) => {
                 let ids = self
@@ -149,7 +153,9 @@ impl Service {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         let total: usize = lengths.iter().sum();
         let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
-        let calls = self.chunks(&lengths, total).into_iter().map(|c| {
+        let chunks = self.chunks(&lengths, total);
+        self.metrics.chunks(chunks.len());
+        let calls = chunks.into_iter().map(|c| {
             let batch = pack(&ids[c.start..c.stop]);
             self.pool
                 .embed(batch, requested, normalize, c.tokens, timeout)
@@ -188,6 +194,14 @@ impl Service {
         if flat.len() == ids.len() {
             return Ok((self.embed(&flat, requested, None).await?, total));
         }
+        let mut windows_of = vec![0usize; ids.len()];
+        for &o in &owner {
+            windows_of[o] += 1;
+        }
+        let split = windows_of.iter().filter(|&&n| n > 1).count();
+        self.metrics
+            .split_inputs
+            .fetch_add(split as u64, Ordering::Relaxed);
         let normalize = self.pool.default_normalize();
         let rows = self.embed(&flat, requested, Some(false)).await?;
         let dims = rows.len() / flat.len();
@@ -260,16 +274,20 @@ impl Service {
         truncate: bool,
         side: Side,
     ) -> Result<Vec<Vec<u32>>, ApiError> {
+        let start = std::time::Instant::now();
         let prompt = self.model.prompt_for(Some(input_type)).to_string();
         let chars: usize = texts.iter().map(String::len).sum();
-        if chars < INLINE_CHARS {
-            return self.tokenization.texts(texts, &prompt, truncate, side);
-        }
-        let tok = Arc::clone(&self.tokenization);
-        let texts = texts.to_vec();
-        tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
-            .await
-            .map_err(|_| errors::internal())?
+        let done = if chars < INLINE_CHARS {
+            self.tokenization.texts(texts, &prompt, truncate, side)
+        } else {
+            let tok = Arc::clone(&self.tokenization);
+            let texts = texts.to_vec();
+            tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
+                .await
+                .map_err(|_| errors::internal())?
+        };
+        self.metrics.tokenized(start.elapsed().as_secs_f64());
+        done
     }
 
     /// Relevance of each (query, document) pair for an embedding model: the cosine of their

@@ -343,16 +343,20 @@ def test_one_failure_is_retried_on_the_other_worker(fake_pair: Pair, code: grpc.
         fake_pair.calls()
 
 
+def _scrape(pair: Pair) -> list[str]:
+    out = []
+    for one in (pair.python(), pair.rust()):
+        reply = one.request("GET", "/metrics")
+        assert reply.status == 200
+        out.append(reply.body.decode())
+    return out
+
+
 def test_request_metrics_count_alike(fake_pair: Pair) -> None:
     """The same requests move the same series by the same amounts, under the same names."""
 
     def scrape() -> list[str]:
-        out = []
-        for one in (fake_pair.python(), fake_pair.rust()):
-            reply = one.request("GET", "/metrics")
-            assert reply.status == 200
-            out.append(reply.body.decode())
-        return out
+        return _scrape(fake_pair)
 
     def values(texts: list[str]) -> list[tuple[float, ...]]:
         series = [
@@ -448,3 +452,42 @@ def test_real_worker_scores_equal(null_pair: Pair) -> None:
     ):
         doc = null_pair.compare("POST", path, content=orjson.dumps(body))
         assert "error" not in doc
+
+
+def test_dispatch_metrics_count_alike(fake_pair: Pair) -> None:
+    """Tokenization, chunks, calls, split inputs and the worker gauges: the same series move
+    alike (the durations' counts; their sums are each process's own clock)."""
+    series = [
+        ("embedfleet_gateway_tokenize_seconds_count", {}),
+        ("embedfleet_gateway_upstream_seconds_count", {}),
+        ("embedfleet_gateway_chunks_per_request_count", {}),
+        ("embedfleet_gateway_chunks_per_request_sum", {}),
+        ("embedfleet_gateway_chunks_per_request_bucket", {"le": "1.0"}),
+        ("embedfleet_gateway_split_inputs_total", {}),
+        ("embedfleet_gateway_retries_total", {}),
+        ("embedfleet_gateway_worker_ejections_total", {}),
+    ]
+
+    def values() -> list[tuple[float, ...]]:
+        return [
+            tuple(metric_value(t, n, **labels) for n, labels in series) for t in _scrape(fake_pair)
+        ]
+
+    before = values()
+    fake_pair.embed({"input": ["a", "b"]})  # tokenized once, one chunk, one call
+    fake_pair.embed({"input": [LONG, "x"], "split_long_inputs": True})  # one input split
+    fake_pair.embed({"input": [list(range(1, 151))] * 60})  # ids: no tokenizing; two chunks
+    fake_pair.calls()
+    after = values()
+    deltas = [
+        tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
+    ]
+    assert deltas[0] == deltas[1] == (2, 4, 3, 4, 2, 1, 0, 0)
+    texts = _scrape(fake_pair)
+    for text, workers in zip(
+        texts, (fake_pair.python_workers, fake_pair.rust_workers), strict=True
+    ):
+        assert metric_value(text, "embedfleet_gateway_workers", state="ready") == 2
+        assert metric_value(text, "embedfleet_gateway_workers", state="unready") == 0
+        for worker in workers:  # every call answered: nothing outstanding, each worker listed
+            assert f'outstanding_tokens{{worker="{worker.address}"}} 0.0' in text

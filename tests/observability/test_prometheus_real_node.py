@@ -116,8 +116,15 @@ class RealFleet:
         self.wait(f"{workers} ready workers and no other", done, timeout)
 
     def gateway_url(self) -> str:
-        (pod,) = self.ready("gateway")
-        return f"http://{pod['status']['podIP']}:8080"
+        ready = self.ready("gateway")
+        if len(ready) != 1:
+            states = [
+                (p["metadata"]["name"], p["status"].get("phase"), condition(p, "Ready"),
+                 restarts(p), p["metadata"].get("deletionTimestamp"))
+                for p in self.pods("gateway")
+            ]  # fmt: skip
+            raise AssertionError(f"not one ready gateway pod: {states}")
+        return f"http://{ready[0]['status']['podIP']}:8080"
 
     @contextmanager
     def frozen(self, pod: dict[str, Any]) -> Iterator[None]:
@@ -161,6 +168,12 @@ def node_fleet(
     )  # fmt: skip
     emb = yaml.safe_load(EXAMPLE.read_text())
     emb["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": SCRAPE}}
+    # The overload must both fill the workers' queues past EmbedfleetWorkerQueueSaturated's 2 s
+    # and be shed: a bound between the two, whatever the CPU. At the default 30 s the overload's
+    # ~180k tokens were past it only on a slow CPU (on a Xeon the gateway admitted all: 74
+    # answered, 21 given up by their client at 10 s, none shed); at 1 s the gateway shed before
+    # any worker queue held 2 s. The healthy load queues a fraction of a second.
+    emb["spec"]["gateway"]["maxQueueSeconds"] = QUEUE_BOUND_SECONDS
     node_fleet.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(emb))
     node_fleet.settled(2, timeout=420)
     node_fleet.wait("a ready gateway", lambda: node_fleet.ready("gateway"), timeout=120)
@@ -423,6 +436,9 @@ def overload_mix(n: int) -> list[object]:
     sentence = " ".join(WORDS[(n + i) % len(WORDS)] for i in range(110))
     return [{"input": [f"{sentence} {n} {i}" for i in range(256)]}]
 
+
+#: the fleet's admission bound (gateway.maxQueueSeconds): see node_fleet
+QUEUE_BOUND_SECONDS = 5
 
 OVERLOAD = (
     "EmbedfleetWorkerQueueSaturated",

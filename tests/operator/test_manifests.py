@@ -378,7 +378,11 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
 
     raw = {
         "model": {"source": "file:///m"},
-        "gateway": {"auth": {"secretRef": {"name": "k"}}, "splitLongInputs": True},
+        "gateway": {
+            "auth": {"secretRef": {"name": "k"}},
+            "splitLongInputs": True,
+            "maxQueueSeconds": 4.5,
+        },
     }
     for name, value in gateway_env(OWNER, parse_spec(raw)).items():
         monkeypatch.setenv(name, value)
@@ -387,6 +391,10 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
     assert settings.split_long_inputs is True
     assert settings.api_key_metrics is False
     assert settings.quantization_file == ""
+    assert settings.max_queue_seconds == 4.5
+    assert parse_spec({"model": {"source": "file:///m"}}).gateway.max_queue_seconds == (
+        GatewaySettings().max_queue_seconds
+    )  # the CRD's default is the gateway's
 
 
 def test_graph_settings_reach_the_worker() -> None:

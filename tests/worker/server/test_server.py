@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,13 +23,14 @@ from tokenizers import Tokenizer
 
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.testing.polling import wait_for
-from embedfleet.testing.workers import health_status, worker_stub
+from embedfleet.testing.workers import WorkerProcess, health_status, start_worker, worker_stub
 
 from .helpers import (
     BUDGET_SEQUENCES,
     BUDGET_TOKENS,
     HARD_TOKENS,
     QUEUE,
+    WORKER_ARGS,
     Served,
     embed_request,
     vectors,
@@ -166,8 +168,31 @@ def test_large_request_is_not_starved(served: Served) -> None:
     assert after
 
 
-def test_cancelled_and_expired_requests_are_dropped_and_counted(served: Served) -> None:
-    worker, stub = served.worker, served.stub
+#: the paced worker's speed: the blocker's 2,048 tokens hold its engine ~2 s on any CPU
+PACED_TOKENS_PER_SECOND = 1000
+
+
+@pytest.fixture(scope="module")
+def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A null-engine worker whose batches take tokens / PACED_TOKENS_PER_SECOND asleep, with the
+    real worker's budgets: a queue behind the blocker lasts as long on a fast CPU as on a slow
+    one (behind the real engine it lasted ~60 ms on a quiet Xeon with AMX: shorter than sending
+    the eight calls, so they were never queued together)."""
+    proc = start_worker(
+        tmp_path_factory.mktemp("paced-worker"),
+        "--engine", "null",
+        "--null-tokens-per-second", str(PACED_TOKENS_PER_SECOND),
+        *WORKER_ARGS,
+    )  # fmt: skip
+    try:
+        proc.wait_serving(120)
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_cancelled_and_expired_requests_are_dropped_and_counted(paced: WorkerProcess) -> None:
+    worker, stub = paced, worker_stub(paced.channel())
     dropped_before = {
         r: worker.metric("embedfleet_worker_dropped_requests_total", reason=r)
         for r in ("cancelled", "deadline")
@@ -176,7 +201,9 @@ def test_cancelled_and_expired_requests_are_dropped_and_counted(served: Served) 
     first_request = blocker()
     first = stub.Embed.future(first_request)
     time.sleep(0.05)
-    expiring = [stub.Embed.future(embed_request(rand_seqs(64)), timeout=0.1) for _ in range(4)]
+    # Expiring while queued: the deadline is well past their arrival, well before the blocker
+    # (~2 s) ends.
+    expiring = [stub.Embed.future(embed_request(rand_seqs(64)), timeout=0.5) for _ in range(4)]
     cancelled = [stub.Embed.future(embed_request(rand_seqs(64))) for _ in range(3)]
     last_request = embed_request(rand_seqs(40))
     last = stub.Embed.future(last_request)

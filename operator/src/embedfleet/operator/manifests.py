@@ -313,6 +313,7 @@ def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
             "max_request_tokens": gateway.max_request_tokens,
             "chunk_tokens": gateway.chunk_tokens,
             "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
+            "max_queue_seconds": gateway.max_queue_seconds,
             "split_long_inputs": gateway.split_long_inputs,
             "split_overlap_tokens": gateway.split_overlap_tokens,
             "api_keys_file": API_KEYS_FILE if gateway.auth.secret else "",

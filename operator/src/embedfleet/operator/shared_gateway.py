@@ -211,6 +211,7 @@ def gateway_env(served: list[Member]) -> dict[str, str]:
             "max_client_batch": gateway.max_client_batch,
             "max_request_tokens": gateway.max_request_tokens,
             "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
+            "max_queue_seconds": gateway.max_queue_seconds,
             "api_keys_file": API_KEYS_FILE if keys else "",
             "api_key_metrics": bool(keys and keys.spec.gateway.auth.per_key_metrics),
             "host": "0.0.0.0",

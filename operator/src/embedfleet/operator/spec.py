@@ -166,6 +166,8 @@ class Gateway:
     max_request_tokens: int = 1_000_000
     chunk_tokens: int = 8192
     upstream_timeout_seconds: float = 60.0
+    #: admission's bound, seconds of work queued ahead (the gateway's --max-queue-seconds)
+    max_queue_seconds: float = 30.0
     split_long_inputs: bool = False
     split_overlap_tokens: int = 32
     auth: GatewayAuth = field(default_factory=GatewayAuth)
@@ -354,6 +356,7 @@ def _gateway(raw: Mapping[str, Any]) -> Gateway:
         upstream_timeout_seconds=float(
             raw.get("upstreamTimeoutSeconds", d.upstream_timeout_seconds)
         ),
+        max_queue_seconds=float(raw.get("maxQueueSeconds", d.max_queue_seconds)),
         split_long_inputs=bool(raw.get("splitLongInputs", d.split_long_inputs)),
         split_overlap_tokens=int(raw.get("splitOverlapTokens", d.split_overlap_tokens)),
         auth=GatewayAuth(
