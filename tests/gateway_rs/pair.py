@@ -109,6 +109,18 @@ class Pair:
         same(doc, rs.json())
         return doc
 
+    def models(self, **kw: Any) -> Any:
+        """GET /v1/models from both: equal but for each entry's `created`, which is each
+        process's own start time (two processes started a second apart differ there)."""
+        py, rs = self.both("GET", "/v1/models", **kw)
+        assert py.status == rs.status == 200, (py.body, rs.body)
+        docs = [py.json(), rs.json()]
+        for doc in docs:
+            for entry in doc["data"]:
+                assert isinstance(entry.pop("created"), int)
+        assert docs[0] == docs[1]
+        return docs[0]
+
     def embed(self, body: Any, **kw: Any) -> Any:
         return self.compare("POST", "/v1/embeddings", content=orjson.dumps(body), **kw)
 
