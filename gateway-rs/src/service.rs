@@ -94,11 +94,8 @@ impl Service {
                     );
                 }
                 let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
-                let chars: usize = texts.iter().map(String::len).sum();
                 let (truncate, side) = (req.truncate, req.side);
-                let start = std::time::Instant::now();
-                let tok = Arc::clone(&self.tokenization);
-                let work = move |texts: &[String]| {
+                self.tokenized(texts, move |tok, texts| {
                     if windowed {
                         tok.whole_texts(texts, &prompt)
                             .map(|(ids, ends)| (ids, Some(ends)))
@@ -106,17 +103,8 @@ impl Service {
                         tok.texts(texts, &prompt, truncate, side)
                             .map(|ids| (ids, None))
                     }
-                };
-                let done = if chars < INLINE_CHARS {
-                    work(texts)
-                } else {
-                    let texts = texts.clone();
-                    tokio::task::spawn_blocking(move || work(&texts))
-                        .await
-                        .map_err(|_| errors::internal())?
-                };
-                self.metrics.tokenized(start.elapsed().as_secs_f64());
-                done
+                })
+                .await
             }
             Input::Ids(seqs) => {
                 let ids = self
@@ -266,7 +254,29 @@ impl Service {
         ))
     }
 
-    /// Texts' ids with the prompt of `input_type` (on the blocking pool when large).
+    /// `work` on `texts`, timed as one tokenization: inline when small, on the blocking pool
+    /// when large, so a large request never stalls the connections the event loop serves.
+    async fn tokenized<T: Send + 'static>(
+        &self,
+        texts: &[String],
+        work: impl FnOnce(&Tokenization, &[String]) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let start = std::time::Instant::now();
+        let chars: usize = texts.iter().map(String::len).sum();
+        let done = if chars < INLINE_CHARS {
+            work(&self.tokenization, texts)
+        } else {
+            let tok = Arc::clone(&self.tokenization);
+            let texts = texts.to_vec();
+            tokio::task::spawn_blocking(move || work(&tok, &texts))
+                .await
+                .map_err(|_| errors::internal())?
+        };
+        self.metrics.tokenized(start.elapsed().as_secs_f64());
+        done
+    }
+
+    /// Texts' ids with the prompt of `input_type`.
     async fn text_ids(
         &self,
         texts: &[String],
@@ -274,20 +284,11 @@ impl Service {
         truncate: bool,
         side: Side,
     ) -> Result<Vec<Vec<u32>>, ApiError> {
-        let start = std::time::Instant::now();
         let prompt = self.model.prompt_for(Some(input_type)).to_string();
-        let chars: usize = texts.iter().map(String::len).sum();
-        let done = if chars < INLINE_CHARS {
-            self.tokenization.texts(texts, &prompt, truncate, side)
-        } else {
-            let tok = Arc::clone(&self.tokenization);
-            let texts = texts.to_vec();
-            tokio::task::spawn_blocking(move || tok.texts(&texts, &prompt, truncate, side))
-                .await
-                .map_err(|_| errors::internal())?
-        };
-        self.metrics.tokenized(start.elapsed().as_secs_f64());
-        done
+        self.tokenized(texts, move |tok, texts| {
+            tok.texts(texts, &prompt, truncate, side)
+        })
+        .await
     }
 
     /// Relevance of each (query, document) pair for an embedding model: the cosine of their

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from embedfleet.testing import procfs
-from embedfleet.testing.workers import WorkerProcess, start_worker, worker_stub
+from embedfleet.testing.workers import WorkerProcess, running_worker, worker_stub
 
 from .helpers import embed_request
 
@@ -55,19 +55,16 @@ def _shapes(rng: np.random.Generator, count: int) -> Iterator[list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    proc = start_worker(
+    with running_worker(
         tmp_path_factory.mktemp("memory"),
         "--device", "cpu",
         "--dtype", "bfloat16",
         "--threads", "1",
         "--max-batch-tokens", "1024",
         "--warmup-seconds", "0.5",
-    )  # fmt: skip
-    try:
-        proc.wait_serving(240)
+        ready_timeout=240,
+    ) as proc:  # fmt: skip
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_rss_stays_flat_under_batches_of_new_shapes(worker: WorkerProcess) -> None:

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.testing.polling import wait_for
-from embedfleet.testing.workers import WorkerProcess, health_status, start_worker, worker_stub
+from embedfleet.testing.workers import WorkerProcess, health_status, running_worker, worker_stub
 
 from .helpers import (
     BUDGET_SEQUENCES,
@@ -178,17 +178,14 @@ def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     real worker's budgets: a queue behind the blocker lasts as long on a fast CPU as on a slow
     one (behind the real engine it lasted ~60 ms on a quiet Xeon with AMX: shorter than sending
     the eight calls, so they were never queued together)."""
-    proc = start_worker(
+    with running_worker(
         tmp_path_factory.mktemp("paced-worker"),
         "--engine", "null",
         "--null-tokens-per-second", str(PACED_TOKENS_PER_SECOND),
         *WORKER_ARGS,
-    )  # fmt: skip
-    try:
-        proc.wait_serving(120)
+        ready_timeout=120,
+    ) as proc:  # fmt: skip
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_cancelled_and_expired_requests_are_dropped_and_counted(paced: WorkerProcess) -> None:
