@@ -135,6 +135,9 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "must be a ConfigMap name",
     ),
     ("overlap", "bad", _with("gateway.splitOverlapTokens", -1), "spec.gateway.splitOverlapTokens"),
+    ("queue-zero", "bad", _with("gateway.maxQueueSeconds", 0), "spec.gateway.maxQueueSeconds"),
+    ("queue-hour", "bad", _with("gateway.maxQueueSeconds", 3601), "spec.gateway.maxQueueSeconds"),
+    ("queue-text", "bad", _with("gateway.maxQueueSeconds", "5"), "spec.gateway.maxQueueSeconds"),
     (
         "engines-two-gpus",
         "bad",
@@ -274,6 +277,7 @@ def test_gateway_auth_is_accepted_with_its_defaults(
     assert got["quantization"]["configMapRef"]["key"] == "embedfleet_quantization.json"
     assert got["splitLongInputs"] is False
     assert got["splitOverlapTokens"] == 32
+    assert got["maxQueueSeconds"] == 30
 
 
 def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:
