@@ -14,6 +14,7 @@ import torch
 
 from embedfleet.testing.families import FamilyDirs
 from embedfleet.worker.engine import runtime as runtimes
+from embedfleet.worker.engine import torch_engine
 from embedfleet.worker.engine.attention import GroupedBackend
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
@@ -158,11 +159,21 @@ def test_openvino_cache_dir_is_where_graphs_are_kept(
         raise AssertionError("converted again although the graph was cached")
 
     monkeypatch.setattr(runtimes, "convert", no_conversion)
-    # auto with a kept cache is openvino (what `embedfleet serve` gives its workers) for batches
-    # of short sequences, and eager for longer ones
+    # auto with a kept cache is openvino (what `embedfleet serve` gives its workers) up to the
+    # sequence length it measured OpenVINO the faster at, on this CPU: one of the timed lengths
     auto = TorchEngine(replace(config, cpu_runtime="auto"))
     assert auto.runtime_name == "openvino"
     assert auto.counters().runtime == "openvino"
+    assert auto.compiled_seqlen in [0, *runtimes.seqlen_probe_lengths(auto.max_tokens)]
+
+    # Which batches run where, with the measurement replaced (a fake timer, so that the turn is
+    # known): OpenVINO faster at 32 tokens, eager from 64 on.
+    def turns_at_64(lengths: list[int], timer: object) -> tuple[int, list[Any]]:
+        return runtimes.openvino_seqlen(lengths, lambda n: (1.0, 2.0) if n < 64 else (2.0, 1.0))
+
+    monkeypatch.setattr(torch_engine, "openvino_seqlen", turns_at_64)
+    auto = TorchEngine(replace(config, cpu_runtime="auto"))
+    assert auto.compiled_seqlen == 32
     assert auto.runtime is not None
     compiled, calls = auto.runtime.hidden, []
 
@@ -174,11 +185,69 @@ def test_openvino_cache_dir_is_where_graphs_are_kept(
     [second] = auto.run([item(seqs)])
     np.testing.assert_array_equal(first, second)
     assert len(calls) == 1
-    longer = random_sequences(300, (runtimes.AUTO_OPENVINO_SEQLEN + 1, 7))
+    longer = random_sequences(300, (33, 7))
     [eager] = auto.run([item(longer)])
     assert len(calls) == 1
     [want] = TorchEngine(replace(config, cpu_runtime="eager")).run([item(longer)])
     np.testing.assert_array_equal(eager, want)
+
+
+def test_the_probe_lengths_double_up_to_the_limit() -> None:
+    assert runtimes.seqlen_probe_lengths(256) == [32, 64, 128, 256]
+    assert runtimes.seqlen_probe_lengths(512) == [32, 64, 128, 256, 512]
+    assert runtimes.seqlen_probe_lengths(300) == [32, 64, 128, 256, 300]
+    assert runtimes.seqlen_probe_lengths(16) == [16]
+
+
+class _Clock:
+    """A clock that each timed length moves on by its seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("eager_faster_from", "want", "timed"),
+    [
+        (512, 256, [32, 64, 128, 256, 512]),  # AVX-512 without AMX: the turn measured there
+        (10_000, 2048, [32, 64, 128, 256, 512, 1024, 2048]),  # OpenVINO bf16 on AMX: never
+        (32, 0, [32]),  # eager the faster at once: every batch eager
+    ],
+)
+def test_auto_runs_openvino_up_to_the_length_eager_overtakes_it(
+    eager_faster_from: int, want: int, timed: list[int]
+) -> None:
+    clock, asked = _Clock(), []
+
+    def timer(length: int) -> tuple[float, float]:
+        asked.append(length)
+        clock.now += 0.01
+        return (1.0, 2.0) if length < eager_faster_from else (2.0, 1.0)
+
+    lengths = runtimes.seqlen_probe_lengths(2048)
+    seqlen, timings = runtimes.openvino_seqlen(lengths, timer, clock=clock)
+    assert seqlen == want
+    # Nothing past the turn is timed: those lengths run eager anyway.
+    assert asked == timed == [n for n, _, _ in timings]
+
+
+def test_the_length_probe_stops_at_its_budget() -> None:
+    """A long-context model's eager forward takes seconds at its limit on a small CPU: the
+    lengths past the budget run eager, as past a turn."""
+    clock = _Clock()
+
+    def timer(length: int) -> tuple[float, float]:
+        clock.now += length / 100  # 0.32 s at 32 tokens, 20.48 s at 2,048
+        return 1.0, 2.0
+
+    lengths = runtimes.seqlen_probe_lengths(2048)
+    seqlen, timings = runtimes.openvino_seqlen(lengths, timer, budget_seconds=5.0, clock=clock)
+    # 0.32 + 0.64 + 1.28 + 2.56 = 4.8 s within the budget; 512 starts there and is the last
+    assert [n for n, _, _ in timings] == [32, 64, 128, 256, 512]
+    assert seqlen == 512
 
 
 class _FakeOV:

@@ -58,8 +58,9 @@ class WorkerSettings:
         "auto",
         "How the encoder runs on a CPU: auto (where the worker's [openvino] extra is "
         "installed, --openvino-cache-dir is given, so the conversion is kept, and the model "
-        "allows at most 2,048 tokens: openvino for batches of sequences up to 256 tokens, eager "
-        "for longer; else eager), eager (PyTorch op by op), inductor "
+        "allows at most 2,048 tokens: openvino for batches of sequences up to the length it "
+        "measured openvino the faster at, at start, eager for longer; else eager), eager "
+        "(PyTorch op by op), inductor "
         "(torch.compile, dynamic shapes), openvino (the fastest per batch, converted at start: "
         "35-65 s the first time, then cached in --openvino-cache-dir; the worker's [openvino] "
         "extra). "

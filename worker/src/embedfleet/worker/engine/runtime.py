@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -274,25 +275,76 @@ class OpenVINORuntime:
         return torch.from_numpy(np.array(out, np.float32))
 
 
-def seconds_per_batch(runtime: Runtime, tokens: int = 256, reps: int = 3) -> float:
-    """Best time of one forward over two sequences of `tokens` / 2 ids."""
-    half = max(1, tokens // 2)
-    batch, lengths = _filler((half, half))
-    runtime.hidden(batch, lengths)  # first call: memory and kernel set-up
+def best_seconds(call: Callable[[], object], reps: int = 3) -> float:
+    """Best time of `reps` calls of `call`, after one untimed call (memory and kernel set-up)."""
+    call()
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
-        runtime.hidden(batch, lengths)
+        call()
         best = min(best, time.perf_counter() - start)
     return best
 
 
-#: under auto, OpenVINO runs the batches whose longest sequence has at most this many tokens and
-#: eager the rest: it is the sequences' length, not the batch's tokens, that turns the ranking.
-#: On a quiet 2-core machine (MiniLM, float32, both at 2 threads) OpenVINO ran one sequence of
-#: 16, 128 and 256 tokens in 0.62x, 0.76x and 0.90x of eager's time, 16 x 32 and 8 x 128 in 0.71x
-#: and 0.92x, but one of 512 in 1.02x and four in 1.25x (docs/engine.md, "CPU runtimes").
-AUTO_OPENVINO_SEQLEN = 256
+def seconds_per_batch(runtime: Runtime, tokens: int = 256, reps: int = 3) -> float:
+    """Best time of one forward over two sequences of `tokens` / 2 ids."""
+    half = max(1, tokens // 2)
+    batch, lengths = _filler((half, half))
+    return best_seconds(lambda: runtime.hidden(batch, lengths), reps)
+
+
+def filler_batch(length: int) -> tuple[DeviceBatch, npt.NDArray[np.int64]]:
+    """A packed batch of one sequence of `length` ids, and its host lengths."""
+    return _filler((length,))
+
+
+#: the sequence lengths auto times OpenVINO against eager at, doubling from this one up to the
+#: model's limit (which is always timed last)
+SEQLEN_PROBE_START = 32
+
+#: the start-up seconds auto spends on that timing at most: a long-context model's eager forward
+#: at its limit takes seconds on a small CPU, so the lengths past the budget are left to eager
+SEQLEN_PROBE_SECONDS = 8.0
+
+
+def seqlen_probe_lengths(max_tokens: int) -> list[int]:
+    """Ascending lengths to time: 32, 64, ... below `max_tokens`, then `max_tokens` itself."""
+    lengths: list[int] = []
+    length = SEQLEN_PROBE_START
+    while length < max_tokens:
+        lengths.append(length)
+        length *= 2
+    return [*lengths, max_tokens]
+
+
+#: (sequence length, OpenVINO seconds, eager seconds) of one timed length
+SeqlenTiming = tuple[int, float, float]
+
+
+def openvino_seqlen(
+    lengths: Sequence[int],
+    timer: Callable[[int], tuple[float, float]],
+    budget_seconds: float = SEQLEN_PROBE_SECONDS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[int, list[SeqlenTiming]]:
+    """The longest sequence auto runs in OpenVINO, and the timings it was read from.
+
+    `timer(length)` gives (OpenVINO seconds, eager seconds) for one sequence of `length` tokens.
+    Lengths are timed in ascending order until eager is the faster (it is the sequences' length,
+    not the batch's tokens, that turns the ranking, and on every CPU measured it turned once) or
+    the budget is spent; the answer is the last length OpenVINO won, 0 if it lost the first.
+    """
+    start = clock()
+    won, timings = 0, list[SeqlenTiming]()
+    for length in lengths:
+        if timings and clock() - start > budget_seconds:
+            break
+        openvino_s, eager_s = timer(length)
+        timings.append((length, openvino_s, eager_s))
+        if openvino_s >= eager_s:
+            break
+        won = length
+    return won, timings
 
 
 def reduced_pays(reduced_seconds: float, float32_seconds: float) -> bool:

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -49,11 +50,14 @@ from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.engine.runtime import (
-    AUTO_OPENVINO_SEQLEN,
     OPENVINO_MAX_TOKENS,
     InductorRuntime,
+    best_seconds,
+    filler_batch,
     openvino_at_dtype,
+    openvino_seqlen,
     resolve_runtime,
+    seqlen_probe_lengths,
 )
 from embedfleet.worker.engine.staging import HostOutputs, Staging
 from embedfleet.worker.settings import WorkerSettings
@@ -134,7 +138,7 @@ class TorchEngine:
         )
         if self.runtime is not None and self.runtime_name == "openvino":
             if config.cpu_runtime == "auto":
-                self.compiled_seqlen = AUTO_OPENVINO_SEQLEN
+                self.compiled_seqlen = self._measured_seqlen(self.runtime)
             self._use_threads(self.runtime)
         self._info = EngineInfo(
             model_name=self.model_dir.name,
@@ -307,6 +311,41 @@ class TorchEngine:
             results,
             (("pack", packed - start), ("forward", encoded - packed), ("pool", pooled - encoded)),
         )
+
+    def _measured_seqlen(self, runtime: Runtime) -> int:
+        """Under auto, the longest sequence a batch may have to run in `runtime` rather than
+        eager: timed here, one sequence per length, as each path would run it (its threads and
+        dtype), alternately so that a noisy neighbour hurts both. Where OpenVINO overtakes
+        eager depends on the CPU's GEMMs: at 256-512 tokens on AVX-512 without AMX; never below
+        2,048 on AMX, whose bf16 OpenVINO uses and eager float32 does not."""
+
+        def timer(length: int) -> tuple[float, float]:
+            batch, lengths = filler_batch(length)
+            best = {"openvino": float("inf"), "eager": float("inf")}
+
+            def run(path: Runtime | None) -> torch.Tensor:
+                return encode(self.model, self.backend, batch, length, lengths, path)
+
+            with torch.inference_mode():
+                for _ in range(2):
+                    for name, path in (("openvino", runtime), ("eager", None)):
+                        self._use_threads(path)
+                        seconds = best_seconds(partial(run, path), reps=2)
+                        best[name] = min(best[name], seconds)
+            return best["openvino"], best["eager"]
+
+        seqlen, timings = openvino_seqlen(seqlen_probe_lengths(self.max_tokens), timer)
+        last, openvino_s, eager_s = timings[-1]
+        why = "eager faster" if openvino_s >= eager_s else "timing budget spent"
+        log.info(
+            "auto runtime: openvino for sequences up to %d tokens, eager past them (%s; "
+            "openvino vs eager per length: %s)",
+            seqlen,
+            "the model's limit" if seqlen == self.max_tokens else why,
+            ", ".join(f"{n}: {1e3 * o:.1f} vs {1e3 * e:.1f} ms" for n, o, e in timings),
+            extra={"openvino_max_seqlen": seqlen, "timed_up_to": last},
+        )
+        return seqlen
 
     def _use_threads(self, runtime: Runtime | None) -> None:
         """Torch's threads for a batch run by `runtime` (None: eager), set only on a change."""
