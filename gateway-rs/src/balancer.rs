@@ -13,6 +13,8 @@ pub struct Endpoint {
     pub ejected_until: Option<Instant>,
     /// tokens/s the worker sustains saturated, else its warm-up figure (0: neither reported)
     pub capacity: f64,
+    /// tokens other gateways queued there: its reported queue beyond this gateway's share
+    pub queued_elsewhere: usize,
 }
 
 impl Endpoint {
@@ -23,6 +25,7 @@ impl Endpoint {
             ready: false,
             ejected_until: None,
             capacity: 0.0,
+            queued_elsewhere: 0,
         }
     }
 

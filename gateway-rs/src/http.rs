@@ -12,9 +12,10 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 
+use crate::admission;
 use crate::auth;
 use crate::errors::{self, ApiError};
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 use crate::request;
 use crate::service::Service;
 
@@ -88,6 +89,13 @@ fn error_reply(e: &ApiError) -> Reply {
     r
 }
 
+/// A parsed POST body, by route.
+enum Post {
+    Embeddings(request::EmbeddingRequest),
+    Rerank(request::RerankRequest),
+    Score(request::ScoreRequest),
+}
+
 pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Reply, Infallible> {
     let metrics = Arc::clone(&service.metrics);
     metrics.inflight.fetch_add(1, Ordering::Relaxed);
@@ -133,11 +141,37 @@ async fn dispatch(
             req,
         )
         .await?;
-        let doc = match route {
-            "/v1/rerank" => service.rerank(request::parse_rerank(&body)?).await?,
-            "/v1/score" => service.score(request::parse_score(&body)?).await?,
-            _ => service.embeddings(request::parse(&body)?).await?,
+        let post = match route {
+            "/v1/rerank" => Post::Rerank(request::parse_rerank(&body)?),
+            "/v1/score" => Post::Score(request::parse_score(&body)?),
+            _ => Post::Embeddings(request::parse(&body)?),
         };
+        // Admitted or shed after parsing and the model's name, before any other check (as the
+        // Python gateway): the ticket gives its work back when dropped, whether answered,
+        // refused or abandoned.
+        let (model, max_tokens) = (&service.model, service.tokenization.max_tokens);
+        let ticket = match &post {
+            Post::Embeddings(r) => {
+                service.check_model(&r.model)?;
+                service
+                    .admission
+                    .admit(admission::embedding_work(r, model, max_tokens))?
+            }
+            Post::Rerank(r) => {
+                service.check_model(&r.pair.model)?;
+                service.admission.admit(admission::rerank_work(r, model))?
+            }
+            Post::Score(r) => {
+                service.check_model(&r.pair.model)?;
+                service.admission.admit(admission::score_work(r, model))?
+            }
+        };
+        let doc = match post {
+            Post::Embeddings(r) => service.embeddings(r, &ticket).await?,
+            Post::Rerank(r) => service.rerank(r, &ticket).await?,
+            Post::Score(r) => service.score(r, &ticket).await?,
+        };
+        ticket.answered();
         return Ok(respond(200, doc, "application/json"));
     }
     if GETS.contains(&route) {
@@ -167,7 +201,10 @@ async fn dispatch(
                 200,
                 service
                     .metrics
-                    .exposition(&service.pool.worker_states())
+                    .exposition(
+                        &service.pool.worker_states(),
+                        &metrics::AdmissionState::of(&service.admission),
+                    )
                     .into_bytes(),
                 "text/plain; version=0.0.4; charset=utf-8",
             )),

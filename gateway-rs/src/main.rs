@@ -2,6 +2,7 @@
 //! issue #20). The Python gateway stays the reference; tests/gateway_rs checks this one
 //! against it request by request.
 
+mod admission;
 mod auth;
 mod balancer;
 mod coalescing;
@@ -75,6 +76,14 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         &model.path,
         model.name == model::DEFAULT_MODEL_NAME,
     )?;
+    let specials = tokenization.specials();
+    let admission = Arc::new(admission::Admission::new(
+        max_tokens,
+        specials,
+        s.max_queue_seconds,
+        s.retry_after_seconds,
+        Arc::clone(&pool) as Arc<dyn admission::Fleet>,
+    ));
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -85,6 +94,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         tokenization: Arc::new(tokenization),
         pool,
         metrics,
+        admission,
         keys,
         calibration,
         created,

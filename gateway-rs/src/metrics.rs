@@ -59,6 +59,24 @@ impl Histogram {
     }
 }
 
+/// Admission's figures at scrape time: requests shed, seconds of work queued ahead, and the
+/// delivered-capacity ratio.
+pub struct AdmissionState {
+    pub shed: u64,
+    pub queued_seconds: f64,
+    pub delivered: f64,
+}
+
+impl AdmissionState {
+    pub fn of(a: &crate::admission::Admission) -> Self {
+        AdmissionState {
+            shed: a.shed.load(Ordering::Relaxed),
+            queued_seconds: a.queued_seconds(),
+            delivered: a.delivered(),
+        }
+    }
+}
+
 /// A worker's state at scrape time, for the worker gauges.
 pub struct WorkerState {
     pub address: String,
@@ -157,7 +175,7 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn exposition(&self, workers: &[WorkerState]) -> String {
+    pub fn exposition(&self, workers: &[WorkerState], admission: &AdmissionState) -> String {
         let keys = self.keys.lock().expect("metrics lock").clone();
         let (counts, seconds) = {
             let r = self.requests.lock().expect("metrics lock");
@@ -232,6 +250,32 @@ impl Metrics {
             let n = value.load(Ordering::Relaxed) as f64;
             let _ = writeln!(out, "{name} {}", number(n));
         }
+        let _ = writeln!(
+            out,
+            "# HELP embedfleet_gateway_shed_requests_total Requests answered 429 before \
+             tokenization: the work queued ahead was past --max-queue-seconds.\n\
+             # TYPE embedfleet_gateway_shed_requests_total counter\n\
+             embedfleet_gateway_shed_requests_total {}",
+            number(admission.shed as f64)
+        );
+        for (name, help, value) in [
+            (
+                "embedfleet_gateway_queued_work_seconds",
+                "Seconds of work queued ahead of a request arriving now, at the usable workers' \
+                 measured capacity (what admission compares with --max-queue-seconds).",
+                admission.queued_seconds,
+            ),
+            (
+                "embedfleet_gateway_delivered_capacity_ratio",
+                "Tokens/s the fleet answered while this gateway's queue was deep, over the \
+                 capacity its workers report (1 until learned); admission's capacity is that \
+                 figure times this.",
+                admission.delivered,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            let _ = writeln!(out, "{name} {}", number(value));
+        }
         out.push_str(
             "# HELP embedfleet_gateway_worker_outstanding_tokens Tokens sent to a worker by this \
              gateway and not yet answered.\n\
@@ -272,13 +316,19 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    const IDLE: AdmissionState = AdmissionState {
+        shed: 0,
+        queued_seconds: 0.0,
+        delivered: 1.0,
+    };
+
     #[test]
     fn buckets_are_cumulative() {
         let m = Metrics::default();
         m.observe("/v1/embeddings", 200, 0.002);
         m.observe("/v1/embeddings", 200, 0.2);
         m.observe("/v1/embeddings", 400, 100.0);
-        let text = m.exposition(&[]);
+        let text = m.exposition(&[], &IDLE);
         assert!(text.contains(
             "embedfleet_gateway_requests_total{route=\"/v1/embeddings\",code=\"200\"} 2.0"
         ));
@@ -294,7 +344,7 @@ mod tests {
         let label: Arc<str> = Arc::from("ba7816bf8f01");
         m.count_key(Arc::clone(&label), "/v1/embeddings");
         m.count_key(label, "/v1/embeddings");
-        let text = m.exposition(&[]);
+        let text = m.exposition(&[], &IDLE);
         assert!(text.contains(
             "embedfleet_gateway_key_requests_total{key=\"ba7816bf8f01\",route=\"/v1/embeddings\"} 2.0"
         ));

@@ -232,6 +232,12 @@ impl Pool {
         (caps.len(), fleet_capacity(&caps))
     }
 
+    /// Tokens other gateways queued at the usable workers, as of the last probes.
+    pub fn queued_elsewhere(&self) -> usize {
+        let b = self.balancer.lock().expect("balancer lock");
+        b.usable(Instant::now()).map(|e| e.queued_elsewhere).sum()
+    }
+
     /// The embedding dimension of the first worker that answered Info (0 until one has).
     pub fn dimensions(&self) -> u32 {
         let infos = self.infos.lock().expect("infos lock");
@@ -311,6 +317,7 @@ impl Pool {
         };
         let was = e.ready;
         e.ready = info.ready && !info.draining;
+        e.queued_elsewhere = (info.queued_tokens as usize).saturating_sub(e.outstanding_tokens);
         e.capacity = if info.saturated_tokens_per_second > 0.0 {
             info.saturated_tokens_per_second
         } else {
@@ -461,5 +468,15 @@ mod tests {
         assert_eq!(b.lengths, [2, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(b.token_ids.len(), 12);
         assert_eq!(&b.token_ids[8..], [3, 0, 0, 0]);
+    }
+}
+
+impl crate::admission::Fleet for Pool {
+    fn queued_elsewhere(&self) -> f64 {
+        Pool::queued_elsewhere(self) as f64
+    }
+
+    fn capacity(&self) -> f64 {
+        self.usable().1
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 
+use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
 use crate::metrics::Metrics;
@@ -30,6 +31,8 @@ pub struct Service {
     pub tokenization: Arc<Tokenization>,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
+    /// The admit-or-shed decision and the work this gateway admitted (admission.rs).
+    pub admission: Arc<Admission>,
     /// The API keys file, when /v1/* needs a key (--api-keys-file).
     pub keys: Option<Arc<KeyFile>>,
     /// int8/uint8 ranges (--quantization-file, the model's own, or the bundled model's).
@@ -38,7 +41,9 @@ pub struct Service {
 }
 
 impl Service {
-    fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
+    /// 404 for a model this gateway does not serve; checked first, before admission, as the
+    /// Python gateway picks the served model before admitting.
+    pub fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
         match model {
             Some(m) if *m != self.name => Err(errors::not_found(format!(
                 "The model '{m}' does not exist; this server serves '{}'.",
@@ -116,7 +121,15 @@ impl Service {
         }
     }
 
-    fn check_tokens(&self, total: usize, param: &'static str) -> Result<(), ApiError> {
+    /// The request's tokens within the per-request limit; then counted, and the ticket holds
+    /// their true count from here on.
+    fn check_tokens(
+        &self,
+        lengths: &[usize],
+        param: &'static str,
+        ticket: &Ticket,
+    ) -> Result<(), ApiError> {
+        let total: usize = lengths.iter().sum();
         if total > self.settings.max_request_tokens {
             return Err(errors::too_large(format!(
                 "The request holds {total} tokens; at most {} are allowed per request. Split \
@@ -128,6 +141,7 @@ impl Service {
         self.metrics
             .input_tokens
             .fetch_add(total as u64, Ordering::Relaxed);
+        ticket.tokenized(lengths);
         Ok(())
     }
 
@@ -170,6 +184,7 @@ impl Service {
         ids: &[Vec<u32>],
         ends: &[(usize, usize)],
         requested: u32,
+        ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
         let limit = self.tokenization.max_tokens;
         let (flat, owner) =
@@ -178,7 +193,7 @@ impl Service {
             )?;
         let weights: Vec<usize> = flat.iter().map(Vec::len).collect();
         let total: usize = weights.iter().sum();
-        self.check_tokens(total, "input")?;
+        self.check_tokens(&weights, "input", ticket)?;
         if flat.len() == ids.len() {
             return Ok((self.embed(&flat, requested, None).await?, total));
         }
@@ -197,8 +212,11 @@ impl Service {
         Ok((merged, total))
     }
 
-    pub async fn embeddings(&self, req: EmbeddingRequest) -> Result<Vec<u8>, ApiError> {
-        self.check_model(&req.model)?;
+    pub async fn embeddings(
+        &self,
+        req: EmbeddingRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
         let dims = match self.pool.dimensions() {
             0 => self.model.hidden_size,
             d => d as usize,
@@ -237,10 +255,11 @@ impl Service {
             _ => 0,
         };
         let (rows, total) = match ends {
-            Some(ends) => self.embed_windows(&ids, &ends, requested).await?,
+            Some(ends) => self.embed_windows(&ids, &ends, requested, ticket).await?,
             None => {
-                let total = ids.iter().map(Vec::len).sum();
-                self.check_tokens(total, "input")?;
+                let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+                self.check_tokens(&lengths, "input", ticket)?;
+                let total = lengths.iter().sum();
                 (self.embed(&ids, requested, None).await?, total)
             }
         };
@@ -299,6 +318,7 @@ impl Service {
         pairs: &[(&str, &str)],
         how: &PairRequest,
         param: &'static str,
+        ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
         let (truncate, side) = (how.truncate, how.side);
         if how.instruction.is_some() {
@@ -316,8 +336,9 @@ impl Service {
         let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
         let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;
         ids.extend(self.text_ids(&seconds, "document", truncate, side).await?);
-        let total: usize = ids.iter().map(Vec::len).sum();
-        self.check_tokens(total, param)?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, param, ticket)?;
+        let total: usize = lengths.iter().sum();
         let rows = self.embed(&ids, 0, None).await?;
         let dims = rows.len() / ids.len();
         let row = |i: usize| &rows[i * dims..(i + 1) * dims];
@@ -328,8 +349,7 @@ impl Service {
         Ok((scores, total))
     }
 
-    pub async fn rerank(&self, req: RerankRequest) -> Result<Vec<u8>, ApiError> {
-        self.check_model(&req.pair.model)?;
+    pub async fn rerank(&self, req: RerankRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
         self.check_count(req.documents.len(), "documents")?;
         if req.query.is_empty() {
             return Err(invalid("'query' must not be empty.").param("query"));
@@ -344,7 +364,9 @@ impl Service {
             .iter()
             .map(|d| (req.query.as_str(), d.as_str()))
             .collect();
-        let (scores, tokens) = self.pair_scores(&pairs, &req.pair, "documents").await?;
+        let (scores, tokens) = self
+            .pair_scores(&pairs, &req.pair, "documents", ticket)
+            .await?;
         let mut order: Vec<usize> = (0..scores.len()).collect();
         // Best first; equal scores keep the documents' order (numpy's stable argsort).
         order.sort_by(|&x, &y| {
@@ -380,8 +402,7 @@ impl Service {
         Ok(out)
     }
 
-    pub async fn score(&self, req: ScoreRequest) -> Result<Vec<u8>, ApiError> {
-        self.check_model(&req.pair.model)?;
+    pub async fn score(&self, req: ScoreRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
         let ((one_1, text_1), (one_2, text_2)) = (&req.text_1, &req.text_2);
         let pairs: Vec<(&str, &str)> = match (one_1, one_2) {
             (true, _) => text_2
@@ -411,7 +432,9 @@ impl Service {
         if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
             return Err(invalid("Texts to score must not be empty.").param("text_1"));
         }
-        let (scores, tokens) = self.pair_scores(&pairs, &req.pair, "text_2").await?;
+        let (scores, tokens) = self
+            .pair_scores(&pairs, &req.pair, "text_2", ticket)
+            .await?;
         let mut out = Vec::with_capacity(64 + scores.len() * 48);
         out.extend_from_slice(br#"{"object":"list","data":["#);
         let mut number = ryu::Buffer::new();

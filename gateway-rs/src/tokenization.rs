@@ -2,7 +2,9 @@
 //! its baked-in truncation and padding removed, special tokens added, and over-long texts found
 //! on a character window of the text so a huge string is never tokenized whole.
 
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+};
 
 use crate::errors::{invalid, ApiError};
 use crate::model::ModelDir;
@@ -118,6 +120,13 @@ impl Tokenization {
             vocab_size: model.vocab_size,
             plain,
         })
+    }
+
+    /// Special tokens added to one text (Python's `num_special_tokens_to_add(False)`).
+    pub fn specials(&self) -> usize {
+        self.plain
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(false))
     }
 
     /// Ids (and word ids, which `encode_fast` leaves out: windows need them).

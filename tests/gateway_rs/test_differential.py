@@ -481,3 +481,112 @@ def test_dispatch_metrics_count_alike(fake_pair: Pair) -> None:
         assert metric_value(text, "embedfleet_gateway_workers", state="unready") == 0
         for worker in workers:  # every call answered: nothing outstanding, each worker listed
             assert f'outstanding_tokens{{worker="{worker.address}"}} 0.0' in text
+
+
+def _set_workers(pair: Pair, **fields: Any) -> None:
+    for w in pair.python_workers + pair.rust_workers:
+        for name, value in fields.items():
+            setattr(w, name, value)
+
+
+def _shed_alike(pair: Pair, path: str, body: Any) -> tuple[str, str]:
+    """The request sent to both until both shed it (their probes pick a worker's new Info up
+    within --probe-seconds); asserts equal 429s; returns the message and Retry-After."""
+    deadline = time.monotonic() + 5
+    while True:
+        py, rs = pair.both("POST", path, content=orjson.dumps(body))
+        if py.status == rs.status == 429 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert py.status == rs.status == 429, (py.body, rs.body)
+    assert py.headers["retry-after"] == rs.headers["retry-after"]
+    assert py.json() == rs.json()
+    return py.json()["error"]["message"], py.headers["retry-after"]
+
+
+def _served_alike(pair: Pair) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        py, rs = pair.both("POST", "/v1/embeddings", content=b'{"input":"x"}')
+        if py.status == rs.status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert py.status == rs.status == 200, (py.body, rs.body)
+
+
+def test_work_other_gateways_queued_sheds_alike(fake_pair: Pair) -> None:
+    """Admission: the workers report 50,000 tokens queued each (other gateways' work) at 1,000
+    tokens/s each, 50 s of work against the default 30 s bound: every route is shed before
+    tokenizing, with the same 429, message and Retry-After, and counted alike."""
+
+    def shed_count() -> list[float]:
+        name = "embedfleet_gateway_shed_requests_total"
+        return [metric_value(t, name) for t in _scrape(fake_pair)]
+
+    _set_workers(fake_pair, queued_tokens=50_000, capacity=1000.0)
+    try:
+        requests = [
+            ("/v1/embeddings", {"input": ["a", "b"]}),
+            ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+            ("/v1/score", {"text_1": "a", "text_2": ["b", "c"]}),
+            # shed before the inputs are checked: this one's would be a 400
+            ("/v1/embeddings", {"input": "", "dimensions": 99}),
+        ]
+        before: list[float] = []
+        for path, body in requests:
+            message, retry_after = _shed_alike(fake_pair, path, body)
+            # Counted from the first request both shed (until then one may have shed alone).
+            before = before or shed_count()
+            assert message == (
+                "The workers have 50.0s of work queued, more than this gateway's bound of 30s; "
+                "retry later."
+            )
+            assert retry_after == "20"
+        _queued_seconds_are(fake_pair, 50.0)
+        after = shed_count()
+        assert after[0] - before[0] == after[1] - before[1] == len(requests) - 1
+    finally:
+        _set_workers(fake_pair, queued_tokens=0, capacity=0.0)
+    _served_alike(fake_pair)
+
+
+def test_work_this_gateway_admitted_counts_until_answered(fake_pair: Pair) -> None:
+    """A request in flight holds its tokens in the queue: at 10 tokens/s a worker, 700 tokens
+    admitted are 35 s ahead of the next request, which is shed with Retry-After 5 by both;
+    once the first is answered its work is given back and requests are served again."""
+    big = {"input": [list(range(1000, 1100))] * 7}  # 700 token ids, counted exactly
+    try:
+        # One token queued elsewhere at each worker shows the probes have read the capacity
+        # (0.1 s of work); then none, so that only the admitted request is ahead.
+        _set_workers(fake_pair, capacity=10.0, queued_tokens=1, delay=1.5)
+        _queued_seconds_are(fake_pair, 0.1)
+        _set_workers(fake_pair, queued_tokens=0)
+        _queued_seconds_are(fake_pair, 0.0)
+        with ThreadPoolExecutor(2) as pool:
+            first = [
+                pool.submit(one.request, "POST", "/v1/embeddings", content=orjson.dumps(big))
+                for one in (fake_pair.python(), fake_pair.rust())
+            ]
+            time.sleep(0.5)  # both admitted, their chunks at the (slow) workers
+            py, rs = fake_pair.both("POST", "/v1/embeddings", content=b'{"input":"x"}')
+            answers = [f.result() for f in first]
+        assert [a.status for a in answers] == [200, 200]
+        assert py.status == rs.status == 429, (py.body, rs.body)
+        assert py.json() == rs.json()
+        assert py.headers["retry-after"] == rs.headers["retry-after"] == "5"
+        assert "35.0s of work queued" in py.json()["error"]["message"]
+    finally:
+        _set_workers(fake_pair, capacity=0.0, queued_tokens=0, delay=0.0)
+    _served_alike(fake_pair)
+    fake_pair.calls()
+
+
+def _queued_seconds_are(pair: Pair, want: float) -> None:
+    """Both gateways' queued-work gauges read `want` (their probes read the workers' Info)."""
+    deadline = time.monotonic() + 5
+    while True:
+        gauges = [metric_value(t, "embedfleet_gateway_queued_work_seconds") for t in _scrape(pair)]
+        if gauges == pytest.approx([want, want]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert gauges == pytest.approx([want, want])
