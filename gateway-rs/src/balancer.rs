@@ -5,6 +5,8 @@ use std::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct Endpoint {
+    /// this membership's own number: a worker removed and added again is a new endpoint
+    pub id: u64,
     pub address: String,
     /// tokens this gateway has sent and not yet had answered
     pub outstanding_tokens: usize,
@@ -18,8 +20,9 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(address: &str) -> Self {
+    pub fn new(id: u64, address: &str) -> Self {
         Endpoint {
+            id,
             address: address.to_string(),
             outstanding_tokens: 0,
             ready: false,
@@ -76,36 +79,69 @@ impl Rng {
 }
 
 pub struct Balancer {
+    /// by address, so that the gauges and the logs list them in one order
     pub endpoints: Vec<Endpoint>,
     pub eject_seconds: f64,
+    next_id: u64,
     rng: Rng,
 }
 
 impl Balancer {
     pub fn new(addresses: &[String], eject_seconds: f64) -> Self {
-        let mut sorted = addresses.to_vec();
-        sorted.sort();
-        sorted.dedup();
-        Balancer {
-            endpoints: sorted.iter().map(|a| Endpoint::new(a)).collect(),
+        let mut b = Balancer {
+            endpoints: Vec::new(),
             eject_seconds,
+            next_id: 0,
             rng: Rng::seeded(),
+        };
+        b.set_addresses(addresses);
+        b
+    }
+
+    /// The worker set becomes `addresses` (duplicates once): workers kept keep their state
+    /// (load, readiness, ejection); returns the endpoints added and the ids removed.
+    pub fn set_addresses(&mut self, addresses: &[String]) -> (Vec<Endpoint>, Vec<u64>) {
+        let mut wanted = addresses.to_vec();
+        wanted.sort();
+        wanted.dedup();
+        let removed = self
+            .endpoints
+            .iter()
+            .filter(|e| wanted.binary_search(&e.address).is_err())
+            .map(|e| e.id)
+            .collect();
+        self.endpoints
+            .retain(|e| wanted.binary_search(&e.address).is_ok());
+        let mut added = Vec::new();
+        for address in &wanted {
+            if !self.endpoints.iter().any(|e| &e.address == address) {
+                self.next_id += 1;
+                added.push(Endpoint::new(self.next_id, address));
+            }
         }
+        self.endpoints.extend(added.iter().cloned());
+        self.endpoints.sort_by(|x, y| x.address.cmp(&y.address));
+        (added, removed)
+    }
+
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut Endpoint> {
+        self.endpoints.iter_mut().find(|e| e.id == id)
     }
 
     pub fn usable(&self, now: Instant) -> impl Iterator<Item = &Endpoint> {
         self.endpoints.iter().filter(move |e| e.usable(now))
     }
 
-    /// The endpoint index to call, not in `exclude`; ejected ones only when nothing else is
-    /// left (ejection is advice: trying an ejected worker beats failing).
-    pub fn pick(&mut self, exclude: &[usize], now: Instant) -> Option<usize> {
+    /// The endpoint to call, not in `exclude`; ejected ones only when nothing else is left
+    /// (ejection is advice: trying an ejected worker beats failing).
+    pub fn pick(&mut self, exclude: &[u64], now: Instant) -> Option<&mut Endpoint> {
+        let allowed = |e: &&Endpoint| !exclude.contains(&e.id);
         let mut candidates: Vec<usize> = (0..self.endpoints.len())
-            .filter(|i| !exclude.contains(i) && self.endpoints[*i].usable(now))
+            .filter(|&i| allowed(&&self.endpoints[i]) && self.endpoints[i].usable(now))
             .collect();
         if candidates.is_empty() {
             candidates = (0..self.endpoints.len())
-                .filter(|i| !exclude.contains(i) && self.endpoints[*i].ready)
+                .filter(|&i| allowed(&&self.endpoints[i]) && self.endpoints[i].ready)
                 .collect();
         }
         if candidates.is_empty() {
@@ -116,14 +152,17 @@ impl Balancer {
             .map(|&i| self.endpoints[i].outstanding_tokens)
             .collect();
         let random = self.rng.next();
-        Some(candidates[choose(&loads, random)])
+        Some(&mut self.endpoints[candidates[choose(&loads, random)]])
     }
 
-    /// True if this ejected a worker that was not already ejected.
-    pub fn eject(&mut self, index: usize, now: Instant) -> bool {
-        let e = &mut self.endpoints[index];
+    /// True if this ejected a worker that was not already ejected (false for one removed).
+    pub fn eject(&mut self, id: u64, now: Instant) -> bool {
+        let seconds = self.eject_seconds;
+        let Some(e) = self.get_mut(id) else {
+            return false;
+        };
         let fresh = e.ejected_until.is_none_or(|t| t <= now);
-        e.ejected_until = Some(now + std::time::Duration::from_secs_f64(self.eject_seconds));
+        e.ejected_until = Some(now + std::time::Duration::from_secs_f64(seconds));
         fresh
     }
 }
@@ -147,13 +186,39 @@ mod tests {
     fn pick_skips_unready_and_ejected_then_falls_back() {
         let now = Instant::now();
         let mut b = Balancer::new(&["b:1".into(), "a:1".into()], 5.0);
-        assert_eq!(b.pick(&[], now), None);
+        let picked = |b: &mut Balancer, exclude: &[u64]| b.pick(exclude, now).map(|e| e.id);
+        assert_eq!(picked(&mut b, &[]), None);
         b.endpoints[0].ready = true;
         b.endpoints[1].ready = true;
-        assert!(b.eject(0, now));
-        assert!(!b.eject(0, now));
-        assert_eq!(b.pick(&[], now), Some(1));
-        assert_eq!(b.pick(&[1], now), Some(0)); // only the ejected one left
-        assert_eq!(b.pick(&[0, 1], now), None);
+        let (a, other) = (b.endpoints[0].id, b.endpoints[1].id);
+        assert_eq!(b.endpoints[0].address, "a:1"); // kept in address order
+        assert!(b.eject(a, now));
+        assert!(!b.eject(a, now));
+        assert_eq!(picked(&mut b, &[]), Some(other));
+        assert_eq!(picked(&mut b, &[other]), Some(a)); // only the ejected one left
+        assert_eq!(picked(&mut b, &[a, other]), None);
+    }
+
+    #[test]
+    fn membership_changes_keep_the_state_of_workers_that_stay() {
+        let mut b = Balancer::new(&["a:1".into(), "b:1".into()], 5.0);
+        b.endpoints[1].ready = true;
+        b.endpoints[1].outstanding_tokens = 7;
+        let kept = b.endpoints[1].id;
+        let (added, removed) = b.set_addresses(&["c:1".into(), "b:1".into(), "c:1".into()]);
+        assert_eq!(
+            added.iter().map(|e| e.address.as_str()).collect::<Vec<_>>(),
+            ["c:1"]
+        );
+        assert_eq!(removed.len(), 1);
+        let addresses: Vec<&str> = b.endpoints.iter().map(|e| e.address.as_str()).collect();
+        assert_eq!(addresses, ["b:1", "c:1"]);
+        let b1 = b.get_mut(kept).unwrap();
+        assert!(b1.ready && b1.outstanding_tokens == 7);
+        // Removed and added again: a new endpoint, not the old one's state.
+        b.set_addresses(&["b:1".into()]);
+        let (again, _) = b.set_addresses(&["b:1".into(), "a:1".into()]);
+        assert!(again[0].id > kept && !again[0].ready);
+        assert!(!b.eject(999, Instant::now())); // a removed id: nothing to eject
     }
 }

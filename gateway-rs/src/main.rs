@@ -7,6 +7,7 @@ mod auth;
 mod balancer;
 mod coalescing;
 mod connection;
+mod discovery;
 mod errors;
 mod http;
 mod metrics;
@@ -50,14 +51,16 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         small_tokens: s.min_chunk_tokens,
     };
     let metrics = Arc::new(metrics::Metrics::default());
+    for address in &s.workers {
+        pool::target(address).map_err(|e| format!("--workers: {e}"))?;
+    }
     let pool = pool::Pool::new(
-        &s.workers,
         s.eject_seconds,
         s.probe_seconds,
         s.retry_after_seconds,
         coalescing,
         Arc::clone(&metrics),
-    )?;
+    );
     let name = if s.served_model_name.is_empty() {
         model.name.clone()
     } else {
@@ -109,7 +112,7 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
-    service.pool.start_probes();
+    discovery::start(&service.pool, s.workers.clone(), &s.workers_file);
     if let Some(keys) = &service.keys {
         keys.start();
     }

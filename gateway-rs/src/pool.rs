@@ -1,7 +1,9 @@
-//! The static workers: one tonic channel each, probed with Info for readiness and capacity
-//! (the Python gateway's pool.py), and chunks dispatched to them with one retry elsewhere for
-//! a failure that says the worker never ran the chunk (dispatcher.py, upstream.py).
+//! The workers: one tonic channel each, probed with Info for readiness and capacity (the
+//! Python gateway's pool.py), the set changed live by discovery (`update`), and chunks
+//! dispatched to them with one retry elsewhere for a failure that says the worker never ran
+//! the chunk (dispatcher.py, upstream.py).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,9 +30,12 @@ pub struct Coalescing {
 
 pub struct Pool {
     balancer: Mutex<Balancer>,
-    workers: Vec<Arc<Coalescer>>,
-    /// each worker's last Info (by balancer index), and which answered first: model facts
-    infos: Mutex<(Vec<Option<InfoResponse>>, Vec<usize>)>,
+    /// each endpoint's connection and probe task, by endpoint id; locked after the balancer
+    workers: Mutex<HashMap<u64, Member>>,
+    /// each worker's last Info in the order they first answered (model facts come from the
+    /// first); locked after the balancer
+    infos: Mutex<Vec<(u64, InfoResponse)>>,
+    coalescing: Coalescing,
     probe_seconds: f64,
     retry_after: u64,
     metrics: Arc<Metrics>,
@@ -40,15 +45,36 @@ pub struct Pool {
 /// answer, an error, or the client going away and the future being dropped).
 struct Lease<'a> {
     pool: &'a Pool,
-    index: usize,
+    id: u64,
     tokens: usize,
 }
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let mut b = self.pool.balancer.lock().expect("balancer lock");
-        b.endpoints[self.index].outstanding_tokens -= self.tokens;
+        // A worker removed meanwhile took its count with it.
+        if let Some(e) = b.get_mut(self.id) {
+            e.outstanding_tokens -= self.tokens;
+        }
     }
+}
+
+/// One worker's connection (shared with its calls in flight, which a removal lets finish) and
+/// its probe loop (stopped with the removal).
+struct Member {
+    worker: Arc<Coalescer>,
+    probe: tokio::task::JoinHandle<()>,
+}
+
+/// A worker address as a tonic target (http://host:port, IPv6 in brackets).
+pub fn target(address: &str) -> Result<Target, String> {
+    Ok(Target::from_shared(format!("http://{address}"))
+        .map_err(|err| format!("{address}: {err}"))?
+        // Notice a dead peer in seconds rather than waiting on TCP timeouts.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true))
 }
 
 /// gRPC's status names as Python's grpc.StatusCode spells them (the 502 message names it).
@@ -181,42 +207,73 @@ enum Failure {
 }
 
 impl Pool {
+    /// A pool with no workers yet: discovery gives them (`update`).
     pub fn new(
-        addresses: &[String],
         eject_seconds: f64,
         probe_seconds: f64,
         retry_after: u64,
         coalescing: Coalescing,
         metrics: Arc<Metrics>,
-    ) -> Result<Arc<Self>, String> {
-        let balancer = Balancer::new(addresses, eject_seconds);
-        let mut workers = Vec::new();
-        for e in &balancer.endpoints {
-            let target = Target::from_shared(format!("http://{}", e.address))
-                .map_err(|err| format!("--workers: {}: {err}", e.address))?
-                // Notice a dead peer in seconds rather than waiting on TCP timeouts.
-                .http2_keep_alive_interval(Duration::from_secs(10))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .keep_alive_while_idle(true)
-                .tcp_nodelay(true);
-            let c = coalescing;
-            workers.push(Coalescer::new(
-                target.connect_lazy(),
+    ) -> Arc<Self> {
+        Arc::new(Pool {
+            balancer: Mutex::new(Balancer::new(&[], eject_seconds)),
+            workers: Mutex::new(HashMap::new()),
+            infos: Mutex::new(Vec::new()),
+            coalescing,
+            probe_seconds,
+            retry_after,
+            metrics,
+        })
+    }
+
+    /// The worker set becomes `addresses` (those that are not valid addresses are logged and
+    /// left out): new ones are connected lazily and probed; removed ones stop being chosen and
+    /// probed at once, while their calls in flight finish on the connection they hold.
+    pub fn update(self: &Arc<Self>, addresses: &[String]) {
+        let valid: Vec<String> = addresses
+            .iter()
+            .filter(|a| match target(a) {
+                Ok(_) => true,
+                Err(e) => {
+                    eprintln!("worker address skipped: {e}");
+                    false
+                }
+            })
+            .cloned()
+            .collect();
+        let mut b = self.balancer.lock().expect("balancer lock");
+        let (added, removed) = b.set_addresses(&valid);
+        let mut workers = self.workers.lock().expect("workers lock");
+        for id in &removed {
+            if let Some(member) = workers.remove(id) {
+                member.probe.abort();
+            }
+        }
+        if !removed.is_empty() {
+            let mut infos = self.infos.lock().expect("infos lock");
+            infos.retain(|(id, _)| !removed.contains(id));
+        }
+        let c = self.coalescing;
+        for e in &added {
+            let channel = target(&e.address).expect("validated above").connect_lazy();
+            let worker = Coalescer::new(
+                channel,
                 c.max_inflight,
                 c.max_tokens,
                 c.max_sequences,
                 c.small_tokens,
-            ));
+            );
+            let probe = tokio::spawn(Arc::clone(self).probe_loop(e.id, Arc::clone(&worker)));
+            workers.insert(e.id, Member { worker, probe });
         }
-        let n = workers.len();
-        Ok(Arc::new(Pool {
-            balancer: Mutex::new(balancer),
-            workers,
-            infos: Mutex::new((vec![None; n], Vec::new())),
-            probe_seconds,
-            retry_after,
-            metrics,
-        }))
+        if !added.is_empty() || !removed.is_empty() {
+            let names: Vec<&str> = added.iter().map(|e| e.address.as_str()).collect();
+            eprintln!(
+                "workers changed: added {names:?}, {} removed, {} now",
+                removed.len(),
+                b.endpoints.len()
+            );
+        }
     }
 
     /// At least one worker says it is ready (ejected ones too: ejection is advice).
@@ -241,11 +298,7 @@ impl Pool {
     /// The embedding dimension of the first worker that answered Info (0 until one has).
     pub fn dimensions(&self) -> u32 {
         let infos = self.infos.lock().expect("infos lock");
-        infos
-            .1
-            .first()
-            .and_then(|&i| infos.0[i].as_ref())
-            .map_or(0, |i| i.dimensions)
+        infos.first().map_or(0, |(_, i)| i.dimensions)
     }
 
     /// Each known worker's outstanding tokens and state, for the worker gauges.
@@ -270,37 +323,31 @@ impl Pool {
     /// sentence-transformers embedders mostly do).
     pub fn default_normalize(&self) -> bool {
         let infos = self.infos.lock().expect("infos lock");
-        infos
-            .1
-            .first()
-            .and_then(|&i| infos.0[i].as_ref())
-            .map_or(true, |i| i.default_normalize)
+        infos.first().map_or(true, |(_, i)| i.default_normalize)
     }
 
-    pub fn start_probes(self: &Arc<Self>) {
-        for index in 0..self.workers.len() {
-            let pool = Arc::clone(self);
-            tokio::spawn(async move {
-                loop {
-                    let ready = pool.probe_once(index).await;
-                    // Poll fast while the worker is not ready, so it takes traffic soon.
-                    let pause = if ready {
-                        pool.probe_seconds
-                    } else {
-                        pool.probe_seconds.min(0.2)
-                    };
-                    tokio::time::sleep(Duration::from_secs_f64(pause)).await;
-                }
-            });
+    /// Probes one worker until it is removed (the task is aborted then).
+    async fn probe_loop(self: Arc<Self>, id: u64, worker: Arc<Coalescer>) {
+        loop {
+            let ready = self.probe_once(id, &worker).await;
+            // Poll fast while the worker is not ready, so it takes traffic soon.
+            let pause = if ready {
+                self.probe_seconds
+            } else {
+                self.probe_seconds.min(0.2)
+            };
+            tokio::time::sleep(Duration::from_secs_f64(pause)).await;
         }
     }
 
-    async fn probe_once(&self, index: usize) -> bool {
+    async fn probe_once(&self, id: u64, worker: &Coalescer) -> bool {
         let mut request = tonic::Request::new(InfoRequest {});
         request.set_timeout(Duration::from_secs_f64(self.probe_seconds.max(1.0)));
-        let reply = self.workers[index].client().info(request).await;
+        let reply = worker.client().info(request).await;
         let mut b = self.balancer.lock().expect("balancer lock");
-        let e = &mut b.endpoints[index];
+        let Some(e) = b.get_mut(id) else {
+            return false; // removed while the probe was out
+        };
         let info = match reply {
             Ok(r) => r.into_inner(),
             Err(status) => {
@@ -325,9 +372,8 @@ impl Pool {
         };
         let ready = e.ready;
         let mut infos = self.infos.lock().expect("infos lock");
-        let restarted = infos.0[index]
-            .as_ref()
-            .is_some_and(|p| p.instance != info.instance);
+        let known = infos.iter().position(|(i, _)| *i == id);
+        let restarted = known.is_some_and(|k| infos[k].1.instance != info.instance);
         if ready && (restarted || !was) {
             // A worker that passed its start-up checks again is a fresh process.
             e.ejected_until = None;
@@ -335,22 +381,30 @@ impl Pool {
         if ready != was {
             eprintln!("worker {} ready: {ready}", e.address);
         }
-        if infos.0[index].is_none() {
-            infos.1.push(index);
+        match known {
+            Some(k) => infos[k].1 = info,
+            None => infos.push((id, info)),
         }
-        infos.0[index] = Some(info);
         ready
     }
 
-    fn lease(&self, tokens: usize, tried: &[usize]) -> Option<Lease<'_>> {
+    /// A worker for one call and its connection; its tokens count as outstanding there until
+    /// the lease is dropped.
+    fn lease(&self, tokens: usize, tried: &[u64]) -> Option<(Lease<'_>, Arc<Coalescer>)> {
         let mut b = self.balancer.lock().expect("balancer lock");
-        let index = b.pick(tried, Instant::now())?;
-        b.endpoints[index].outstanding_tokens += tokens;
-        Some(Lease {
-            pool: self,
-            index,
-            tokens,
-        })
+        let e = b.pick(tried, Instant::now())?;
+        e.outstanding_tokens += tokens;
+        let id = e.id;
+        // The balancer's endpoints and the members change together under the balancer's lock.
+        let worker = Arc::clone(&self.workers.lock().expect("workers lock")[&id].worker);
+        Some((
+            Lease {
+                pool: self,
+                id,
+                tokens,
+            },
+            worker,
+        ))
     }
 
     async fn attempt(
@@ -360,11 +414,10 @@ impl Pool {
         normalize: Option<bool>,
         tokens: usize,
         timeout: Duration,
-        tried: &mut Vec<usize>,
+        tried: &mut Vec<u64>,
     ) -> Result<Vec<f32>, Failure> {
-        let lease = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
-        tried.push(lease.index);
-        let worker = &self.workers[lease.index];
+        let (lease, worker) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
+        tried.push(lease.id);
         let start = Instant::now();
         let called = worker.embed(batch.clone(), dims, normalize, timeout).await;
         self.metrics.upstream(start.elapsed().as_secs_f64());
@@ -373,11 +426,12 @@ impl Pool {
             Err(status) => {
                 if ejects(&status) {
                     let mut b = self.balancer.lock().expect("balancer lock");
-                    if b.eject(lease.index, Instant::now()) {
+                    if b.eject(lease.id, Instant::now()) {
                         self.metrics.ejections.fetch_add(1, Ordering::Relaxed);
+                        let address = b.get_mut(lease.id).map(|e| e.address.clone());
                         eprintln!(
                             "worker ejected: {} ({})",
-                            b.endpoints[lease.index].address,
+                            address.unwrap_or_default(),
                             code_name(status.code())
                         );
                     }

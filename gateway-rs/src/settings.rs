@@ -17,6 +17,7 @@ pub struct Settings {
     pub api_keys_reload_seconds: f64,
     pub api_key_metrics: bool,
     pub workers: Vec<String>,
+    pub workers_file: String,
     pub max_client_batch: usize,
     pub max_request_tokens: usize,
     pub max_body_bytes: usize,
@@ -53,6 +54,7 @@ impl Default for Settings {
             api_keys_reload_seconds: 1.0,
             api_key_metrics: false,
             workers: Vec::new(),
+            workers_file: String::new(),
             max_client_batch: 2048,
             max_request_tokens: 1_000_000,
             max_body_bytes: 16 * 1024 * 1024,
@@ -80,7 +82,6 @@ impl Default for Settings {
 /// The Python gateway's settings this phase does not implement: set, they are refused.
 pub const UNSUPPORTED: &[&str] = &[
     "models_file",
-    "workers_file",
     "k8s_service",
     "k8s_port_name",
     "kubeconfig",
@@ -145,6 +146,7 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
                 .map(str::to_string)
                 .collect()
         }
+        "workers_file" => s.workers_file = raw.into(),
         "max_client_batch" => s.max_client_batch = number(name, raw)?,
         "max_request_tokens" => s.max_request_tokens = number(name, raw)?,
         "max_body_bytes" => s.max_body_bytes = number(name, raw)?,
@@ -224,10 +226,10 @@ pub fn load(
         apply(&mut s, &name.replace('-', "_"), &value)?;
         i += 1;
     }
-    if s.workers.is_empty() {
+    if s.workers.is_empty() && s.workers_file.is_empty() {
         return Err(
-            "--workers is required: the static worker list is the only discovery \
-                    embedfleet-gateway-rs (phase 1) supports"
+            "name the workers: --workers host:port,... or --workers-file PATH (the \
+                    Kubernetes discovery, --k8s-service, is the Python gateway's)"
                 .into(),
         );
     }
@@ -236,12 +238,14 @@ pub fn load(
 
 fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
-     Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... (required), --model,\n\
+     Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
+     --workers-file PATH (one of them required), --model,\n\
      --task auto|embed, --served-model-name, --max-input-tokens, --quantization-file,\n\
      --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
-     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --retry-after-seconds,\n\
+     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --max-queue-seconds,\n\
+     --retry-after-seconds,\n\
      --eject-seconds, --upstream-timeout-seconds, --probe-seconds,\n\
      --header-timeout-seconds, --body-timeout-seconds, --keep-alive-seconds,\n\
      --max-connections, --host, --port, --log-level.\n\
@@ -310,10 +314,12 @@ mod tests {
     #[test]
     fn unsupported_settings_are_refused_by_name() {
         let e = load(
-            &args(&["--workers", "a:1", "--workers-file", "k"]),
+            &args(&["--workers", "a:1", "--models-file", "m"]),
             std::iter::empty(),
         );
-        assert!(e.unwrap_err().contains("--workers-file"));
+        assert!(e.unwrap_err().contains("--models-file"));
+        let file = load(&args(&["--workers-file", "w"]), std::iter::empty());
+        assert_eq!(file.unwrap().workers_file, "w");
         let env = vec![(
             "EMBEDFLEET_GATEWAY_K8S_SERVICE".to_string(),
             "x".to_string(),

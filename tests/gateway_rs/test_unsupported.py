@@ -50,10 +50,10 @@ def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list
 
 
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
-    env = {**child_env(), "EMBEDFLEET_GATEWAY_WORKERS_FILE": "/tmp/w"}
+    env = {**child_env(), "EMBEDFLEET_GATEWAY_K8S_SERVICE": "emb/workers"}
     proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", env=env)
     assert proc.returncode == 2
-    assert "--workers-file" in proc.stderr
+    assert "--k8s-service" in proc.stderr
 
 
 def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> None:

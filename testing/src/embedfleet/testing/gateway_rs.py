@@ -96,9 +96,9 @@ class GatewayRs:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, path: str = "/ready") -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
             return bool(reply.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -106,12 +106,19 @@ def _ready(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_gateway_rs(
-    workers: Sequence[str], *flags: str, log: Path, ready_timeout: float = 30.0
+    workers: Sequence[str],
+    *flags: str,
+    log: Path,
+    ready_timeout: float = 30.0,
+    wait_ready: bool = True,
 ) -> Iterator[GatewayRs]:
-    """The Rust gateway on 127.0.0.1 in front of `workers`, ready (a worker answered Info) for
-    the duration of the block; stopped by its pid after it."""
+    """The Rust gateway on 127.0.0.1 in front of `workers` (none: `flags` name them, e.g.
+    --workers-file), ready (a worker answered Info; with `wait_ready` False only serving
+    /health) for the duration of the block; stopped by its pid after it."""
     (port,) = free_ports(1)
-    argv = [str(gateway_rs_binary()), "--port", str(port), "--workers", ",".join(workers)]
+    argv = [str(gateway_rs_binary()), "--port", str(port)]
+    if workers:
+        argv += ["--workers", ",".join(workers)]
     # spawn/stop: its own session, ended with the test process, stopped by pid (process.py).
     proc, record = spawn("embedfleet-gateway-rs", [*argv, *flags], log, child_env())
     try:
@@ -119,7 +126,7 @@ def running_gateway_rs(
         def ready() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"embedfleet-gateway-rs exited: {log_tail(log)}")
-            return _ready(port)
+            return _ready(port, "/ready" if wait_ready else "/health")
 
         try:
             wait_for("embedfleet-gateway-rs to be ready", ready, timeout=ready_timeout)

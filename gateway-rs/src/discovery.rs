@@ -1,0 +1,85 @@
+//! Where the workers are: the static `--workers` list, and a `--workers-file` re-read when it
+//! changes, so workers are added and removed live (the Python gateway's discovery.py; its
+//! Kubernetes EndpointSlice watch is not here yet).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::pool::Pool;
+
+/// How often the workers file's modification time and size are looked at.
+const FILE_POLL: Duration = Duration::from_millis(500);
+
+/// One host:port per line; blank lines and # comments ignored.
+pub fn parse_workers_file(text: &str) -> Vec<String> {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or("").trim())
+        .filter(|item| !item.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Gives the pool its workers: the static list now, and with a workers file the list plus
+/// the file's, again whenever the file changes.
+pub fn start(pool: &Arc<Pool>, fixed: Vec<String>, workers_file: &str) {
+    if workers_file.is_empty() {
+        pool.update(&fixed);
+        return;
+    }
+    let (pool, path) = (Arc::clone(pool), PathBuf::from(workers_file));
+    tokio::spawn(async move {
+        let mut seen: Option<(Option<SystemTime>, u64)> = None;
+        let mut failing = false;
+        loop {
+            match std::fs::metadata(&path) {
+                Ok(meta) => {
+                    let key = (meta.modified().ok(), meta.len());
+                    if seen != Some(key) {
+                        match std::fs::read_to_string(&path) {
+                            Ok(text) => {
+                                seen = Some(key);
+                                failing = false;
+                                let mut all = fixed.clone();
+                                all.extend(parse_workers_file(&text));
+                                pool.update(&all);
+                            }
+                            Err(e) if !failing => {
+                                // Kept: the last set it read. Said once until it reads again.
+                                failing = true;
+                                eprintln!("workers file unreadable: {}: {e}", path.display());
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if seen.take().is_some() {
+                        pool.update(&fixed);
+                    }
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    eprintln!("workers file unreadable: {}: {e}", path.display());
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(FILE_POLL).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_file_lines_and_comments() {
+        let text = "# fleet\n10.0.0.1:1\n\n 10.0.0.2:2  # b\n[::1]:3\n";
+        assert_eq!(
+            parse_workers_file(text),
+            ["10.0.0.1:1", "10.0.0.2:2", "[::1]:3"]
+        );
+        assert!(parse_workers_file("# nothing\n\n").is_empty());
+    }
+}

@@ -1,0 +1,113 @@
+"""A watched --workers-file: both gateways follow it alike as workers are added and removed
+live, each in front of its own FAKE workers numbered alike (a row's fourth value names the
+worker that computed it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import running_gateway_rs
+from embedfleet.testing.workers import metric_value
+from tests.gateway.fakes import FakeWorker
+from tests.gateway.helpers import GatewayThread, wait_until
+
+from .conftest import LIMITS, flags
+from .pair import Pair
+
+#: small chunks, so that 40 inputs spread over every worker there is
+SPREAD = {**LIMITS, "chunk_tokens": 10, "min_chunk_tokens": 1}
+INPUTS = [f"text number {i}" for i in range(40)]
+
+
+@pytest.fixture
+def listed(minilm: ModelDir, tmp_path: Path) -> Iterator[tuple[Pair, Path, Path]]:
+    """Both gateways reading a workers file each, empty at first (a comment)."""
+    files = [tmp_path / "python-workers", tmp_path / "rust-workers"]
+    for f in files:
+        f.write_text("# no workers yet\n")
+    py_workers = [FakeWorker(n).start() for n in range(2)]
+    rs_workers = [FakeWorker(n).start() for n in range(2)]
+    settings = GatewaySettings(workers_file=str(files[0]), **SPREAD)  # type: ignore[arg-type]
+    python = GatewayThread(settings, minilm).start()
+    try:
+        argv = ["--workers-file", str(files[1]), *flags(SPREAD)]
+        log = tmp_path / "gateway-rs.log"
+        with running_gateway_rs([], *argv, log=log, wait_ready=False) as rs:
+            pair = Pair(python.url, rs.url, py_workers, rs_workers)
+            yield pair, files[0], files[1]
+            pair.close()
+    finally:
+        python.stop()
+        for w in py_workers + rs_workers:
+            w.stop()
+
+
+def _list(pair: Pair, files: tuple[Path, Path], numbers: list[int]) -> None:
+    """Both files name the workers `numbers` (each gateway's own fakes of those numbers)."""
+    for path, workers in zip(files, (pair.python_workers, pair.rust_workers), strict=True):
+        lines = [f"{workers[n].address}  # worker {n}" for n in numbers]
+        path.write_text("# listed by the test\n" + "\n".join(lines) + "\n")
+
+
+def _ready_workers(pair: Pair) -> list[tuple[float, float]]:
+    """(ready, all) workers each gateway counts."""
+    out = []
+    for one in (pair.python(), pair.rust()):
+        text = one.request("GET", "/metrics").body.decode()
+        states = [
+            metric_value(text, "embedfleet_gateway_workers", state=s)
+            for s in ("ready", "ejected", "unready")
+        ]
+        out.append((states[0], sum(states)))
+    return out
+
+
+def _served_by(pair: Pair) -> list[set[int]]:
+    """Which workers computed 40 inputs' rows, through each gateway."""
+    body = orjson.dumps({"input": INPUTS})
+    out = []
+    for one in (pair.python(), pair.rust()):
+        reply = one.request("POST", "/v1/embeddings", content=body)
+        assert reply.status == 200, reply.body
+        out.append({int(d["embedding"][3]) for d in reply.json()["data"]})
+    return out
+
+
+def test_workers_are_added_and_removed_as_the_file_changes(
+    listed: tuple[Pair, Path, Path],
+) -> None:
+    pair, *paths = listed
+    files = (paths[0], paths[1])
+    # No worker listed: not ready, and a request is the same 503.
+    assert [one.request("GET", "/ready").status for one in (pair.python(), pair.rust())] == [
+        503,
+        503,
+    ]
+    doc = pair.embed({"input": "x"})
+    assert doc["error"]["code"] == "no_workers"
+
+    _list(pair, files, [0])
+    wait_until("one worker each", lambda: _ready_workers(pair) == [(1, 1), (1, 1)])
+    assert _served_by(pair) == [{0}, {0}]
+
+    _list(pair, files, [0, 1])
+    wait_until("two workers each", lambda: _ready_workers(pair) == [(2, 2), (2, 2)])
+    assert _served_by(pair) == [{0, 1}, {0, 1}]
+
+    _list(pair, files, [1])  # worker 0 removed: nothing goes there any more
+    wait_until("worker 0 gone", lambda: _ready_workers(pair) == [(1, 1), (1, 1)])
+    before = [len(ws[0].calls) for ws in (pair.python_workers, pair.rust_workers)]
+    assert _served_by(pair) == [{1}, {1}]
+    assert [len(ws[0].calls) for ws in (pair.python_workers, pair.rust_workers)] == before
+
+    for f in files:  # the file gone: only the static list is left, here none
+        f.unlink()
+    wait_until("no workers", lambda: _ready_workers(pair) == [(0, 0), (0, 0)])
+    doc = pair.embed({"input": "x"})
+    assert doc["error"]["code"] == "no_workers"
