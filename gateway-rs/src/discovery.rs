@@ -1,12 +1,13 @@
-//! Where the workers are: the static `--workers` list, and a `--workers-file` re-read when it
-//! changes, so workers are added and removed live (the Python gateway's discovery.py; its
-//! Kubernetes EndpointSlice watch is not here yet).
+//! Where the workers are: the static `--workers` list, a `--workers-file` re-read when it
+//! changes, or a Kubernetes Service's EndpointSlices (kube.rs), so workers are added and removed
+//! live (the Python gateway's discovery.py, in its order of precedence).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::pool::Pool;
+use crate::settings::Settings;
 
 /// How often the workers file's modification time and size are looked at.
 const FILE_POLL: Duration = Duration::from_millis(500);
@@ -20,11 +21,22 @@ pub fn parse_workers_file(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Gives the pool its workers: the static list now, and with a workers file the list plus
-/// the file's, again whenever the file changes.
-pub fn start(pool: &Arc<Pool>, fixed: Vec<String>, workers_file: &str) {
+/// Gives the pool its workers: with a workers file the static list plus the file's, again
+/// whenever the file changes; else with a Service its slices' ready engines; else the list.
+pub fn start(pool: &Arc<Pool>, s: &Settings) {
+    let fixed = s.workers.clone();
+    let workers_file = s.workers_file.as_str();
     if workers_file.is_empty() {
-        pool.update(&fixed);
+        if s.k8s_service.is_empty() {
+            pool.update(&fixed);
+        } else {
+            crate::kube::start(
+                pool,
+                s.k8s_service.clone(),
+                s.k8s_port_name.clone(),
+                s.kubeconfig.clone(),
+            );
+        }
         return;
     }
     let (pool, path) = (Arc::clone(pool), PathBuf::from(workers_file));

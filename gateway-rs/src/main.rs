@@ -10,6 +10,7 @@ mod connection;
 mod discovery;
 mod errors;
 mod http;
+mod kube;
 mod metrics;
 mod model;
 mod pool;
@@ -112,7 +113,7 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
-    discovery::start(&service.pool, s.workers.clone(), &s.workers_file);
+    discovery::start(&service.pool, s);
     if let Some(keys) = &service.keys {
         keys.start();
     }

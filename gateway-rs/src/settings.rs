@@ -18,6 +18,9 @@ pub struct Settings {
     pub api_key_metrics: bool,
     pub workers: Vec<String>,
     pub workers_file: String,
+    pub k8s_service: String,
+    pub k8s_port_name: String,
+    pub kubeconfig: String,
     pub max_client_batch: usize,
     pub max_request_tokens: usize,
     pub max_body_bytes: usize,
@@ -55,6 +58,9 @@ impl Default for Settings {
             api_key_metrics: false,
             workers: Vec::new(),
             workers_file: String::new(),
+            k8s_service: String::new(),
+            k8s_port_name: "grpc".into(),
+            kubeconfig: String::new(),
             max_client_batch: 2048,
             max_request_tokens: 1_000_000,
             max_body_bytes: 16 * 1024 * 1024,
@@ -82,9 +88,6 @@ impl Default for Settings {
 /// The Python gateway's settings this phase does not implement: set, they are refused.
 pub const UNSUPPORTED: &[&str] = &[
     "models_file",
-    "k8s_service",
-    "k8s_port_name",
-    "kubeconfig",
     "hold_requests",
     "hold_seconds",
     "tokenize_threads",
@@ -147,6 +150,9 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
                 .collect()
         }
         "workers_file" => s.workers_file = raw.into(),
+        "k8s_service" => s.k8s_service = raw.into(),
+        "k8s_port_name" => s.k8s_port_name = raw.into(),
+        "kubeconfig" => s.kubeconfig = raw.into(),
         "max_client_batch" => s.max_client_batch = number(name, raw)?,
         "max_request_tokens" => s.max_request_tokens = number(name, raw)?,
         "max_body_bytes" => s.max_body_bytes = number(name, raw)?,
@@ -226,10 +232,10 @@ pub fn load(
         apply(&mut s, &name.replace('-', "_"), &value)?;
         i += 1;
     }
-    if s.workers.is_empty() && s.workers_file.is_empty() {
+    if s.workers.is_empty() && s.workers_file.is_empty() && s.k8s_service.is_empty() {
         return Err(
-            "name the workers: --workers host:port,... or --workers-file PATH (the \
-                    Kubernetes discovery, --k8s-service, is the Python gateway's)"
+            "name the workers: --workers host:port,..., --workers-file PATH or --k8s-service \
+             [NAMESPACE/]NAME"
                 .into(),
         );
     }
@@ -239,7 +245,8 @@ pub fn load(
 fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
-     --workers-file PATH (one of them required), --model,\n\
+     --workers-file PATH, or --k8s-service [NAMESPACE/]NAME with --k8s-port-name and\n\
+     --kubeconfig (one of the three required), --model,\n\
      --task auto|embed, --served-model-name, --max-input-tokens, --quantization-file,\n\
      --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
@@ -321,8 +328,8 @@ mod tests {
         let file = load(&args(&["--workers-file", "w"]), std::iter::empty());
         assert_eq!(file.unwrap().workers_file, "w");
         let env = vec![(
-            "EMBEDFLEET_GATEWAY_K8S_SERVICE".to_string(),
-            "x".to_string(),
+            "EMBEDFLEET_GATEWAY_HOLD_REQUESTS".to_string(),
+            "4".to_string(),
         )];
         assert!(load(&args(&["--workers", "a:1"]), env.into_iter()).is_err());
         assert!(load(&args(&[]), std::iter::empty()).is_err());

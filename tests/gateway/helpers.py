@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -13,6 +16,8 @@ from embedfleet.gateway.app import Gateway
 from embedfleet.gateway.cli import server_config
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
+
+from .fakes import FakeWorker
 
 
 def wait_until(what: str, probe: Callable[[], object], timeout: float = 20.0) -> None:
@@ -59,3 +64,39 @@ class GatewayThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def host_ip() -> str:
+    """This machine's outbound IPv4 address: the API refuses loopback endpoint addresses."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("203.0.113.1", 9))  # UDP connect sends nothing; it only picks a route
+            return str(sock.getsockname()[0])
+    except OSError:  # no default route: any non-loopback address of this host
+        names = socket.gethostbyname_ex(socket.gethostname())[2]
+        return next(a for a in names if not a.startswith("127."))
+
+
+def service_slice(
+    name: str, service: str, ip: str, port: int, ready: bool = True
+) -> dict[str, Any]:
+    """An EndpointSlice of `service` with one endpoint at ip:port (its port named grpc)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
+    }
+
+
+@contextlib.contextmanager
+def host_fakes(count: int) -> Iterator[list[FakeWorker]]:
+    """`count` FAKE workers on this host's own address (EndpointSlices refuse loopback ones)."""
+    workers = [FakeWorker(i, host=host_ip()).start() for i in range(count)]
+    try:
+        yield workers
+    finally:
+        for w in workers:
+            w.stop()

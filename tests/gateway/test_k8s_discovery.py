@@ -4,9 +4,7 @@ behind the addresses are FAKE in-process gRPC servers (fakes.py); the watch is w
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -16,46 +14,22 @@ from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.cluster import Cluster
 
 from .fakes import FakeWorker
-from .helpers import GatewayThread, wait_until
+from .helpers import GatewayThread, host_fakes, service_slice, wait_until
 
 SERVICE = "workers"
 
 
-def host_ip() -> str:
-    """This machine's outbound IPv4 address: the API refuses loopback endpoint addresses."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.connect(("203.0.113.1", 9))  # UDP connect sends nothing; it only picks a route
-            return str(sock.getsockname()[0])
-    except OSError:  # no default route: any non-loopback address of this host
-        names = socket.gethostbyname_ex(socket.gethostname())[2]
-        return next(a for a in names if not a.startswith("127."))
-
-
-def _slice(name: str, ip: str, port: int, ready: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": SERVICE}},
-        "addressType": "IPv4",
-        "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}}],
-    }
-
-
 @pytest.fixture
 def fakes() -> Iterator[list[FakeWorker]]:
-    workers = [FakeWorker(i, host=host_ip()).start() for i in range(2)]
-    yield workers
-    for w in workers:
-        w.stop()
+    with host_fakes(2) as workers:
+        yield workers
 
 
 def test_endpointslice_changes_reach_the_gateway(
     k8s_cluster: Cluster, k8s_namespace: str, minilm: ModelDir, fakes: list[FakeWorker]
 ) -> None:
     path = f"/apis/discovery.k8s.io/v1/namespaces/{k8s_namespace}/endpointslices"
-    k8s_cluster.api.create(path, _slice("a", fakes[0].host, fakes[0].port))
+    k8s_cluster.api.create(path, service_slice("a", SERVICE, fakes[0].host, fakes[0].port))
     settings = GatewaySettings(
         k8s_service=f"{k8s_namespace}/{SERVICE}",
         kubeconfig=str(k8s_cluster.kubeconfig),
@@ -69,7 +43,7 @@ def test_endpointslice_changes_reach_the_gateway(
         first, second = fakes[0].address, fakes[1].address
         wait_until("listed slice", lambda: set(balancer.endpoints) == {first})
         wait_until("first ready", lambda: len(balancer.usable()) == 1)
-        k8s_cluster.api.create(path, _slice("b", fakes[1].host, fakes[1].port))
+        k8s_cluster.api.create(path, service_slice("b", SERVICE, fakes[1].host, fakes[1].port))
         wait_until("added slice", lambda: set(balancer.endpoints) == {first, second})
         wait_until("both ready", lambda: len(balancer.usable()) == 2)
         body = {"input": [[i + 1] * 3 for i in range(40)]}
@@ -77,7 +51,9 @@ def test_endpointslice_changes_reach_the_gateway(
         assert {int(d["embedding"][3]) for d in reply.json()["data"]} == {0, 1}
         # A terminating (not ready) endpoint leaves the rotation; a deleted slice too.
         k8s_cluster.api.delete(f"{path}/a")
-        k8s_cluster.api.create(path, _slice("a", fakes[0].host, fakes[0].port, ready=False))
+        k8s_cluster.api.create(
+            path, service_slice("a", SERVICE, fakes[0].host, fakes[0].port, ready=False)
+        )
         wait_until("unready dropped", lambda: set(balancer.endpoints) == {second})
         k8s_cluster.api.delete(f"{path}/b")
         wait_until("deleted dropped", lambda: not balancer.endpoints)

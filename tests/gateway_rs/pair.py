@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import orjson
 
+from embedfleet.testing.workers import metric_value
 from tests.gateway.fakes import FakeWorker
 
 TOLERANCE = 1e-6
@@ -123,6 +124,29 @@ class Pair:
 
     def embed(self, body: Any, **kw: Any) -> Any:
         return self.compare("POST", "/v1/embeddings", content=orjson.dumps(body), **kw)
+
+    def worker_counts(self) -> list[tuple[float, float]]:
+        """(ready, all) workers each gateway counts in embedfleet_gateway_workers{state}."""
+        out = []
+        for one in (self.python(), self.rust()):
+            text = one.request("GET", "/metrics").body.decode()
+            states = [
+                metric_value(text, "embedfleet_gateway_workers", state=s)
+                for s in ("ready", "ejected", "unready")
+            ]
+            out.append((states[0], sum(states)))
+        return out
+
+    def served_by(self, inputs: list[Any]) -> list[set[int]]:
+        """Which FAKE workers computed the rows of `inputs`, through each gateway (a fake's
+        rows carry its number at index 3)."""
+        body = orjson.dumps({"input": inputs})
+        out = []
+        for one in (self.python(), self.rust()):
+            reply = one.request("POST", "/v1/embeddings", content=body)
+            assert reply.status == 200, reply.body
+            out.append({int(d["embedding"][3]) for d in reply.json()["data"]})
+        return out
 
     def calls(self) -> tuple[list[int], list[int]]:
         """Sequences per Embed call each gateway's fakes saw, sorted, and forgets them."""

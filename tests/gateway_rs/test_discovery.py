@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.gateway_rs import running_gateway_rs
-from embedfleet.testing.workers import metric_value
 from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import GatewayThread, wait_until
 
@@ -55,30 +53,6 @@ def _list(pair: Pair, files: tuple[Path, Path], numbers: list[int]) -> None:
         path.write_text("# listed by the test\n" + "\n".join(lines) + "\n")
 
 
-def _ready_workers(pair: Pair) -> list[tuple[float, float]]:
-    """(ready, all) workers each gateway counts."""
-    out = []
-    for one in (pair.python(), pair.rust()):
-        text = one.request("GET", "/metrics").body.decode()
-        states = [
-            metric_value(text, "embedfleet_gateway_workers", state=s)
-            for s in ("ready", "ejected", "unready")
-        ]
-        out.append((states[0], sum(states)))
-    return out
-
-
-def _served_by(pair: Pair) -> list[set[int]]:
-    """Which workers computed 40 inputs' rows, through each gateway."""
-    body = orjson.dumps({"input": INPUTS})
-    out = []
-    for one in (pair.python(), pair.rust()):
-        reply = one.request("POST", "/v1/embeddings", content=body)
-        assert reply.status == 200, reply.body
-        out.append({int(d["embedding"][3]) for d in reply.json()["data"]})
-    return out
-
-
 def test_workers_are_added_and_removed_as_the_file_changes(
     listed: tuple[Pair, Path, Path],
 ) -> None:
@@ -93,21 +67,21 @@ def test_workers_are_added_and_removed_as_the_file_changes(
     assert doc["error"]["code"] == "no_workers"
 
     _list(pair, files, [0])
-    wait_until("one worker each", lambda: _ready_workers(pair) == [(1, 1), (1, 1)])
-    assert _served_by(pair) == [{0}, {0}]
+    wait_until("one worker each", lambda: pair.worker_counts() == [(1, 1), (1, 1)])
+    assert pair.served_by(INPUTS) == [{0}, {0}]
 
     _list(pair, files, [0, 1])
-    wait_until("two workers each", lambda: _ready_workers(pair) == [(2, 2), (2, 2)])
-    assert _served_by(pair) == [{0, 1}, {0, 1}]
+    wait_until("two workers each", lambda: pair.worker_counts() == [(2, 2), (2, 2)])
+    assert pair.served_by(INPUTS) == [{0, 1}, {0, 1}]
 
     _list(pair, files, [1])  # worker 0 removed: nothing goes there any more
-    wait_until("worker 0 gone", lambda: _ready_workers(pair) == [(1, 1), (1, 1)])
+    wait_until("worker 0 gone", lambda: pair.worker_counts() == [(1, 1), (1, 1)])
     before = [len(ws[0].calls) for ws in (pair.python_workers, pair.rust_workers)]
-    assert _served_by(pair) == [{1}, {1}]
+    assert pair.served_by(INPUTS) == [{1}, {1}]
     assert [len(ws[0].calls) for ws in (pair.python_workers, pair.rust_workers)] == before
 
     for f in files:  # the file gone: only the static list is left, here none
         f.unlink()
-    wait_until("no workers", lambda: _ready_workers(pair) == [(0, 0), (0, 0)])
+    wait_until("no workers", lambda: pair.worker_counts() == [(0, 0), (0, 0)])
     doc = pair.embed({"input": "x"})
     assert doc["error"]["code"] == "no_workers"
