@@ -58,6 +58,23 @@ impl ApiError {
     }
 }
 
+/// Python's `format(x, "g")`: six significant digits, trailing zeros dropped, scientific below
+/// 1e-4 and from 1e6 on (30 -> "30", 0.5 -> "0.5", 1234567 -> "1.23457e+06").
+pub fn python_g(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let sci = format!("{x:.5e}");
+    let (mantissa, exponent) = sci.split_once('e').expect("an exponent");
+    let exponent: i32 = exponent.parse().expect("an integer exponent");
+    let trim = |t: &str| t.trim_end_matches('0').trim_end_matches('.').to_string();
+    if !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{}e{sign}{:02}", trim(mantissa), exponent.abs());
+    }
+    trim(&format!("{x:.*}", (5 - exponent) as usize))
+}
+
 pub fn json_string(s: &str) -> String {
     serde_json::to_string(s).expect("a string always serializes")
 }
@@ -135,5 +152,16 @@ mod tests {
             String::from_utf8(e.body()).unwrap(),
             r#"{"error":{"message":"bad \"x\"","type":"invalid_request_error","param":"input","code":null}}"#
         );
+    }
+
+    #[test]
+    fn bounds_print_as_python_formats_them() {
+        assert_eq!(python_g(30.0), "30");
+        assert_eq!(python_g(0.5), "0.5");
+        assert_eq!(python_g(2.25), "2.25");
+        assert_eq!(python_g(3600.0), "3600");
+        assert_eq!(python_g(0.123456789), "0.123457");
+        assert_eq!(python_g(1234567.0), "1.23457e+06");
+        assert_eq!(python_g(0.00001), "1e-05");
     }
 }

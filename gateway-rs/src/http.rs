@@ -187,7 +187,8 @@ async fn dispatch(
                 br#"{"status":"ok"}"#.to_vec(),
                 "application/json",
             )),
-            "/ready" if service.pool.ready() => Ok(respond(
+            // Holding requests (scale from zero), the gateway is ready without a worker.
+            "/ready" if service.hold.keeps_ready() || service.pool.ready() => Ok(respond(
                 200,
                 br#"{"ready":true}"#.to_vec(),
                 "application/json",
@@ -203,7 +204,7 @@ async fn dispatch(
                     .metrics
                     .exposition(
                         &service.pool.worker_states(),
-                        &metrics::AdmissionState::of(&service.admission),
+                        &metrics::Scrape::of(&service.admission, &service.hold),
                     )
                     .into_bytes(),
                 "text/plain; version=0.0.4; charset=utf-8",

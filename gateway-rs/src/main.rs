@@ -9,6 +9,7 @@ mod coalescing;
 mod connection;
 mod discovery;
 mod errors;
+mod hold;
 mod http;
 mod kube;
 mod metrics;
@@ -88,6 +89,13 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         s.retry_after_seconds,
         Arc::clone(&pool) as Arc<dyn admission::Fleet>,
     ));
+    let hold = hold::Hold::new(
+        Arc::clone(&pool),
+        Arc::clone(&metrics),
+        s.hold_requests,
+        s.hold_seconds,
+        s.retry_after_seconds,
+    );
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -99,6 +107,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         pool,
         metrics,
         admission,
+        hold,
         keys,
         calibration,
         created,

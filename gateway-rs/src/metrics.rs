@@ -59,20 +59,24 @@ impl Histogram {
     }
 }
 
-/// Admission's figures at scrape time: requests shed, seconds of work queued ahead, and the
-/// delivered-capacity ratio.
-pub struct AdmissionState {
+/// Admission's and the hold's figures at scrape time: requests shed, seconds of work queued
+/// ahead, the delivered-capacity ratio; requests held waiting for a worker, and their tokens.
+pub struct Scrape {
     pub shed: u64,
     pub queued_seconds: f64,
     pub delivered: f64,
+    pub held: usize,
+    pub held_tokens: u64,
 }
 
-impl AdmissionState {
-    pub fn of(a: &crate::admission::Admission) -> Self {
-        AdmissionState {
+impl Scrape {
+    pub fn of(a: &crate::admission::Admission, h: &crate::hold::Hold) -> Self {
+        Scrape {
             shed: a.shed.load(Ordering::Relaxed),
             queued_seconds: a.queued_seconds(),
             delivered: a.delivered(),
+            held: h.held.load(Ordering::Relaxed),
+            held_tokens: h.held_tokens.load(Ordering::Relaxed),
         }
     }
 }
@@ -96,7 +100,9 @@ pub struct Metrics {
     requests: Mutex<Requests>,
     keys: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
     /// one request's tokenization; one chunk call's attempt; chunks a request went out in
-    stages: Mutex<[Histogram; 3]>,
+    stages: Mutex<[Histogram; 4]>,
+    /// requests the hold refused: full, timeout
+    hold_refused: [AtomicU64; 2],
     pub input_tokens: AtomicU64,
     pub inflight: AtomicI64,
     pub retries: AtomicU64,
@@ -107,9 +113,15 @@ pub struct Metrics {
 const TOKENIZE: usize = 0;
 const UPSTREAM: usize = 1;
 const CHUNKS_PER_REQUEST: usize = 2;
+const HOLD: usize = 3;
+
+/// The Python gateway's hold-seconds buckets.
+pub const HOLD_SECONDS: [f64; 13] = [
+    0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
+];
 
 /// The families besides the request ones: (index in `stages`, name, help, bounds).
-const HISTOGRAMS: [(usize, &str, &str, &[f64]); 3] = [
+const HISTOGRAMS: [(usize, &str, &str, &[f64]); 4] = [
     (
         TOKENIZE,
         "embedfleet_gateway_tokenize_seconds",
@@ -127,6 +139,12 @@ const HISTOGRAMS: [(usize, &str, &str, &[f64]); 3] = [
         "embedfleet_gateway_chunks_per_request",
         "Chunks a request was split into.",
         &CHUNKS,
+    ),
+    (
+        HOLD,
+        "embedfleet_gateway_hold_seconds",
+        "Time a request waited for a worker to become ready (held requests only).",
+        &HOLD_SECONDS,
     ),
 ];
 
@@ -161,6 +179,17 @@ impl Metrics {
         self.stage(UPSTREAM, seconds);
     }
 
+    /// A held request's wait, however it ended.
+    pub fn held(&self, seconds: f64) {
+        self.stage(HOLD, seconds);
+    }
+
+    /// A request the hold answered 503: `reason` "full" or "timeout".
+    pub fn hold_refused(&self, reason: &str) {
+        let which = usize::from(reason != "full");
+        self.hold_refused[which].fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn chunks(&self, chunks: usize) {
         self.stage(CHUNKS_PER_REQUEST, chunks as f64);
     }
@@ -175,7 +204,7 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn exposition(&self, workers: &[WorkerState], admission: &AdmissionState) -> String {
+    pub fn exposition(&self, workers: &[WorkerState], admission: &Scrape) -> String {
         let keys = self.keys.lock().expect("metrics lock").clone();
         let (counts, seconds) = {
             let r = self.requests.lock().expect("metrics lock");
@@ -258,7 +287,34 @@ impl Metrics {
              embedfleet_gateway_shed_requests_total {}",
             number(admission.shed as f64)
         );
+        out.push_str(
+            "# HELP embedfleet_gateway_hold_refused_total Requests answered 503 while waiting \
+             for a worker: the hold was full, or timed out.\n\
+             # TYPE embedfleet_gateway_hold_refused_total counter\n",
+        );
+        for (reason, n) in ["full", "timeout"].iter().zip(&self.hold_refused) {
+            let n = n.load(Ordering::Relaxed);
+            if n > 0 {
+                // A labelled counter shows its children once used, as prometheus_client's.
+                let _ = writeln!(
+                    out,
+                    "embedfleet_gateway_hold_refused_total{{reason=\"{reason}\"}} {}",
+                    number(n as f64)
+                );
+            }
+        }
         for (name, help, value) in [
+            (
+                "embedfleet_gateway_held_requests",
+                "Requests waiting for a worker to become ready (the fleet is at zero or \
+                 starting).",
+                admission.held as f64,
+            ),
+            (
+                "embedfleet_gateway_held_tokens",
+                "Tokens of the requests waiting for a worker to become ready.",
+                admission.held_tokens as f64,
+            ),
             (
                 "embedfleet_gateway_queued_work_seconds",
                 "Seconds of work queued ahead of a request arriving now, at the usable workers' \
@@ -316,10 +372,12 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const IDLE: AdmissionState = AdmissionState {
+    const IDLE: Scrape = Scrape {
         shed: 0,
         queued_seconds: 0.0,
         delivered: 1.0,
+        held: 0,
+        held_tokens: 0,
     };
 
     #[test]

@@ -36,6 +36,8 @@ pub struct Pool {
     /// first); locked after the balancer
     infos: Mutex<Vec<(u64, InfoResponse)>>,
     coalescing: Coalescing,
+    /// whether any worker says it is ready, for `wait_ready`
+    ready_tx: tokio::sync::watch::Sender<bool>,
     probe_seconds: f64,
     retry_after: u64,
     metrics: Arc<Metrics>,
@@ -220,6 +222,7 @@ impl Pool {
             workers: Mutex::new(HashMap::new()),
             infos: Mutex::new(Vec::new()),
             coalescing,
+            ready_tx: tokio::sync::watch::Sender::new(false),
             probe_seconds,
             retry_after,
             metrics,
@@ -266,14 +269,31 @@ impl Pool {
             let probe = tokio::spawn(Arc::clone(self).probe_loop(e.id, Arc::clone(&worker)));
             workers.insert(e.id, Member { worker, probe });
         }
+        let count = b.endpoints.len();
+        drop(workers);
+        drop(b);
+        self.sync_ready();
         if !added.is_empty() || !removed.is_empty() {
             let names: Vec<&str> = added.iter().map(|e| e.address.as_str()).collect();
             eprintln!(
                 "workers changed: added {names:?}, {} removed, {} now",
                 removed.len(),
-                b.endpoints.len()
+                count
             );
         }
+    }
+
+    /// Returns once `ready` holds (at once if it does now).
+    pub async fn wait_ready(&self) {
+        let mut ready = self.ready_tx.subscribe();
+        // The sender lives as long as the pool, which outlives every request.
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
+    fn sync_ready(&self) {
+        let now = self.ready();
+        self.ready_tx
+            .send_if_modified(|r| std::mem::replace(r, now) != now);
     }
 
     /// At least one worker says it is ready (ejected ones too: ejection is advice).
@@ -330,6 +350,7 @@ impl Pool {
     async fn probe_loop(self: Arc<Self>, id: u64, worker: Arc<Coalescer>) {
         loop {
             let ready = self.probe_once(id, &worker).await;
+            self.sync_ready();
             // Poll fast while the worker is not ready, so it takes traffic soon.
             let pause = if ready {
                 self.probe_seconds

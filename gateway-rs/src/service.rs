@@ -10,6 +10,7 @@ use base64::Engine;
 use crate::admission::{Admission, Ticket};
 use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
+use crate::hold::Hold;
 use crate::metrics::Metrics;
 use crate::model::ModelDir;
 use crate::pool::{pack, Pool};
@@ -33,6 +34,8 @@ pub struct Service {
     pub metrics: Arc<Metrics>,
     /// The admit-or-shed decision and the work this gateway admitted (admission.rs).
     pub admission: Arc<Admission>,
+    /// Requests waiting for a first ready worker (scale from zero; hold.rs).
+    pub hold: Hold,
     /// The API keys file, when /v1/* needs a key (--api-keys-file).
     pub keys: Option<Arc<KeyFile>>,
     /// int8/uint8 ranges (--quantization-file, the model's own, or the bundled model's).
@@ -145,7 +148,17 @@ impl Service {
         Ok(())
     }
 
+    /// Refuse early what cannot be served (503 without a ready worker); a request to be held
+    /// is let through, so that it is tokenized and counted as demand before it waits.
+    fn admit_ready(&self) -> Result<(), ApiError> {
+        if !self.hold.will_hold() && !self.pool.ready() {
+            return Err(errors::unavailable("No ready worker."));
+        }
+        Ok(())
+    }
+
     /// Rows of `ids` from the workers, chunked over them; `normalize` None: the model's way.
+    /// First, while no worker is ready, the request is held (`--hold-requests`).
     async fn embed(
         &self,
         ids: &[Vec<u32>],
@@ -154,6 +167,7 @@ impl Service {
     ) -> Result<Vec<f32>, ApiError> {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         let total: usize = lengths.iter().sum();
+        self.hold.until_ready(total).await?;
         let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
         let chunks = self.chunks(&lengths, total);
         self.metrics.chunks(chunks.len());
@@ -246,9 +260,7 @@ impl Service {
             Input::Ids(s) => s.len(),
         };
         self.check_count(count, "input")?;
-        if !self.pool.ready() {
-            return Err(errors::unavailable("No ready worker."));
-        }
+        self.admit_ready()?;
         let (ids, ends) = self.tokenize(&req, windowed).await?;
         let requested = match req.dimensions {
             Some(d) if (d as usize) < dims => d as u32,
@@ -329,9 +341,7 @@ impl Service {
             ))
             .param("instruction"));
         }
-        if !self.pool.ready() {
-            return Err(errors::unavailable("No ready worker."));
-        }
+        self.admit_ready()?;
         let (where_a, firsts) = distinct(pairs.iter().map(|p| p.0));
         let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
         let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;

@@ -30,6 +30,8 @@ pub struct Settings {
     pub chunk_seconds: f64,
     pub coalesce_inflight: usize,
     pub max_queue_seconds: f64,
+    pub hold_requests: usize,
+    pub hold_seconds: f64,
     pub retry_after_seconds: u64,
     pub eject_seconds: f64,
     pub upstream_timeout_seconds: f64,
@@ -70,6 +72,8 @@ impl Default for Settings {
             chunk_seconds: 1.0,
             coalesce_inflight: 2,
             max_queue_seconds: 30.0,
+            hold_requests: 0,
+            hold_seconds: 120.0,
             retry_after_seconds: 1,
             eject_seconds: 5.0,
             upstream_timeout_seconds: 60.0,
@@ -88,8 +92,6 @@ impl Default for Settings {
 /// The Python gateway's settings this phase does not implement: set, they are refused.
 pub const UNSUPPORTED: &[&str] = &[
     "models_file",
-    "hold_requests",
-    "hold_seconds",
     "tokenize_threads",
     "tokenize_inline_chars",
     "tokenize_large_chars",
@@ -162,6 +164,8 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "chunk_seconds" => s.chunk_seconds = number(name, raw)?,
         "coalesce_inflight" => s.coalesce_inflight = number(name, raw)?,
         "max_queue_seconds" => s.max_queue_seconds = seconds(name, raw)?,
+        "hold_requests" => s.hold_requests = number(name, raw)?,
+        "hold_seconds" => s.hold_seconds = seconds(name, raw)?,
         "retry_after_seconds" => s.retry_after_seconds = number(name, raw)?,
         "eject_seconds" => s.eject_seconds = number(name, raw)?,
         "upstream_timeout_seconds" => s.upstream_timeout_seconds = number(name, raw)?,
@@ -252,7 +256,7 @@ fn help() -> String {
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
      --chunk-sequences, --chunk-seconds, --coalesce-inflight, --max-queue-seconds,\n\
-     --retry-after-seconds,\n\
+     --hold-requests, --hold-seconds, --retry-after-seconds,\n\
      --eject-seconds, --upstream-timeout-seconds, --probe-seconds,\n\
      --header-timeout-seconds, --body-timeout-seconds, --keep-alive-seconds,\n\
      --max-connections, --host, --port, --log-level.\n\
@@ -328,8 +332,8 @@ mod tests {
         let file = load(&args(&["--workers-file", "w"]), std::iter::empty());
         assert_eq!(file.unwrap().workers_file, "w");
         let env = vec![(
-            "EMBEDFLEET_GATEWAY_HOLD_REQUESTS".to_string(),
-            "4".to_string(),
+            "EMBEDFLEET_GATEWAY_TRACING_ENDPOINT".to_string(),
+            "http://127.0.0.1:4317".to_string(),
         )];
         assert!(load(&args(&["--workers", "a:1"]), env.into_iter()).is_err());
         assert!(load(&args(&[]), std::iter::empty()).is_err());

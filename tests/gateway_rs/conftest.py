@@ -12,12 +12,12 @@ import pytest
 
 from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary, running_gateway_rs
+from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
 from embedfleet.testing.workers import running_worker
 from tests.gateway.fakes import FakeWorker
-from tests.gateway.helpers import GatewayThread, wait_until
+from tests.gateway.helpers import wait_until
 
-from .pair import Pair
+from .pair import Pair, gateways
 
 #: settings both gateways run with: small limits, so the 413s are cheap to reach
 LIMITS = {
@@ -67,16 +67,12 @@ def fake_pair(
     py_workers = [FakeWorker(0).start() for _ in range(2)]
     rs_workers = [FakeWorker(0).start() for _ in range(2)]
     settings = GatewaySettings(workers=tuple(w.address for w in py_workers), **LIMITS)  # type: ignore[arg-type]
-    python = GatewayThread(settings, minilm).start()
+    rust = ["--workers", ",".join(w.address for w in rs_workers), *flags(LIMITS)]
     try:
-        with running_gateway_rs([w.address for w in rs_workers], *flags(LIMITS), log=log) as rs:
-            wait_until("python workers ready", lambda: len(python.app.balancer.usable()) == 2)
-            pair = Pair(python.url, rs.url, py_workers, rs_workers)
-            wait_until("rust workers ready", pair.rust_workers_ready)
+        with gateways(minilm, settings, rust, log, (py_workers, rs_workers)) as pair:
+            wait_until("workers ready", lambda: pair.worker_counts() == [(2, 2)] * 2)
             yield pair
-            pair.close()
     finally:
-        python.stop()
         for w in py_workers + rs_workers:
             w.stop()
 
@@ -89,14 +85,7 @@ def null_pair(
     workdir = tmp_path_factory.mktemp("gateway_rs_null")
     with running_worker(workdir, "--engine", "null", "--warmup-seconds", "0.2") as worker:
         settings = GatewaySettings(workers=(worker.address,), **LIMITS)  # type: ignore[arg-type]
-        python = GatewayThread(settings, minilm).start()
-        try:
-            with running_gateway_rs(
-                [worker.address], *flags(LIMITS), log=workdir / "gateway-rs.log"
-            ) as rs:
-                wait_until("python worker ready", lambda: len(python.app.balancer.usable()) == 1)
-                pair = Pair(python.url, rs.url, [], [])
-                yield pair
-                pair.close()
-        finally:
-            python.stop()
+        rust = ["--workers", worker.address, *flags(LIMITS)]
+        with gateways(minilm, settings, rust, workdir / "gateway-rs.log") as pair:
+            wait_until("worker ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
+            yield pair

@@ -4,16 +4,23 @@ equal status, equal JSON (floats within 1e-6), equal headers that matter (Allow,
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import orjson
 
+from embedfleet.common.modeldir import ModelDir
+from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway_rs import running_gateway_rs
 from embedfleet.testing.workers import metric_value
 from tests.gateway.fakes import FakeWorker
+from tests.gateway.helpers import GatewayThread
 
 TOLERANCE = 1e-6
 #: headers whose values must agree when either gateway sends them
@@ -82,9 +89,6 @@ class Pair:
     def close(self) -> None:
         for c in self._clients:
             c.close()
-
-    def rust_workers_ready(self) -> bool:
-        return self.rust().request("GET", "/ready").status == 200
 
     def _send(self, client: httpx.Client, method: str, path: str, **kw: Any) -> Answer:
         reply = client.request(method, path, **kw)
@@ -166,3 +170,26 @@ class _One:
 
     def request(self, method: str, path: str, **kw: Any) -> Answer:
         return self.pair._send(self.pair._clients[self.which], method, path, **kw)
+
+
+@contextlib.contextmanager
+def gateways(
+    minilm: ModelDir,
+    python: GatewaySettings,
+    rust_flags: list[str],
+    log: Path,
+    workers: tuple[list[FakeWorker], list[FakeWorker]] = ([], []),
+    wait_ready: bool = True,
+) -> Iterator[Pair]:
+    """The Python gateway (in a thread) with `python` and the Rust one with `rust_flags`, as a
+    Pair for the block; `workers`: each one's FAKE workers, when the test reads them."""
+    gateway = GatewayThread(python, minilm).start()
+    try:
+        with running_gateway_rs([], *rust_flags, log=log, wait_ready=wait_ready) as rs:
+            pair = Pair(gateway.url, rs.url, *workers)
+            try:
+                yield pair
+            finally:
+                pair.close()
+    finally:
+        gateway.stop()

@@ -11,12 +11,11 @@ import pytest
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import running_gateway_rs
 from tests.gateway.fakes import FakeWorker
-from tests.gateway.helpers import GatewayThread, wait_until
+from tests.gateway.helpers import wait_until
 
 from .conftest import LIMITS, flags
-from .pair import Pair
+from .pair import Pair, gateways
 
 #: small chunks, so that 40 inputs spread over every worker there is
 SPREAD = {**LIMITS, "chunk_tokens": 10, "min_chunk_tokens": 1}
@@ -32,16 +31,12 @@ def listed(minilm: ModelDir, tmp_path: Path) -> Iterator[tuple[Pair, Path, Path]
     py_workers = [FakeWorker(n).start() for n in range(2)]
     rs_workers = [FakeWorker(n).start() for n in range(2)]
     settings = GatewaySettings(workers_file=str(files[0]), **SPREAD)  # type: ignore[arg-type]
-    python = GatewayThread(settings, minilm).start()
+    rust = ["--workers-file", str(files[1]), *flags(SPREAD)]
+    log = tmp_path / "gateway-rs.log"
     try:
-        argv = ["--workers-file", str(files[1]), *flags(SPREAD)]
-        log = tmp_path / "gateway-rs.log"
-        with running_gateway_rs([], *argv, log=log, wait_ready=False) as rs:
-            pair = Pair(python.url, rs.url, py_workers, rs_workers)
+        with gateways(minilm, settings, rust, log, (py_workers, rs_workers), False) as pair:
             yield pair, files[0], files[1]
-            pair.close()
     finally:
-        python.stop()
         for w in py_workers + rs_workers:
             w.stop()
 

@@ -38,7 +38,7 @@ def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) 
     [
         ["--tracing-endpoint", "http://127.0.0.1:4317"],
         ["--models-file", "m.json"],
-        ["--hold-requests", "4"],
+        ["--tokenize-threads", "4"],
         ["--task", "score"],
         ["--no-such-flag", "1"],
     ],
@@ -50,10 +50,10 @@ def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list
 
 
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
-    env = {**child_env(), "EMBEDFLEET_GATEWAY_HOLD_SECONDS": "30"}
+    env = {**child_env(), "EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO": "0.5"}
     proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", env=env)
     assert proc.returncode == 2
-    assert "--hold-seconds" in proc.stderr
+    assert "--tracing-sample-ratio" in proc.stderr
 
 
 def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> None:
