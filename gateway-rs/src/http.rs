@@ -53,16 +53,21 @@ pub fn is_json(content_type: &[u8]) -> bool {
     media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 
-/// Counts the request when it ends, with 499 when its future was dropped (the client left).
+/// Counts the request when it ends, with 499 when its future was dropped (the client left:
+/// a POST is then a cancelled request, its chunks' calls dropped with it).
 struct Recorder {
     metrics: Arc<Metrics>,
     route: &'static str,
     start: Instant,
     status: u16,
+    finished: bool,
 }
 
 impl Drop for Recorder {
     fn drop(&mut self) {
+        if !self.finished && POSTS.contains(&self.route) {
+            self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
         self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
         let seconds = self.start.elapsed().as_secs_f64();
         self.metrics.observe(self.route, self.status, seconds);
@@ -105,12 +110,14 @@ pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Rep
         route,
         start: Instant::now(),
         status: CLIENT_GONE,
+        finished: false,
     };
     let reply = match dispatch(&service, route, req).await {
         Ok(reply) => reply,
         Err(e) => error_reply(&e),
     };
     recorder.status = reply.status().as_u16();
+    recorder.finished = true;
     Ok(reply)
 }
 

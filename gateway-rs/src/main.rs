@@ -108,6 +108,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         metrics,
         admission,
         hold,
+        large_lane: tokio::sync::Semaphore::new(1),
         keys,
         calibration,
         created,
@@ -205,6 +206,8 @@ fn main() {
     // Large tokenizations go to the blocking pool (service.rs).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // The tokenizer threads, and one more for the large lane (service.rs `tokenized`).
+        .max_blocking_threads(settings.tokenize_threads.max(1) + 1)
         .build()
         .unwrap_or_else(|e| fail(e.to_string()));
     // Inside the runtime: the workers' channels spawn their tasks on it.

@@ -108,6 +108,9 @@ pub struct Metrics {
     pub retries: AtomicU64,
     pub ejections: AtomicU64,
     pub split_inputs: AtomicU64,
+    /// POSTs whose client left before the answer, and chunk calls dropped in flight
+    pub cancelled: AtomicU64,
+    pub cancelled_calls: AtomicU64,
 }
 
 const TOKENIZE: usize = 0;
@@ -273,6 +276,18 @@ impl Metrics {
                 "embedfleet_gateway_split_inputs_total",
                 "Inputs over the model's limit embedded as windows (split_long_inputs).",
                 &self.split_inputs,
+            ),
+            (
+                "embedfleet_gateway_cancelled_requests_total",
+                "Requests whose client disconnected before the answer; their chunks were \
+                 cancelled.",
+                &self.cancelled,
+            ),
+            (
+                "embedfleet_gateway_cancelled_calls_total",
+                "Chunk calls to workers the gateway cancelled: the client went away, or another \
+                 chunk of the same request failed. A worker may never see one sent just before.",
+                &self.cancelled_calls,
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

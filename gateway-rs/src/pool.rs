@@ -61,6 +61,20 @@ impl Drop for Lease<'_> {
     }
 }
 
+/// A call in flight: dropped before its answer, it was cancelled (the request's future went).
+struct Flight<'a> {
+    metrics: &'a Metrics,
+    done: bool,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.cancelled_calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One worker's connection (shared with its calls in flight, which a removal lets finish) and
 /// its probe loop (stopped with the removal).
 struct Member {
@@ -440,7 +454,12 @@ impl Pool {
         let (lease, worker) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.id);
         let start = Instant::now();
+        let mut flight = Flight {
+            metrics: &self.metrics,
+            done: false,
+        };
         let called = worker.embed(batch.clone(), dims, normalize, timeout).await;
+        flight.done = true;
         self.metrics.upstream(start.elapsed().as_secs_f64());
         match called {
             Ok(rows) => Ok(rows),

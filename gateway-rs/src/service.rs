@@ -20,11 +20,6 @@ use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
 use crate::tokenization::{Side, Tokenization};
 
-/// Requests with more characters of text than this are tokenized on the blocking pool, so a
-/// large one never stalls the connections the event loop serves meanwhile; below it the hop
-/// would cost more than the work.
-const INLINE_CHARS: usize = 16 * 1024;
-
 pub struct Service {
     pub settings: Settings,
     pub model: ModelDir,
@@ -36,6 +31,9 @@ pub struct Service {
     pub admission: Arc<Admission>,
     /// Requests waiting for a first ready worker (scale from zero; hold.rs).
     pub hold: Hold,
+    /// The lane of the largest tokenizations (`--tokenize-large-chars`): one at a time, so they
+    /// never take every tokenizer thread from the others.
+    pub large_lane: tokio::sync::Semaphore,
     /// The API keys file, when /v1/* needs a key (--api-keys-file).
     pub keys: Option<Arc<KeyFile>>,
     /// int8/uint8 ranges (--quantization-file, the model's own, or the bundled model's).
@@ -176,10 +174,12 @@ impl Service {
             self.pool
                 .embed(batch, requested, normalize, c.tokens, timeout)
         });
-        let parts = futures_util::future::join_all(calls).await;
+        // The first failure answers the request: the other chunks' calls are dropped, which
+        // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
+        let parts = futures_util::future::try_join_all(calls).await?;
         let mut rows = Vec::new();
         for part in parts {
-            rows.extend(part?);
+            rows.extend(part);
         }
         if ids.is_empty() || rows.len() % ids.len() != 0 {
             eprintln!(
@@ -285,18 +285,31 @@ impl Service {
         ))
     }
 
-    /// `work` on `texts`, timed as one tokenization: inline when small, on the blocking pool
-    /// when large, so a large request never stalls the connections the event loop serves.
+    /// `work` on `texts`, timed as one tokenization: inline below `--tokenize-inline-chars`
+    /// characters, else on the tokenizer threads (the blocking pool), so a large request never
+    /// stalls the connections the event loop serves; from `--tokenize-large-chars` on, in the
+    /// large lane, so a huge one never delays the others.
     async fn tokenized<T: Send + 'static>(
         &self,
         texts: &[String],
         work: impl FnOnce(&Tokenization, &[String]) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let start = std::time::Instant::now();
-        let chars: usize = texts.iter().map(String::len).sum();
-        let done = if chars < INLINE_CHARS {
+        let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+        let done = if chars < self.settings.tokenize_inline_chars {
             work(&self.tokenization, texts)
         } else {
+            let _lane = if chars >= self.settings.tokenize_large_chars {
+                // Closed never: the semaphore lives as long as the service.
+                Some(
+                    self.large_lane
+                        .acquire()
+                        .await
+                        .map_err(|_| errors::internal())?,
+                )
+            } else {
+                None
+            };
             let tok = Arc::clone(&self.tokenization);
             let texts = texts.to_vec();
             tokio::task::spawn_blocking(move || work(&tok, &texts))

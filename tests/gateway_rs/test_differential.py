@@ -10,11 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
+import httpx
 import orjson
 import pytest
 
 from embedfleet.gateway.quantization import ENCODINGS
 from embedfleet.testing.workers import metric_value
+from tests.gateway.helpers import wait_until
 
 from .pair import STALE, Pair
 
@@ -590,3 +592,33 @@ def _queued_seconds_are(pair: Pair, want: float) -> None:
             break
         time.sleep(0.05)
     assert gauges == pytest.approx([want, want])
+
+
+def test_a_client_that_leaves_cancels_its_calls_alike(fake_pair: Pair) -> None:
+    """A client gone while its chunk is at a slow worker: both gateways drop the request and
+    cancel the call (the fake sees it cancelled), counted alike."""
+    names = (
+        "embedfleet_gateway_cancelled_requests_total",
+        "embedfleet_gateway_cancelled_calls_total",
+    )
+
+    def counts() -> list[tuple[float, ...]]:
+        return [tuple(metric_value(t, n) for n in names) for t in _scrape(fake_pair)]
+
+    before = counts()
+    _set_workers(fake_pair, delay=3.0)
+    try:
+        for url in (fake_pair.python_url, fake_pair.rust_url):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(url + "/v1/embeddings", json={"input": "leaves"}, timeout=0.5)
+        wait_until("both counted", lambda: [tuple(a - b for a, b in zip(x, y, strict=True))
+                   for x, y in zip(counts(), before, strict=True)] == [(1, 1), (1, 1)])  # fmt: skip
+        cancelled = [
+            sum(w.cancelled for w in ws)
+            for ws in (fake_pair.python_workers, fake_pair.rust_workers)
+        ]
+        assert cancelled == [1, 1]
+    finally:
+        _set_workers(fake_pair, delay=0.0)
+    _served_alike(fake_pair)
+    fake_pair.calls()

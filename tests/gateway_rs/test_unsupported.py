@@ -38,7 +38,7 @@ def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) 
     [
         ["--tracing-endpoint", "http://127.0.0.1:4317"],
         ["--models-file", "m.json"],
-        ["--tokenize-threads", "4"],
+        ["--tracing-service-name", "gw"],
         ["--task", "score"],
         ["--no-such-flag", "1"],
     ],
