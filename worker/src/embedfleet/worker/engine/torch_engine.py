@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from functools import partial
 
 import numpy as np
 import torch
@@ -52,7 +51,6 @@ from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, 
 from embedfleet.worker.engine.runtime import (
     OPENVINO_MAX_TOKENS,
     InductorRuntime,
-    best_seconds,
     filler_batch,
     openvino_at_dtype,
     openvino_seqlen,
@@ -315,23 +313,28 @@ class TorchEngine:
     def _measured_seqlen(self, runtime: Runtime) -> int:
         """Under auto, the longest sequence a batch may have to run in `runtime` rather than
         eager: timed here, one sequence per length, as each path would run it (its threads and
-        dtype), alternately so that a noisy neighbour hurts both. Where OpenVINO overtakes
+        dtype), best of two after a first call, alternately so that a noisy neighbour hurts
+        both. Where OpenVINO overtakes
         eager depends on the CPU's GEMMs: at 256-512 tokens on AVX-512 without AMX; never below
         2,048 on AMX, whose bf16 OpenVINO uses and eager float32 does not."""
 
         def timer(length: int) -> tuple[float, float]:
             batch, lengths = filler_batch(length)
+            paths = (("openvino", runtime), ("eager", None))
             best = {"openvino": float("inf"), "eager": float("inf")}
 
-            def run(path: Runtime | None) -> torch.Tensor:
-                return encode(self.model, self.backend, batch, length, lengths, path)
+            def run(path: Runtime | None) -> float:
+                self._use_threads(path)
+                start = time.perf_counter()
+                encode(self.model, self.backend, batch, length, lengths, path)
+                return time.perf_counter() - start
 
             with torch.inference_mode():
+                for _, path in paths:
+                    run(path)  # first call at this shape: memory and kernel set-up
                 for _ in range(2):
-                    for name, path in (("openvino", runtime), ("eager", None)):
-                        self._use_threads(path)
-                        seconds = best_seconds(partial(run, path), reps=2)
-                        best[name] = min(best[name], seconds)
+                    for name, path in paths:
+                        best[name] = min(best[name], run(path))
             return best["openvino"], best["eager"]
 
         seqlen, timings = openvino_seqlen(seqlen_probe_lengths(self.max_tokens), timer)
