@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::errors::{self, python_g, ApiError};
-use crate::model::ModelDir;
+use crate::model::{ModelDir, Task};
 use crate::request::{EmbeddingRequest, Input, RerankRequest, ScoreRequest};
 
 /// The estimate before any request was tokenized: 4 characters per token errs towards more.
@@ -92,6 +92,8 @@ pub struct Work {
     pub chars: Vec<usize>,
     /// tokens of the token-id inputs, exact
     pub tokens: usize,
+    /// the inputs are (query, document) pairs for a reranker: more special tokens each
+    pub pairs: bool,
 }
 
 /// Each text's characters over the ratio plus its special tokens, capped at the model's limit;
@@ -153,11 +155,12 @@ pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usiz
             let prompt = char_count(model.prompt_for(req.input_type.as_deref()));
             Work {
                 chars: texts.iter().map(|t| prompt + char_count(t)).collect(),
-                tokens: 0,
+                ..Work::default()
             }
         }
         Input::Ids(seqs) => Work {
             chars: Vec::new(),
+            pairs: false,
             tokens: seqs
                 .iter()
                 .map(|s| {
@@ -172,12 +175,20 @@ pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usiz
     }
 }
 
-/// (query, document) pairs as a bi-encoder embeds them: each distinct query with the query
-/// prompt, then each distinct document with the document prompt.
+/// (query, document) pairs as the service tokenizes them: a reranker's each as one input; a
+/// bi-encoder's each distinct query with the query prompt, then each distinct document with
+/// the document prompt.
 fn pair_work<'a>(
     pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone,
     model: &ModelDir,
 ) -> Work {
+    if model.task == Task::Score {
+        return Work {
+            chars: pairs.map(|(a, b)| char_count(a) + char_count(b)).collect(),
+            tokens: 0,
+            pairs: true,
+        };
+    }
     let query = char_count(model.prompt_for(Some("query")));
     let document = char_count(model.prompt_for(Some("document")));
     let left = distinct(pairs.clone().map(|p| p.0))
@@ -188,7 +199,7 @@ fn pair_work<'a>(
         .map(|b| document + char_count(b));
     Work {
         chars: left.chain(right).collect(),
-        tokens: 0,
+        ..Work::default()
     }
 }
 
@@ -242,6 +253,7 @@ pub trait Fleet: Send + Sync {
 pub struct Admission {
     max_tokens: usize,
     specials: usize,
+    pair_specials: usize,
     bound: f64,
     min_retry_after: u64,
     fleet: Arc<dyn Fleet>,
@@ -251,9 +263,10 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// `specials` and `pair_specials`: the special tokens added to one text and to a pair.
     pub fn new(
         max_tokens: usize,
-        specials: usize,
+        (specials, pair_specials): (usize, usize),
         bound_seconds: f64,
         min_retry_after: u64,
         fleet: Arc<dyn Fleet>,
@@ -261,6 +274,7 @@ impl Admission {
         Admission {
             max_tokens,
             specials,
+            pair_specials,
             bound: bound_seconds,
             min_retry_after,
             fleet,
@@ -327,7 +341,12 @@ impl Admission {
                 ),
             ));
         }
-        let tokens = estimate_tokens(&work, s.chars_per_token, self.max_tokens, self.specials);
+        let tokens = estimate_tokens(
+            &work,
+            s.chars_per_token,
+            self.max_tokens,
+            self.specials_of(&work),
+        );
         s.queued += tokens as i64;
         Ok(Ticket {
             admission: Arc::clone(self),
@@ -335,6 +354,14 @@ impl Admission {
             tokens: AtomicU64::new(tokens as u64),
             answered: AtomicBool::new(false),
         })
+    }
+
+    fn specials_of(&self, work: &Work) -> usize {
+        if work.pairs {
+            self.pair_specials
+        } else {
+            self.specials
+        }
     }
 
     /// Close the sample period once it is long enough; note whether the queue stayed deep.
@@ -388,7 +415,7 @@ impl Ticket {
             &self.work.chars,
             lengths,
             a.max_tokens,
-            a.specials,
+            a.specials_of(&self.work),
         );
     }
 
@@ -433,7 +460,7 @@ mod tests {
     fn admission(elsewhere: f64, capacity: f64, bound: f64) -> Arc<Admission> {
         Arc::new(Admission::new(
             256,
-            2,
+            (2, 3),
             bound,
             1,
             Arc::new(Fixed(elsewhere, capacity)),
@@ -458,9 +485,25 @@ mod tests {
         let work = Work {
             chars: vec![40, 4000],
             tokens: 7,
+            pairs: false,
         };
         // 40/4 + 2 specials, 4000 chars capped at 256, plus 7 ids
         assert_eq!(estimate_tokens(&work, 4.0, 256, 2), 12 + 256 + 7);
+    }
+
+    #[test]
+    fn a_reranker_s_pairs_are_estimated_with_the_pair_s_special_tokens() {
+        let a = admission(0.0, 0.0, 30.0);
+        let pairs = a
+            .admit(Work {
+                chars: vec![40, 8],
+                tokens: 0,
+                pairs: true,
+            })
+            .unwrap();
+        // 40/4 + 3 and 8/4 + 3: a pair's specials (3 here), not one text's (2)
+        assert_eq!(a.queued_tokens(), 18);
+        drop(pairs);
     }
 
     #[test]
@@ -488,7 +531,7 @@ mod tests {
         let first = a
             .admit(Work {
                 chars: vec![40],
-                tokens: 0,
+                ..Work::default()
             })
             .unwrap();
         assert_eq!(a.queued_tokens(), 12);
@@ -497,8 +540,8 @@ mod tests {
         let second = a.admit(Work::default()).unwrap();
         let third = a
             .admit(Work {
-                chars: vec![],
                 tokens: 5,
+                ..Work::default()
             })
             .unwrap();
         assert_eq!(a.queued_tokens(), 14); // 1.4 s ahead now

@@ -81,7 +81,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         &model.path,
         model.name == model::DEFAULT_MODEL_NAME,
     )?;
-    let specials = tokenization.specials();
+    let specials = (tokenization.specials(), tokenization.pair_specials());
     let admission = Arc::new(admission::Admission::new(
         max_tokens,
         specials,

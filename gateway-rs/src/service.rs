@@ -1,6 +1,7 @@
 //! The embeddings endpoint from a validated request to the response body, checked in the
 //! Python gateway's order (service.py `embeddings`), with no HTTP here.
 
+use std::borrow::Borrow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +13,13 @@ use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
 use crate::hold::Hold;
 use crate::metrics::Metrics;
-use crate::model::ModelDir;
-use crate::pool::{pack, Pool};
+use crate::model::{Head, ModelDir, Task};
+use crate::pool::{pack, pack_pairs, Pool};
 use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
 use crate::request::{EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
-use crate::tokenization::{Side, Tokenization};
+use crate::tokenization::{Side, Tokenization, DEFAULT_INSTRUCTION};
 
 pub struct Service {
     pub settings: Settings,
@@ -155,6 +156,27 @@ impl Service {
         Ok(())
     }
 
+    /// Each chunk of inputs of `lengths` through `call` (given the chunk and the upstream
+    /// deadline), the answers in chunk order (the Python gateway's `dispatcher.run` on its
+    /// `_chunks`). First, while no worker is ready, the request is held (`--hold-requests`).
+    async fn fan_out<T, Fut>(
+        &self,
+        lengths: &[usize],
+        call: impl Fn(Chunk, Duration) -> Fut,
+    ) -> Result<Vec<T>, ApiError>
+    where
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let total: usize = lengths.iter().sum();
+        self.hold.until_ready(total).await?;
+        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
+        let chunks = self.chunks(lengths, total);
+        self.metrics.chunks(chunks.len());
+        // The first failure answers the request: the other chunks' calls are dropped, which
+        // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
+        futures_util::future::try_join_all(chunks.into_iter().map(|c| call(c, timeout))).await
+    }
+
     /// Rows of `ids` from the workers, chunked over them; `normalize` None: the model's way.
     /// First, while no worker is ready, the request is held (`--hold-requests`).
     async fn embed(
@@ -164,23 +186,14 @@ impl Service {
         normalize: Option<bool>,
     ) -> Result<Vec<f32>, ApiError> {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
-        let total: usize = lengths.iter().sum();
-        self.hold.until_ready(total).await?;
-        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
-        let chunks = self.chunks(&lengths, total);
-        self.metrics.chunks(chunks.len());
-        let calls = chunks.into_iter().map(|c| {
-            let batch = pack(&ids[c.start..c.stop]);
-            self.pool
-                .embed(batch, requested, normalize, c.tokens, timeout)
-        });
-        // The first failure answers the request: the other chunks' calls are dropped, which
-        // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
-        let parts = futures_util::future::try_join_all(calls).await?;
-        let mut rows = Vec::new();
-        for part in parts {
-            rows.extend(part);
-        }
+        let rows = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .embed(batch, requested, normalize, c.tokens, timeout)
+            })
+            .await?
+            .concat();
         if ids.is_empty() || rows.len() % ids.len() != 0 {
             eprintln!(
                 "workers answered {} floats for {} inputs",
@@ -231,6 +244,7 @@ impl Service {
         req: EmbeddingRequest,
         ticket: &Ticket,
     ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Embed, "/v1/embeddings")?;
         let dims = match self.pool.dimensions() {
             0 => self.model.hidden_size,
             d => d as usize,
@@ -285,19 +299,34 @@ impl Service {
         ))
     }
 
-    /// `work` on `texts`, timed as one tokenization: inline below `--tokenize-inline-chars`
-    /// characters, else on the tokenizer threads (the blocking pool), so a large request never
-    /// stalls the connections the event loop serves; from `--tokenize-large-chars` on, in the
-    /// large lane, so a huge one never delays the others.
+    /// `work` on `texts`, timed as one tokenization (`on_tokenizer`).
     async fn tokenized<T: Send + 'static>(
         &self,
         texts: &[String],
         work: impl FnOnce(&Tokenization, &[String]) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let start = std::time::Instant::now();
         let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+        self.on_tokenizer(chars, texts, work).await
+    }
+
+    /// `work` on `items` of `chars` characters, timed as one tokenization: inline below
+    /// `--tokenize-inline-chars` characters, else on the tokenizer threads (the blocking pool),
+    /// so a large request never stalls the connections the event loop serves; from
+    /// `--tokenize-large-chars` on, in the large lane, so a huge one never delays the others.
+    async fn on_tokenizer<I, T>(
+        &self,
+        chars: usize,
+        items: &I,
+        work: impl FnOnce(&Tokenization, &I) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError>
+    where
+        I: ToOwned + ?Sized,
+        I::Owned: Send + 'static,
+        T: Send + 'static,
+    {
+        let start = std::time::Instant::now();
         let done = if chars < self.settings.tokenize_inline_chars {
-            work(&self.tokenization, texts)
+            work(&self.tokenization, items)
         } else {
             let _lane = if chars >= self.settings.tokenize_large_chars {
                 // Closed never: the semaphore lives as long as the service.
@@ -311,12 +340,15 @@ impl Service {
                 None
             };
             let tok = Arc::clone(&self.tokenization);
-            let texts = texts.to_vec();
-            tokio::task::spawn_blocking(move || work(&tok, &texts))
+            let owned = items.to_owned();
+            tokio::task::spawn_blocking(move || work(&tok, owned.borrow()))
                 .await
                 .map_err(|_| errors::internal())?
         };
-        self.metrics.tokenized(start.elapsed().as_secs_f64());
+        // Timed when it succeeds, as the Python gateway's (a refusal leaves its timer unread).
+        if done.is_ok() {
+            self.metrics.tokenized(start.elapsed().as_secs_f64());
+        }
         done
     }
 
@@ -335,9 +367,29 @@ impl Service {
         .await
     }
 
-    /// Relevance of each (query, document) pair for an embedding model: the cosine of their
-    /// embeddings, each distinct text embedded once (query prompt on the left, document on the
-    /// right); the tokens the workers ran.
+    /// A 400 naming the route that serves this model, when `route` needs a `task` model.
+    fn require(&self, task: Task, route: &str) -> Result<(), ApiError> {
+        let own = self.model.task;
+        if own == task {
+            return Ok(());
+        }
+        let serves = match own {
+            Task::Embed => "/v1/embeddings (and /v1/rerank, /v1/score by cosine)",
+            Task::Score => "/v1/rerank or /v1/score",
+            Task::Classify => "/v1/classify",
+            Task::Sparse => "/v1/sparse_embeddings",
+        };
+        Err(invalid(format!(
+            "'{}' is {}; {route} needs {}. Use {serves}.",
+            self.name,
+            kind(own),
+            kind(task)
+        ))
+        .param("model"))
+    }
+
+    /// Relevance of each (query, document) pair: the reranker's own score, else the cosine of
+    /// their embeddings; and the tokens the workers ran.
     async fn pair_scores(
         &self,
         pairs: &[(&str, &str)],
@@ -345,16 +397,28 @@ impl Service {
         param: &'static str,
         ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
-        let (truncate, side) = (how.truncate, how.side);
-        if how.instruction.is_some() {
-            return Err(invalid(format!(
-                "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); '{}' \
-                 takes none.",
-                self.name
-            ))
-            .param("instruction"));
+        if !matches!(self.model.task, Task::Score | Task::Embed) {
+            self.require(Task::Score, "/v1/rerank and /v1/score")?;
+        }
+        match &how.instruction {
+            Some(_) if self.model.head != Head::YesNo => {
+                return Err(invalid(format!(
+                    "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); \
+                     '{}' takes none.",
+                    self.name
+                ))
+                .param("instruction"))
+            }
+            Some(i) if i.is_empty() => {
+                return Err(invalid("'instruction' must not be empty.").param("instruction"))
+            }
+            _ => {}
         }
         self.admit_ready()?;
+        if self.model.task == Task::Score {
+            return self.reranker_scores(pairs, how, param, ticket).await;
+        }
+        let (truncate, side) = (how.truncate, how.side);
         let (where_a, firsts) = distinct(pairs.iter().map(|p| p.0));
         let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
         let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;
@@ -370,6 +434,58 @@ impl Service {
             .map(|(a, b)| cosine(row(where_a[a]), row(firsts.len() + where_b[b])))
             .collect();
         Ok((scores, total))
+    }
+
+    /// A reranker's scores of the pairs through the workers' Score RPC: a cross-encoder's pairs
+    /// with their type ids, a yes/no reranker's in its judging frame.
+    async fn reranker_scores(
+        &self,
+        pairs: &[(&str, &str)],
+        how: &PairRequest,
+        param: &'static str,
+        ticket: &Ticket,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let (truncate, side) = (how.truncate, how.side);
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let chars: usize = pairs
+            .iter()
+            .map(|(a, b)| a.chars().count() + b.chars().count())
+            .sum();
+        let (ids, types) = if self.model.head == Head::YesNo {
+            let task = how
+                .instruction
+                .clone()
+                .unwrap_or(DEFAULT_INSTRUCTION.into());
+            let chars = chars + task.chars().count() * pairs.len();
+            let ids = self
+                .on_tokenizer(chars, owned.as_slice(), move |tok, pairs| {
+                    tok.judged_pairs(pairs, &task, truncate, side)
+                })
+                .await?;
+            (ids, None)
+        } else {
+            let (ids, types) = self
+                .on_tokenizer(chars, owned.as_slice(), move |tok, pairs| {
+                    tok.pairs(pairs, truncate, side)
+                })
+                .await?;
+            (ids, Some(types))
+        };
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, param, ticket)?;
+        let scores = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = match &types {
+                    Some(types) => pack_pairs(&ids[c.start..c.stop], &types[c.start..c.stop]),
+                    None => pack(&ids[c.start..c.stop]),
+                };
+                self.pool.score(batch, c.tokens, timeout)
+            })
+            .await?;
+        Ok((scores.concat(), lengths.iter().sum()))
     }
 
     pub async fn rerank(&self, req: RerankRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
@@ -523,8 +639,16 @@ impl Service {
     }
 }
 
-/// The response document, keys in the Python gateway's order; floats as orjson writes a
-/// float32 (the shortest text that reads back as the same float32).
+/// What a model of each task is, for the 400 that sends a request to the right route.
+fn kind(task: Task) -> &'static str {
+    match task {
+        Task::Embed => "an embedding model",
+        Task::Score => "a cross-encoder reranker (it scores query-document pairs)",
+        Task::Classify => "a sequence classifier",
+        Task::Sparse => "a sparse (SPLADE) embedding model",
+    }
+}
+
 /// Each distinct text once, in first-seen order, and where each text is in that list.
 fn distinct<'a>(
     texts: impl Iterator<Item = &'a str>,
@@ -588,6 +712,8 @@ fn base64_string(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
 }
 
+/// The response document, keys in the Python gateway's order; floats as orjson writes a
+/// float32 (the shortest text that reads back as the same float32).
 pub fn body(
     rows: &[f32],
     dims: usize,

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.families import FamilyDirs
 from embedfleet.testing.gateway_rs import child_env
 
 from .conftest import run_binary
@@ -39,7 +40,6 @@ def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) 
         ["--tracing-endpoint", "http://127.0.0.1:4317"],
         ["--models-file", "m.json"],
         ["--tracing-service-name", "gw"],
-        ["--task", "score"],
         ["--no-such-flag", "1"],
     ],
 )
@@ -47,6 +47,31 @@ def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list
     proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", *argv)
     assert proc.returncode == 2
     assert argv[0] in proc.stderr or "--task" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("family", "task"), [("finbert", "classify"), ("go_emotions", "classify"), ("splade", "sparse")]
+)
+def test_unimplemented_tasks_are_refused_at_start_by_name(
+    rust_binary: Path, family_dirs: FamilyDirs, family: str, task: str
+) -> None:
+    """A model whose task (inferred, or given) is not served yet is refused, naming the task."""
+    path = str(family_dirs.get(family))
+    for argv in (["--model", path], ["--model", path, "--task", task]):
+        proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", *argv)
+        assert proc.returncode == 2
+        assert f"task {task} (" in proc.stderr, proc.stderr
+        assert "not supported by embedfleet-gateway-rs yet" in proc.stderr
+
+
+@pytest.mark.parametrize("task", ["score", "classify", "sparse", "nonsense"])
+def test_a_task_the_checkpoint_does_not_fit_is_refused(rust_binary: Path, task: str) -> None:
+    """MiniLM (a BertModel) is no reranker, classifier or SPLADE model: refused as the Python
+    gateway refuses it (modeldir.py), whatever the Rust gateway serves."""
+    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", "--task", task)
+    assert proc.returncode == 2
+    want = "unknown task" if task == "nonsense" else f"task {task} does not fit architectures"
+    assert want in proc.stderr, proc.stderr
 
 
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
