@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::errors::{self, python_g, ApiError};
 use crate::model::{ModelDir, Task};
-use crate::request::{EmbeddingRequest, Input, RerankRequest, ScoreRequest};
+use crate::request::{ClassifyRequest, EmbeddingRequest, Input, RerankRequest, ScoreRequest};
 
 /// The estimate before any request was tokenized: 4 characters per token errs towards more.
 pub const FIRST_CHARS_PER_TOKEN: f64 = 4.0;
@@ -172,6 +172,14 @@ pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usiz
                 })
                 .sum(),
         },
+    }
+}
+
+/// A classify request's texts (characters alone: admission counts no prompt for them).
+pub fn classify_work(req: &ClassifyRequest) -> Work {
+    Work {
+        chars: req.input.iter().map(|t| char_count(t)).collect(),
+        ..Work::default()
     }
 }
 

@@ -99,6 +99,7 @@ enum Post {
     Embeddings(request::EmbeddingRequest),
     Rerank(request::RerankRequest),
     Score(request::ScoreRequest),
+    Classify(request::ClassifyRequest),
 }
 
 pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Reply, Infallible> {
@@ -139,7 +140,7 @@ async fn dispatch(
                 "POST",
             ));
         }
-        if !matches!(route, "/v1/embeddings" | "/v1/rerank" | "/v1/score") {
+        if route == "/v1/sparse_embeddings" {
             return Err(errors::unsupported(&format!("POST {route}")));
         }
         let body = read_body(
@@ -151,6 +152,7 @@ async fn dispatch(
         let post = match route {
             "/v1/rerank" => Post::Rerank(request::parse_rerank(&body)?),
             "/v1/score" => Post::Score(request::parse_score(&body)?),
+            "/v1/classify" => Post::Classify(request::parse_classify(&body)?),
             _ => Post::Embeddings(request::parse(&body)?),
         };
         // Admitted or shed after parsing and the model's name, before any other check (as the
@@ -172,11 +174,16 @@ async fn dispatch(
                 service.check_model(&r.pair.model)?;
                 service.admission.admit(admission::score_work(r, model))?
             }
+            Post::Classify(r) => {
+                service.check_model(&r.model)?;
+                service.admission.admit(admission::classify_work(r))?
+            }
         };
         let doc = match post {
             Post::Embeddings(r) => service.embeddings(r, &ticket).await?,
             Post::Rerank(r) => service.rerank(r, &ticket).await?,
             Post::Score(r) => service.score(r, &ticket).await?,
+            Post::Classify(r) => service.classify(r, &ticket).await?,
         };
         ticket.answered();
         return Ok(respond(200, doc, "application/json"));

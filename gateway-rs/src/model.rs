@@ -22,6 +22,8 @@ pub struct ModelDir {
     pub default_prompt_name: Option<String>,
     pub task: Task,
     pub head: Head,
+    /// label names by class id (config.id2label), for classifier heads
+    pub labels: Vec<String>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, String> {
@@ -130,7 +132,7 @@ pub enum Head {
 }
 
 /// The tasks this binary serves so far; the others are refused at start by name.
-const SERVED: [Task; 2] = [Task::Embed, Task::Score];
+const SERVED: [Task; 3] = [Task::Embed, Task::Score, Task::Classify];
 
 /// config.id2label in class-id order; without it, `num_labels` names LABEL_0.. (modeldir.py).
 fn labels(config: &Value) -> Result<Vec<String>, String> {
@@ -313,6 +315,11 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
         default_prompt_name: meta["default_prompt_name"].as_str().map(str::to_string),
         task,
         head,
+        labels: if head == Head::Classifier {
+            labels
+        } else {
+            Vec::new()
+        },
         path,
     })
 }

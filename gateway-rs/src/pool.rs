@@ -15,7 +15,7 @@ use crate::balancer::Balancer;
 use crate::coalescing::Coalescer;
 use crate::errors::{self, ApiError};
 use crate::metrics::{Metrics, WorkerState};
-use crate::proto::{InfoRequest, InfoResponse, ScoreRequest, TokenBatch};
+use crate::proto::{ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, TokenBatch};
 
 const ATTEMPTS: usize = 2;
 
@@ -558,6 +558,33 @@ impl Pool {
             .await?
             .into_inner();
         floats(&reply.scores, reply.count as usize, 1, count)
+    }
+
+    /// One chunk's label scores (the Classify RPC), row-major, and the labels a row.
+    pub async fn classify(
+        &self,
+        batch: TokenBatch,
+        activate: bool,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let count = batch.lengths.len() / 4;
+        let reply = self
+            .dispatch(tokens, |worker| {
+                let mut call = tonic::Request::new(ClassifyRequest {
+                    batch: Some(batch.clone()),
+                    activate,
+                });
+                call.set_timeout(timeout);
+                async move { worker.client().classify(call).await }
+            })
+            .await?
+            .into_inner();
+        let labels = reply.labels as usize;
+        Ok((
+            floats(&reply.scores, reply.count as usize, labels, count)?,
+            labels,
+        ))
     }
 }
 

@@ -16,7 +16,9 @@ use crate::metrics::Metrics;
 use crate::model::{Head, ModelDir, Task};
 use crate::pool::{pack, pack_pairs, Pool};
 use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
-use crate::request::{EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest};
+use crate::request::{
+    ClassifyRequest, EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest,
+};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
 use crate::tokenization::{Side, Tokenization, DEFAULT_INSTRUCTION};
@@ -594,6 +596,51 @@ impl Service {
         Ok(out)
     }
 
+    pub async fn classify(
+        &self,
+        req: ClassifyRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Classify, "/v1/classify")?;
+        let texts = &req.input;
+        self.check_count(texts.len(), "input")?;
+        if let Some(i) = texts.iter().position(String::is_empty) {
+            return Err(invalid(format!("'input' item {i} is an empty string.")).param("input"));
+        }
+        self.admit_ready()?;
+        // The model's default prompt, as for embeddings without an input_type.
+        let prompt = self.model.prompt_for(None).to_string();
+        let (truncate, side) = (req.truncate, req.side);
+        let ids = self
+            .tokenized(texts, move |tok, texts| {
+                tok.texts(texts, &prompt, truncate, side)
+            })
+            .await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, "input", ticket)?;
+        let activate = !req.raw_scores;
+        let parts = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool.classify(batch, activate, c.tokens, timeout)
+            })
+            .await?;
+        let labels = &self.model.labels;
+        if let Some((_, n)) = parts.iter().find(|(_, n)| *n != labels.len()) {
+            // The gateway and its workers were given different models: a deployment error.
+            eprintln!(
+                "workers and gateway disagree on the label count: {n} and {}",
+                labels.len()
+            );
+            return Err(errors::internal());
+        }
+        let scores: Vec<f32> = parts.into_iter().flat_map(|(rows, _)| rows).collect();
+        let total: usize = lengths.iter().sum();
+        Ok(classifications(
+            &scores, labels, req.top_k, &self.name, total,
+        ))
+    }
+
     /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
     fn ranges(&self, encoding: Encoding, dimensions: usize) -> Result<Option<&Ranges>, ApiError> {
         if !encoding.precision.needs_ranges() {
@@ -679,6 +726,66 @@ fn score_text(buffer: &mut ryu::Buffer, score: f32) -> String {
     } else {
         "null".to_string()
     }
+}
+
+/// The classify document: each row's labels best first (ties in label order), the best one,
+/// its `top_k` labels and every score, keys in the Python gateway's order.
+fn classifications(
+    scores: &[f32],
+    labels: &[String],
+    top_k: Option<i64>,
+    model: &str,
+    tokens: usize,
+) -> Vec<u8> {
+    let n = labels.len();
+    let keep = top_k.map_or(n, |k| (k as usize).min(n));
+    let names: Vec<String> = labels.iter().map(|l| errors::json_string(l)).collect();
+    let mut number = ryu::Buffer::new();
+    let mut out = Vec::with_capacity(64 + scores.len() * 40);
+    out.extend_from_slice(br#"{"object":"list","data":["#);
+    for (i, row) in scores.chunks(n.max(1)).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&x, &y| {
+            row[y]
+                .partial_cmp(&row[x])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        out.extend_from_slice(br#"{"object":"classification","index":"#);
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(br#","label":"#);
+        out.extend_from_slice(names[order[0]].as_bytes());
+        out.extend_from_slice(br#","score":"#);
+        out.extend_from_slice(score_text(&mut number, row[order[0]]).as_bytes());
+        out.extend_from_slice(br#","labels":["#);
+        for (j, &k) in order[..keep].iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"label":"#);
+            out.extend_from_slice(names[k].as_bytes());
+            out.extend_from_slice(br#","score":"#);
+            out.extend_from_slice(score_text(&mut number, row[k]).as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(br#"],"probs":["#);
+        for (j, &v) in row.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(score_text(&mut number, v).as_bytes());
+        }
+        out.extend_from_slice(br#"],"num_classes":"#);
+        out.extend_from_slice(n.to_string().as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(br#"],"model":"#);
+    out.extend_from_slice(errors::json_string(model).as_bytes());
+    out.push(b',');
+    usage(&mut out, tokens);
+    out
 }
 
 /// `"usage":{...}}`, closing the document.
@@ -775,6 +882,16 @@ pub fn body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classifications_sort_best_first_with_ties_in_label_order() {
+        let labels = vec!["a".to_string(), "b".into(), "c".into()];
+        let doc = classifications(&[0.0, 0.8, 0.0], &labels, Some(2), "m", 3);
+        assert_eq!(
+            String::from_utf8(doc).unwrap(),
+            r#"{"object":"list","data":[{"object":"classification","index":0,"label":"b","score":0.800000011920929,"labels":[{"label":"b","score":0.800000011920929},{"label":"a","score":0.0}],"probs":[0.0,0.800000011920929,0.0],"num_classes":3}],"model":"m","usage":{"prompt_tokens":3,"total_tokens":3}}"#
+        );
+    }
 
     #[test]
     fn body_shapes() {

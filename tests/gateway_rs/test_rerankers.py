@@ -94,6 +94,8 @@ RERANKER_PAIRS: dict[str, tuple[str, dict[str, Any]]] = {
         {"text_1": [QUERY, LONG], "text_2": "x", "truncate": True},
     ),
     "embeddings refused": ("/v1/embeddings", {"input": "x"}),
+    "classify refused": ("/v1/classify", {"input": "x"}),
+    "classify refused after its fields": ("/v1/classify", {"input": "x", "top_k": 0}),
     "embeddings refused after the model's name": ("/v1/embeddings", {"input": "x", "model": "m"}),
 }
 CASES = {**PAIRS, **RERANKER_PAIRS}

@@ -21,7 +21,6 @@ from .pair import Pair
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        ("/v1/classify", {"input": "x"}),
         ("/v1/sparse_embeddings", {"input": "x"}),
     ],
 )
@@ -49,9 +48,7 @@ def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list
     assert argv[0] in proc.stderr or "--task" in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize(
-    ("family", "task"), [("finbert", "classify"), ("go_emotions", "classify"), ("splade", "sparse")]
-)
+@pytest.mark.parametrize(("family", "task"), [("splade", "sparse")])
 def test_unimplemented_tasks_are_refused_at_start_by_name(
     rust_binary: Path, family_dirs: FamilyDirs, family: str, task: str
 ) -> None:
