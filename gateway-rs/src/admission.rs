@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use crate::errors::{self, python_g, ApiError};
 use crate::model::{ModelDir, Task};
-use crate::request::{ClassifyRequest, EmbeddingRequest, Input, RerankRequest, ScoreRequest};
+use crate::request::{
+    ClassifyRequest, EmbeddingRequest, Input, RerankRequest, ScoreRequest, SparseRequest,
+};
 
 /// The estimate before any request was tokenized: 4 characters per token errs towards more.
 pub const FIRST_CHARS_PER_TOKEN: f64 = 4.0;
@@ -150,9 +152,36 @@ fn distinct<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 
 /// What an embeddings request asks for, in the shape the service tokenizes it.
 pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usize) -> Work {
-    match &req.input {
+    input_work(
+        &req.input,
+        req.input_type.as_deref(),
+        req.truncate,
+        model,
+        max_tokens,
+    )
+}
+
+/// What a sparse embeddings request asks for (the same inputs as embeddings).
+pub fn sparse_work(req: &SparseRequest, model: &ModelDir, max_tokens: usize) -> Work {
+    input_work(
+        &req.input,
+        req.input_type.as_deref(),
+        req.truncate,
+        model,
+        max_tokens,
+    )
+}
+
+fn input_work(
+    input: &Input,
+    input_type: Option<&str>,
+    truncate: bool,
+    model: &ModelDir,
+    max_tokens: usize,
+) -> Work {
+    match input {
         Input::Texts(texts) => {
-            let prompt = char_count(model.prompt_for(req.input_type.as_deref()));
+            let prompt = char_count(model.prompt_for(input_type));
             Work {
                 chars: texts.iter().map(|t| prompt + char_count(t)).collect(),
                 ..Work::default()
@@ -164,7 +193,7 @@ pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usiz
             tokens: seqs
                 .iter()
                 .map(|s| {
-                    if req.truncate {
+                    if truncate {
                         s.len().min(max_tokens)
                     } else {
                         s.len()

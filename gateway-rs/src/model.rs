@@ -110,17 +110,6 @@ pub enum Task {
     Sparse,
 }
 
-impl Task {
-    pub fn name(self) -> &'static str {
-        match self {
-            Task::Embed => "embed",
-            Task::Score => "score",
-            Task::Classify => "classify",
-            Task::Sparse => "sparse",
-        }
-    }
-}
-
 /// What turns the encoder's states into the output: pooling, a sequence-classification head, a
 /// causal LM's yes/no logits (Qwen3-Reranker) or SPLADE over a masked-LM head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,9 +119,6 @@ pub enum Head {
     YesNo,
     Splade,
 }
-
-/// The tasks this binary serves so far; the others are refused at start by name.
-const SERVED: [Task; 3] = [Task::Embed, Task::Score, Task::Classify];
 
 /// config.id2label in class-id order; without it, `num_labels` names LABEL_0.. (modeldir.py).
 fn labels(config: &Value) -> Result<Vec<String>, String> {
@@ -266,14 +252,6 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
     let modules = read_json(&path.join("modules.json"))?.unwrap_or(Value::Null);
     let labels = labels(&config)?;
     let (task, head) = head(&path, &config, &modules, labels.len(), task)?;
-    if !SERVED.contains(&task) {
-        return Err(format!(
-            "task {} ({}) is not supported by embedfleet-gateway-rs yet: serve this model with \
-             the Python gateway",
-            task.name(),
-            path.display()
-        ));
-    }
     let limit = position_limit(&config);
     let st = read_json(&path.join("sentence_bert_config.json"))?.unwrap_or(Value::Null);
     let default_max = st["max_seq_length"]

@@ -15,7 +15,9 @@ use crate::balancer::Balancer;
 use crate::coalescing::Coalescer;
 use crate::errors::{self, ApiError};
 use crate::metrics::{Metrics, WorkerState};
-use crate::proto::{ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, TokenBatch};
+use crate::proto::{
+    ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, SparseEmbedRequest, TokenBatch,
+};
 
 const ATTEMPTS: usize = 2;
 
@@ -586,6 +588,65 @@ impl Pool {
             labels,
         ))
     }
+
+    /// One chunk's sparse vectors (the SparseEmbed RPC): each row's ascending vocabulary ids
+    /// and their weights.
+    pub async fn sparse_embed(
+        &self,
+        batch: TokenBatch,
+        top_k: u32,
+        threshold: f32,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<SparseRow>, ApiError> {
+        let count = batch.lengths.len() / 4;
+        let reply = self
+            .dispatch(tokens, |worker| {
+                let mut call = tonic::Request::new(SparseEmbedRequest {
+                    batch: Some(batch.clone()),
+                    top_k,
+                    threshold,
+                });
+                call.set_timeout(timeout);
+                async move { worker.client().sparse_embed(call).await }
+            })
+            .await?
+            .into_inner();
+        sparse_rows(&reply, count)
+    }
+}
+
+/// One sparse vector: its ascending vocabulary ids and their weights.
+pub type SparseRow = (Vec<i32>, Vec<f32>);
+
+/// A SparseEmbedResponse's rows, checked as the Python gateway's codec checks them (a broken
+/// reply is a 500).
+fn sparse_rows(
+    reply: &crate::proto::SparseEmbedResponse,
+    expected: usize,
+) -> Result<Vec<SparseRow>, ApiError> {
+    let ints = |b: &[u8]| -> Vec<i32> {
+        b.chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let (bounds, ids) = (ints(&reply.offsets), ints(&reply.indices));
+    let weights = floats(&reply.values, ids.len(), 1, ids.len())?;
+    let count = reply.count as usize;
+    let ordered = bounds.windows(2).all(|w| w[0] <= w[1])
+        && bounds.first() == Some(&0)
+        && bounds.last().map(|&b| b as usize) == Some(ids.len());
+    if bounds.len() != count + 1 || count != expected || !(ordered || count == 0) {
+        eprintln!("a worker's sparse rows do not match their offsets ({count} rows)");
+        return Err(errors::internal());
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            (ids[a..b].to_vec(), weights[a..b].to_vec())
+        })
+        .collect())
 }
 
 /// `rows` x `cols` little-endian float32s of a reply, which must be `expected` rows (else the

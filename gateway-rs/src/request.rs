@@ -14,6 +14,15 @@ pub enum Input {
     Ids(Vec<Vec<i64>>),
 }
 
+impl Input {
+    pub fn len(&self) -> usize {
+        match self {
+            Input::Texts(t) => t.len(),
+            Input::Ids(s) => s.len(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EmbeddingRequest {
     pub model: Option<String>,
@@ -297,6 +306,58 @@ pub fn parse_classify(body: &[u8]) -> Result<ClassifyRequest, ApiError> {
         input,
         top_k,
         raw_scores,
+    })
+}
+
+/// POST /v1/sparse_embeddings, fields in schemas.py's order.
+#[derive(Debug, Clone)]
+pub struct SparseRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Input,
+    pub top_k: Option<i64>,
+    /// weights at or below it are dropped (0: only zeros)
+    pub threshold: f32,
+    pub input_type: Option<String>,
+}
+
+pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
+    let input = match doc.get("input") {
+        None => return Err(invalid("'input' is required.").param("input")),
+        Some(v) => input(v)?,
+    };
+    let top_k = optional_positive(&doc, "top_k")?;
+    // StrictFloat | StrictInt, at least 0: pydantic names the union's first member when the
+    // type is wrong.
+    let threshold = match doc.get("threshold") {
+        None | Some(Value::Null) => 0.0,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(t) if t >= 0.0 => t as f32,
+            _ => {
+                return Err(field_error(
+                    "threshold",
+                    "Input should be greater than or equal to 0",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(
+                invalid("'threshold.float': Input should be a valid number.").param("threshold"),
+            )
+        }
+    };
+    let input_type = literal(&doc, "input_type", &["query", "document"], true)?.map(str::to_string);
+    Ok(SparseRequest {
+        model,
+        truncate,
+        side,
+        input,
+        top_k,
+        threshold,
+        input_type,
     })
 }
 

@@ -18,6 +18,7 @@ use crate::pool::{pack, pack_pairs, Pool};
 use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
 use crate::request::{
     ClassifyRequest, EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest,
+    SparseRequest,
 };
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
@@ -92,18 +93,19 @@ impl Service {
     /// special ends come too, for splitting into windows.
     async fn tokenize(
         &self,
-        req: &EmbeddingRequest,
+        input: &Input,
+        input_type: Option<&str>,
+        (truncate, side): (bool, Side),
         windowed: bool,
     ) -> Result<(Vec<Vec<u32>>, Option<Vec<(usize, usize)>>), ApiError> {
-        match &req.input {
+        match input {
             Input::Texts(texts) => {
                 if let Some(i) = texts.iter().position(String::is_empty) {
                     return Err(
                         invalid(format!("'input' item {i} is an empty string.")).param("input")
                     );
                 }
-                let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
-                let (truncate, side) = (req.truncate, req.side);
+                let prompt = self.model.prompt_for(input_type).to_string();
                 self.tokenized(texts, move |tok, texts| {
                     if windowed {
                         tok.whole_texts(texts, &prompt)
@@ -118,7 +120,7 @@ impl Service {
             Input::Ids(seqs) => {
                 let ids = self
                     .tokenization
-                    .token_ids(seqs, req.truncate, req.side, windowed)?;
+                    .token_ids(seqs, truncate, side, windowed)?;
                 let ends = windowed.then(|| vec![(0, 0); ids.len()]);
                 Ok((ids, ends))
             }
@@ -271,13 +273,13 @@ impl Service {
             && req
                 .split_long_inputs
                 .unwrap_or(self.settings.split_long_inputs);
-        let count = match &req.input {
-            Input::Texts(t) => t.len(),
-            Input::Ids(s) => s.len(),
-        };
+        let count = req.input.len();
         self.check_count(count, "input")?;
         self.admit_ready()?;
-        let (ids, ends) = self.tokenize(&req, windowed).await?;
+        let how = (req.truncate, req.side);
+        let (ids, ends) = self
+            .tokenize(&req.input, req.input_type.as_deref(), how, windowed)
+            .await?;
         let requested = match req.dimensions {
             Some(d) if (d as usize) < dims => d as u32,
             _ => 0,
@@ -641,6 +643,53 @@ impl Service {
         ))
     }
 
+    pub async fn sparse_embeddings(
+        &self,
+        req: SparseRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Sparse, "/v1/sparse_embeddings")?;
+        self.check_count(req.input.len(), "input")?;
+        self.admit_ready()?;
+        let how = (req.truncate, req.side);
+        let (ids, _) = self
+            .tokenize(&req.input, req.input_type.as_deref(), how, false)
+            .await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, "input", ticket)?;
+        let (top_k, threshold) = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let parts = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .sparse_embed(batch, top_k, threshold, c.tokens, timeout)
+            })
+            .await?;
+        let mut out = Vec::with_capacity(64 + ids.len() * 64);
+        out.extend_from_slice(br#"{"object":"list","data":["#);
+        let mut floats = ryu::Buffer::new();
+        let dims = self.model.vocab_size.to_string();
+        for (i, (indices, values)) in parts.iter().flatten().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"object":"sparse_embedding","index":"#);
+            out.extend_from_slice(i.to_string().as_bytes());
+            out.extend_from_slice(br#","embedding":{"indices":"#);
+            int_array(&mut out, indices.iter().copied());
+            out.extend_from_slice(br#","values":"#);
+            float_array(&mut out, &mut floats, values);
+            out.extend_from_slice(br#"},"dimensions":"#);
+            out.extend_from_slice(dims.as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(br#"],"model":"#);
+        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.push(b',');
+        usage(&mut out, lengths.iter().sum());
+        Ok(out)
+    }
+
     /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
     fn ranges(&self, encoding: Encoding, dimensions: usize) -> Result<Option<&Ranges>, ApiError> {
         if !encoding.precision.needs_ranges() {
@@ -797,8 +846,26 @@ fn usage(out: &mut Vec<u8>, tokens: usize) {
     out.extend_from_slice(b"}}");
 }
 
-/// Integers (int8 and uint8 values, packed sign bits) as orjson writes a numpy row of them.
-fn int_array(out: &mut Vec<u8>, values: impl Iterator<Item = i16>) {
+/// float32s as orjson writes a numpy float32 row: the shortest text that reads back as the
+/// same float32, NaN and infinities as null.
+fn float_array(out: &mut Vec<u8>, buffer: &mut ryu::Buffer, row: &[f32]) {
+    out.push(b'[');
+    for (j, v) in row.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        if v.is_finite() {
+            out.extend_from_slice(buffer.format_finite(*v).as_bytes());
+        } else {
+            out.extend_from_slice(b"null");
+        }
+    }
+    out.push(b']');
+}
+
+/// Integers (int8 and uint8 values, packed sign bits, vocabulary ids) as orjson writes a numpy
+/// row of them.
+fn int_array<T: ToString>(out: &mut Vec<u8>, values: impl Iterator<Item = T>) {
     out.push(b'[');
     for (j, v) in values.enumerate() {
         if j > 0 {
@@ -854,18 +921,7 @@ pub fn body(
             }
             base64_string(&mut out, &bytes);
         } else {
-            out.push(b'[');
-            for (j, v) in row.iter().enumerate() {
-                if j > 0 {
-                    out.push(b',');
-                }
-                if v.is_finite() {
-                    out.extend_from_slice(floats.format_finite(*v).as_bytes());
-                } else {
-                    out.extend_from_slice(b"null"); // orjson writes NaN and infinities as null
-                }
-            }
-            out.push(b']');
+            float_array(&mut out, &mut floats, row);
         }
         out.push(b'}');
     }

@@ -259,7 +259,7 @@ fn help() -> String {
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
      --workers-file PATH, or --k8s-service [NAMESPACE/]NAME with --k8s-port-name and\n\
      --kubeconfig (one of the three required), --model,\n\
-     --task auto|embed|score|classify, --served-model-name, --max-input-tokens, --quantization-file,\n\
+     --task auto|embed|score|classify|sparse, --served-model-name, --max-input-tokens, --quantization-file,\n\
      --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\

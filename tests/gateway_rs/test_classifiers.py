@@ -15,16 +15,11 @@ import orjson
 import pytest
 
 from embedfleet.common.modeldir import load_model_dir
-from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.families import TEXTS, FamilyDirs
-from embedfleet.testing.workers import metric_value, running_worker
-from tests.gateway.helpers import wait_until
 
-from .conftest import LIMITS, flags
-from .pair import Pair, gateways
+from .conftest import behind_null_worker
+from .pair import Pair
 
-#: small chunks, so a request of a few texts already travels as several Classify calls
-SETTINGS = {**LIMITS, "chunk_tokens": 64, "min_chunk_tokens": 16}
 FAMILIES = ("finbert", "go_emotions")
 LONG = "the quick brown fox jumps over the lazy dog " * 120  # over 512 tokens of either
 HUGE = "the quick brown fox jumps over the lazy dog " * 3000  # past the first window
@@ -93,16 +88,8 @@ def classifier(
 ) -> Iterator[Classifier]:
     """Both gateways in front of one null-engine worker serving the classifier."""
     path = family_dirs.get(request.param)
-    workdir = tmp_path_factory.mktemp("classifier")
-    with running_worker(
-        workdir, "--engine", "null", "--warmup-seconds", "0.2", "--model", str(path)
-    ) as worker:
-        settings = GatewaySettings(model=str(path), workers=(worker.address,), **SETTINGS)  # type: ignore[arg-type]
-        rust = ["--model", str(path), "--workers", worker.address, *flags(SETTINGS)]
-        model = load_model_dir(path)
-        with gateways(model, settings, rust, workdir / "gateway-rs.log") as pair:
-            wait_until("worker ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
-            yield Classifier(pair, model.labels)
+    with behind_null_worker(path, tmp_path_factory.mktemp("classifier")) as pair:
+        yield Classifier(pair, load_model_dir(path).labels)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -155,25 +142,12 @@ def test_classifier_metrics_count_alike(classifier: Classifier) -> None:
         ("embedfleet_gateway_chunks_per_request_sum", {}),
         ("embedfleet_gateway_upstream_seconds_count", {}),
     ]
-    pair = classifier.pair
-
-    def values() -> list[tuple[float, ...]]:
-        texts = [
-            one.request("GET", "/metrics").body.decode() for one in (pair.python(), pair.rust())
-        ]
-        return [tuple(metric_value(t, n, **labels) for n, labels in series) for t in texts]
-
-    before = values()
-    for path, body in (
+    requests = [
         ("/v1/classify", {"input": list(TEXTS)}),
         ("/v1/classify", {"input": [LONG]}),
         ("/v1/rerank", {"query": "q", "documents": ["d"]}),
-    ):
-        classifier.compare(path, body)
-    after = values()
-    deltas = [
-        tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
     ]
+    deltas = classifier.pair.metric_deltas(series, requests)
     assert deltas[0] == deltas[1]
     assert deltas[0][:3] == (1, 1, 1)
     assert deltas[0][6] > 1  # the texts went as several chunks

@@ -192,6 +192,11 @@ PAIRS: dict[str, tuple[str, Any]] = {
     "score no pairs": ("/v1/score", {"text_1": "a", "text_2": []}),
     "classify on a model of another task": ("/v1/classify", {"input": ["a", "b"]}),
     "classify a bad input on a model of another task": ("/v1/classify", {"input": [1]}),
+    "sparse on a model of another task": ("/v1/sparse_embeddings", {"input": ["a", "b"]}),
+    "sparse a bad threshold on a model of another task": (
+        "/v1/sparse_embeddings",
+        {"input": "a", "threshold": -1},
+    ),
 }
 
 

@@ -17,16 +17,13 @@ import pytest
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.families import TEXTS, FamilyDirs
-from embedfleet.testing.workers import metric_value, running_worker
 from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import wait_until
 
-from .conftest import LIMITS, flags
+from .conftest import SMALL_CHUNKS, behind_null_worker, flags
 from .pair import Pair, gateways
 from .test_differential import PAIRS
 
-#: small chunks, so a request of a few pairs already travels as several Score calls
-SETTINGS = {**LIMITS, "chunk_tokens": 64, "min_chunk_tokens": 16}
 #: family name, extra settings of both gateways and the worker, the served limit
 MODELS: dict[str, tuple[str, dict[str, object], int]] = {
     "cross-encoder": ("bge-reranker-base", {}, 512),
@@ -102,11 +99,11 @@ CASES = {**PAIRS, **RERANKER_PAIRS}
 
 
 def _settings(path: Path, workers: list[str], extra: dict[str, object]) -> GatewaySettings:
-    return GatewaySettings(model=str(path), workers=tuple(workers), **SETTINGS, **extra)  # type: ignore[arg-type]
+    return GatewaySettings(model=str(path), workers=tuple(workers), **SMALL_CHUNKS, **extra)  # type: ignore[arg-type]
 
 
 def _rust(path: Path, workers: list[str], extra: dict[str, object]) -> list[str]:
-    return ["--model", str(path), "--workers", ",".join(workers), *flags({**SETTINGS, **extra})]
+    return ["--model", str(path), "--workers", ",".join(workers), *flags({**SMALL_CHUNKS, **extra})]
 
 
 @dataclass
@@ -129,15 +126,8 @@ def reranker(
     """Both gateways in front of one null-engine worker serving the reranker."""
     family, extra, limit = MODELS[request.param]
     path = family_dirs.get(family)
-    workdir = tmp_path_factory.mktemp("reranker")
-    with running_worker(
-        workdir, "--engine", "null", "--warmup-seconds", "0.2", "--model", str(path), *flags(extra)
-    ) as worker:
-        settings = _settings(path, [worker.address], extra)
-        rust = _rust(path, [worker.address], extra)
-        with gateways(load_model_dir(path), settings, rust, workdir / "gateway-rs.log") as pair:
-            wait_until("worker ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
-            yield Reranker(pair, request.param, limit)
+    with behind_null_worker(path, tmp_path_factory.mktemp("reranker"), extra) as pair:
+        yield Reranker(pair, request.param, limit)
 
 
 @pytest.fixture(scope="module")
@@ -223,26 +213,13 @@ def test_reranker_metrics_count_alike(reranker: Reranker) -> None:
         ("embedfleet_gateway_upstream_seconds_count", {}),
     ]
 
-    def values() -> list[tuple[float, ...]]:
-        pair = reranker.pair
-        texts = [
-            one.request("GET", "/metrics").body.decode() for one in (pair.python(), pair.rust())
-        ]
-        return [tuple(metric_value(t, n, **labels) for n, labels in series) for t in texts]
-
-    before = values()
     requests = [
         ("/v1/rerank", {"query": QUERY, "documents": DOCUMENTS}),
         ("/v1/rerank", {"query": QUERY, "documents": [LONG]}),
         ("/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS[:4]}),
         ("/v1/embeddings", {"input": "x"}),
     ]
-    for path, body in requests:
-        reranker.compare(path, body)
-    after = values()
-    deltas = [
-        tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
-    ]
+    deltas = reranker.pair.metric_deltas(series, requests)
     assert deltas[0] == deltas[1]
     assert deltas[0][:4] == (1, 1, 1, 1)
     assert deltas[0][6] == 2  # the two answered
