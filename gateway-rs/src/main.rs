@@ -1,4 +1,4 @@
-//! embedfleet-gateway-rs: the embeddings hot path of the embedfleet gateway in Rust (phase 1 of
+//! embedfleet-gateway-rs: the one-model path of the embedfleet gateway in Rust (phase 1 of
 //! issue #20). The Python gateway stays the reference; tests/gateway_rs checks this one
 //! against it request by request.
 
