@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::errors::{self, python_g, ApiError};
-use crate::model::ModelDir;
-use crate::request::{EmbeddingRequest, Input, RerankRequest, ScoreRequest};
+use crate::model::{ModelDir, Task};
+use crate::request::{
+    ClassifyRequest, EmbeddingRequest, Input, RerankRequest, ScoreRequest, SparseRequest,
+};
 
 /// The estimate before any request was tokenized: 4 characters per token errs towards more.
 pub const FIRST_CHARS_PER_TOKEN: f64 = 4.0;
@@ -92,6 +94,8 @@ pub struct Work {
     pub chars: Vec<usize>,
     /// tokens of the token-id inputs, exact
     pub tokens: usize,
+    /// the inputs are (query, document) pairs for a reranker: more special tokens each
+    pub pairs: bool,
 }
 
 /// Each text's characters over the ratio plus its special tokens, capped at the model's limit;
@@ -148,20 +152,48 @@ fn distinct<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
 
 /// What an embeddings request asks for, in the shape the service tokenizes it.
 pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usize) -> Work {
-    match &req.input {
+    input_work(
+        &req.input,
+        req.input_type.as_deref(),
+        req.truncate,
+        model,
+        max_tokens,
+    )
+}
+
+/// What a sparse embeddings request asks for (the same inputs as embeddings).
+pub fn sparse_work(req: &SparseRequest, model: &ModelDir, max_tokens: usize) -> Work {
+    input_work(
+        &req.input,
+        req.input_type.as_deref(),
+        req.truncate,
+        model,
+        max_tokens,
+    )
+}
+
+fn input_work(
+    input: &Input,
+    input_type: Option<&str>,
+    truncate: bool,
+    model: &ModelDir,
+    max_tokens: usize,
+) -> Work {
+    match input {
         Input::Texts(texts) => {
-            let prompt = char_count(model.prompt_for(req.input_type.as_deref()));
+            let prompt = char_count(model.prompt_for(input_type));
             Work {
                 chars: texts.iter().map(|t| prompt + char_count(t)).collect(),
-                tokens: 0,
+                ..Work::default()
             }
         }
         Input::Ids(seqs) => Work {
             chars: Vec::new(),
+            pairs: false,
             tokens: seqs
                 .iter()
                 .map(|s| {
-                    if req.truncate {
+                    if truncate {
                         s.len().min(max_tokens)
                     } else {
                         s.len()
@@ -172,12 +204,28 @@ pub fn embedding_work(req: &EmbeddingRequest, model: &ModelDir, max_tokens: usiz
     }
 }
 
-/// (query, document) pairs as a bi-encoder embeds them: each distinct query with the query
-/// prompt, then each distinct document with the document prompt.
+/// A classify request's texts (characters alone: admission counts no prompt for them).
+pub fn classify_work(req: &ClassifyRequest) -> Work {
+    Work {
+        chars: req.input.iter().map(|t| char_count(t)).collect(),
+        ..Work::default()
+    }
+}
+
+/// (query, document) pairs as the service tokenizes them: a reranker's each as one input; a
+/// bi-encoder's each distinct query with the query prompt, then each distinct document with
+/// the document prompt.
 fn pair_work<'a>(
     pairs: impl Iterator<Item = (&'a str, &'a str)> + Clone,
     model: &ModelDir,
 ) -> Work {
+    if model.task == Task::Score {
+        return Work {
+            chars: pairs.map(|(a, b)| char_count(a) + char_count(b)).collect(),
+            tokens: 0,
+            pairs: true,
+        };
+    }
     let query = char_count(model.prompt_for(Some("query")));
     let document = char_count(model.prompt_for(Some("document")));
     let left = distinct(pairs.clone().map(|p| p.0))
@@ -188,7 +236,7 @@ fn pair_work<'a>(
         .map(|b| document + char_count(b));
     Work {
         chars: left.chain(right).collect(),
-        tokens: 0,
+        ..Work::default()
     }
 }
 
@@ -242,6 +290,7 @@ pub trait Fleet: Send + Sync {
 pub struct Admission {
     max_tokens: usize,
     specials: usize,
+    pair_specials: usize,
     bound: f64,
     min_retry_after: u64,
     fleet: Arc<dyn Fleet>,
@@ -251,9 +300,10 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// `specials` and `pair_specials`: the special tokens added to one text and to a pair.
     pub fn new(
         max_tokens: usize,
-        specials: usize,
+        (specials, pair_specials): (usize, usize),
         bound_seconds: f64,
         min_retry_after: u64,
         fleet: Arc<dyn Fleet>,
@@ -261,6 +311,7 @@ impl Admission {
         Admission {
             max_tokens,
             specials,
+            pair_specials,
             bound: bound_seconds,
             min_retry_after,
             fleet,
@@ -327,7 +378,12 @@ impl Admission {
                 ),
             ));
         }
-        let tokens = estimate_tokens(&work, s.chars_per_token, self.max_tokens, self.specials);
+        let tokens = estimate_tokens(
+            &work,
+            s.chars_per_token,
+            self.max_tokens,
+            self.specials_of(&work),
+        );
         s.queued += tokens as i64;
         Ok(Ticket {
             admission: Arc::clone(self),
@@ -335,6 +391,14 @@ impl Admission {
             tokens: AtomicU64::new(tokens as u64),
             answered: AtomicBool::new(false),
         })
+    }
+
+    fn specials_of(&self, work: &Work) -> usize {
+        if work.pairs {
+            self.pair_specials
+        } else {
+            self.specials
+        }
     }
 
     /// Close the sample period once it is long enough; note whether the queue stayed deep.
@@ -388,7 +452,7 @@ impl Ticket {
             &self.work.chars,
             lengths,
             a.max_tokens,
-            a.specials,
+            a.specials_of(&self.work),
         );
     }
 
@@ -433,7 +497,7 @@ mod tests {
     fn admission(elsewhere: f64, capacity: f64, bound: f64) -> Arc<Admission> {
         Arc::new(Admission::new(
             256,
-            2,
+            (2, 3),
             bound,
             1,
             Arc::new(Fixed(elsewhere, capacity)),
@@ -458,9 +522,25 @@ mod tests {
         let work = Work {
             chars: vec![40, 4000],
             tokens: 7,
+            pairs: false,
         };
         // 40/4 + 2 specials, 4000 chars capped at 256, plus 7 ids
         assert_eq!(estimate_tokens(&work, 4.0, 256, 2), 12 + 256 + 7);
+    }
+
+    #[test]
+    fn a_reranker_s_pairs_are_estimated_with_the_pair_s_special_tokens() {
+        let a = admission(0.0, 0.0, 30.0);
+        let pairs = a
+            .admit(Work {
+                chars: vec![40, 8],
+                tokens: 0,
+                pairs: true,
+            })
+            .unwrap();
+        // 40/4 + 3 and 8/4 + 3: a pair's specials (3 here), not one text's (2)
+        assert_eq!(a.queued_tokens(), 18);
+        drop(pairs);
     }
 
     #[test]
@@ -488,7 +568,7 @@ mod tests {
         let first = a
             .admit(Work {
                 chars: vec![40],
-                tokens: 0,
+                ..Work::default()
             })
             .unwrap();
         assert_eq!(a.queued_tokens(), 12);
@@ -497,8 +577,8 @@ mod tests {
         let second = a.admit(Work::default()).unwrap();
         let third = a
             .admit(Work {
-                chars: vec![],
                 tokens: 5,
+                ..Work::default()
             })
             .unwrap();
         assert_eq!(a.queued_tokens(), 14); // 1.4 s ahead now

@@ -99,6 +99,8 @@ enum Post {
     Embeddings(request::EmbeddingRequest),
     Rerank(request::RerankRequest),
     Score(request::ScoreRequest),
+    Classify(request::ClassifyRequest),
+    Sparse(request::SparseRequest),
 }
 
 pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Reply, Infallible> {
@@ -139,9 +141,6 @@ async fn dispatch(
                 "POST",
             ));
         }
-        if !matches!(route, "/v1/embeddings" | "/v1/rerank" | "/v1/score") {
-            return Err(errors::unsupported(&format!("POST {route}")));
-        }
         let body = read_body(
             service.settings.max_body_bytes,
             service.settings.body_timeout_seconds,
@@ -151,6 +150,8 @@ async fn dispatch(
         let post = match route {
             "/v1/rerank" => Post::Rerank(request::parse_rerank(&body)?),
             "/v1/score" => Post::Score(request::parse_score(&body)?),
+            "/v1/classify" => Post::Classify(request::parse_classify(&body)?),
+            "/v1/sparse_embeddings" => Post::Sparse(request::parse_sparse(&body)?),
             _ => Post::Embeddings(request::parse(&body)?),
         };
         // Admitted or shed after parsing and the model's name, before any other check (as the
@@ -172,11 +173,23 @@ async fn dispatch(
                 service.check_model(&r.pair.model)?;
                 service.admission.admit(admission::score_work(r, model))?
             }
+            Post::Classify(r) => {
+                service.check_model(&r.model)?;
+                service.admission.admit(admission::classify_work(r))?
+            }
+            Post::Sparse(r) => {
+                service.check_model(&r.model)?;
+                service
+                    .admission
+                    .admit(admission::sparse_work(r, model, max_tokens))?
+            }
         };
         let doc = match post {
             Post::Embeddings(r) => service.embeddings(r, &ticket).await?,
             Post::Rerank(r) => service.rerank(r, &ticket).await?,
             Post::Score(r) => service.score(r, &ticket).await?,
+            Post::Classify(r) => service.classify(r, &ticket).await?,
+            Post::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
         };
         ticket.answered();
         return Ok(respond(200, doc, "application/json"));

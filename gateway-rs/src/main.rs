@@ -1,4 +1,4 @@
-//! embedfleet-gateway-rs: the embeddings hot path of the embedfleet gateway in Rust (phase 1 of
+//! embedfleet-gateway-rs: the one-model path of the embedfleet gateway in Rust (phase 1 of
 //! issue #20). The Python gateway stays the reference; tests/gateway_rs checks this one
 //! against it request by request.
 
@@ -86,7 +86,7 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         &model.path,
         model.name == model::DEFAULT_MODEL_NAME,
     )?;
-    let specials = tokenization.specials();
+    let specials = (tokenization.specials(), tokenization.pair_specials());
     let admission = Arc::new(admission::Admission::new(
         max_tokens,
         specials,

@@ -20,6 +20,10 @@ pub struct ModelDir {
     pub default_max_tokens: usize,
     pub prompts: HashMap<String, String>,
     pub default_prompt_name: Option<String>,
+    pub task: Task,
+    pub head: Head,
+    /// label names by class id (config.id2label), for classifier heads
+    pub labels: Vec<String>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, String> {
@@ -97,29 +101,147 @@ fn position_limit(config: &Value) -> usize {
     positions.max(0) as usize
 }
 
-/// Refuses what this binary cannot serve: it embeds only (no classifier, reranker or SPLADE).
-fn check_embedder(config: &Value, task: &str) -> Result<(), String> {
-    if !matches!(task, "" | "auto" | "embed") {
+/// What a model is served as (common/modeldir.py `Task`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    Embed,
+    Score,
+    Classify,
+    Sparse,
+}
+
+/// What turns the encoder's states into the output: pooling, a sequence-classification head, a
+/// causal LM's yes/no logits (Qwen3-Reranker) or SPLADE over a masked-LM head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Head {
+    Pool,
+    Classifier,
+    YesNo,
+    Splade,
+}
+
+/// config.id2label in class-id order; without it, `num_labels` names LABEL_0.. (modeldir.py).
+fn labels(config: &Value) -> Result<Vec<String>, String> {
+    let raw = config["id2label"].as_object().filter(|m| !m.is_empty());
+    let Some(raw) = raw else {
+        let count = config["num_labels"].as_u64().unwrap_or(1);
+        return Ok((0..count).map(|i| format!("LABEL_{i}")).collect());
+    };
+    let mut by_id = Vec::with_capacity(raw.len());
+    for (k, v) in raw {
+        let id: usize = k.parse().map_err(|_| {
+            format!(
+                "config.json id2label has a non-integer id: {}",
+                Value::Object(raw.clone())
+            )
+        })?;
+        let label = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        by_id.push((id, label));
+    }
+    by_id.sort();
+    if by_id.iter().enumerate().any(|(i, (id, _))| i != *id) {
         return Err(format!(
-            "--task {task} is not supported by embedfleet-gateway-rs (phase 1): embeddings only"
+            "config.json id2label ids are not 0..{}: {}",
+            by_id.len() - 1,
+            Value::Object(raw.clone())
         ));
     }
+    Ok(by_id.into_iter().map(|(_, l)| l).collect())
+}
+
+/// Some(true) for a sentence-transformers SpladePooling module, Some(false) for a dense
+/// Pooling module, None when modules.json names neither.
+fn splade_pooling(path: &Path, modules: &Value) -> Result<Option<bool>, String> {
+    for module in modules.as_array().into_iter().flatten() {
+        let kind = module["type"].as_str().unwrap_or("");
+        if kind.ends_with("SpladePooling") {
+            let dir = path.join(module["path"].as_str().unwrap_or(""));
+            let cfg = read_json(&dir.join("config.json"))?.unwrap_or(Value::Null);
+            let strategy = cfg["pooling_strategy"].as_str().unwrap_or("max");
+            let act = cfg["activation_function"].as_str().unwrap_or("relu");
+            if strategy != "max" || act != "relu" {
+                return Err(format!(
+                    "{}: SPLADE pooling {strategy}/{act} is not supported (max/relu only)",
+                    path.display()
+                ));
+            }
+            return Ok(Some(true));
+        }
+        if kind.ends_with("models.Pooling") {
+            return Ok(Some(false));
+        }
+    }
+    Ok(None)
+}
+
+/// The served task and head: `task` when given (checked against the checkpoint), else what the
+/// checkpoint's architecture says (modeldir.py `_head`, same messages).
+fn head(
+    path: &Path,
+    config: &Value,
+    modules: &Value,
+    labels: usize,
+    task: &str,
+) -> Result<(Task, Head), String> {
     let archs: Vec<&str> = config["architectures"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let other = archs.iter().any(|a| {
-        a.ends_with("ForSequenceClassification")
-            || a.ends_with("ForMaskedLM")
-            || (a.ends_with("ForCausalLM") && config["model_type"] == "qwen3")
-    });
-    if other && task != "embed" {
-        return Err(format!(
-            "architectures {archs:?} serve a task other than embed, which \
-             embedfleet-gateway-rs (phase 1) does not support"
-        ));
+    let has = |suffix: &str| archs.iter().any(|a| a.ends_with(suffix));
+    let classifier = has("ForSequenceClassification");
+    let masked_lm = has("ForMaskedLM");
+    let causal_lm = has("ForCausalLM");
+    let qwen = config["model_type"] == "qwen3";
+    let dir = path
+        .file_name()
+        .map_or(String::new(), |f| f.to_string_lossy().into_owned());
+    let named = format!("{} {dir}", config["_name_or_path"].as_str().unwrap_or("")).to_lowercase();
+    match task {
+        "" | "auto" => {
+            if classifier {
+                let task = if labels == 1 {
+                    Task::Score
+                } else {
+                    Task::Classify
+                };
+                return Ok((task, Head::Classifier));
+            }
+            if masked_lm && splade_pooling(path, modules)? != Some(false) {
+                return Ok((Task::Sparse, Head::Splade));
+            }
+            if causal_lm && qwen && named.contains("reranker") {
+                return Ok((Task::Score, Head::YesNo));
+            }
+            Ok((Task::Embed, Head::Pool))
+        }
+        "embed" => Ok((Task::Embed, Head::Pool)),
+        "score" if classifier => {
+            if labels != 1 {
+                return Err(format!(
+                    "{}: task score needs a one-label classifier; this one has {labels} labels \
+                     (serve it with task classify)",
+                    path.display()
+                ));
+            }
+            Ok((Task::Score, Head::Classifier))
+        }
+        "score" if qwen && causal_lm => Ok((Task::Score, Head::YesNo)),
+        "classify" if classifier => Ok((Task::Classify, Head::Classifier)),
+        "sparse" if masked_lm => Ok((Task::Sparse, Head::Splade)),
+        "score" | "classify" | "sparse" => {
+            let quoted: Vec<String> = archs.iter().map(|a| format!("'{a}'")).collect();
+            Err(format!(
+                "{}: task {task} does not fit architectures [{}] (score: a one-label \
+                 *ForSequenceClassification or a Qwen3ForCausalLM reranker; classify: \
+                 *ForSequenceClassification; sparse: *ForMaskedLM)",
+                path.display(),
+                quoted.join(", ")
+            ))
+        }
+        _ => Err(format!(
+            "unknown task '{task}'; choose one of embed, score, classify, sparse"
+        )),
     }
-    Ok(())
 }
 
 pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
@@ -127,7 +249,9 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
     let config = read_json(&path.join("config.json"))?
         .filter(Value::is_object)
         .ok_or_else(|| format!("{}: config.json missing or not an object", path.display()))?;
-    check_embedder(&config, task)?;
+    let modules = read_json(&path.join("modules.json"))?.unwrap_or(Value::Null);
+    let labels = labels(&config)?;
+    let (task, head) = head(&path, &config, &modules, labels.len(), task)?;
     let limit = position_limit(&config);
     let st = read_json(&path.join("sentence_bert_config.json"))?.unwrap_or(Value::Null);
     let default_max = st["max_seq_length"]
@@ -167,6 +291,13 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
         default_max_tokens: default_max,
         prompts,
         default_prompt_name: meta["default_prompt_name"].as_str().map(str::to_string),
+        task,
+        head,
+        labels: if head == Head::Classifier {
+            labels
+        } else {
+            Vec::new()
+        },
         path,
     })
 }

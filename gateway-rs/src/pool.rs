@@ -15,7 +15,9 @@ use crate::balancer::Balancer;
 use crate::coalescing::Coalescer;
 use crate::errors::{self, ApiError};
 use crate::metrics::{Metrics, WorkerState};
-use crate::proto::{InfoRequest, InfoResponse, TokenBatch};
+use crate::proto::{
+    ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, SparseEmbedRequest, TokenBatch,
+};
 
 const ATTEMPTS: usize = 2;
 
@@ -197,6 +199,13 @@ fn half_to_f32(h: u16) -> f32 {
         _ => sign | ((exp + 112) << 23) | (frac << 13),
     };
     f32::from_bits(bits)
+}
+
+/// The packed little-endian batch a worker reads; a pair's type ids one byte a token.
+pub fn pack_pairs(seqs: &[Vec<u32>], types: &[Vec<u32>]) -> TokenBatch {
+    let mut batch = pack(seqs);
+    batch.token_type_ids = types.iter().flatten().map(|&t| t as u8).collect();
+    batch
 }
 
 /// The packed little-endian batch a worker reads.
@@ -445,15 +454,17 @@ impl Pool {
         ))
     }
 
-    async fn attempt(
+    /// One call on a worker not yet tried; ejects that worker if the failure says it broke.
+    async fn attempt<T, F, Fut>(
         &self,
-        batch: &TokenBatch,
-        dims: u32,
-        normalize: Option<bool>,
         tokens: usize,
-        timeout: Duration,
+        call: &F,
         tried: &mut Vec<u64>,
-    ) -> Result<Vec<f32>, Failure> {
+    ) -> Result<T, Failure>
+    where
+        F: Fn(Arc<Coalescer>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
         let (lease, worker) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.id);
         let start = Instant::now();
@@ -461,7 +472,7 @@ impl Pool {
             metrics: &self.metrics,
             done: false,
         };
-        let called = worker.embed(batch.clone(), dims, normalize, timeout).await;
+        let called = call(worker).await;
         flight.done = true;
         self.metrics.upstream(start.elapsed().as_secs_f64());
         match called {
@@ -485,22 +496,16 @@ impl Pool {
         }
     }
 
-    /// One chunk's embeddings, retried once on another worker when the failure allows it.
-    pub async fn embed(
-        &self,
-        batch: TokenBatch,
-        dims: u32,
-        normalize: Option<bool>,
-        tokens: usize,
-        timeout: Duration,
-    ) -> Result<Vec<f32>, ApiError> {
+    /// One chunk's `call`, retried once on another worker when the failure allows it.
+    async fn dispatch<T, F, Fut>(&self, tokens: usize, call: F) -> Result<T, ApiError>
+    where
+        F: Fn(Arc<Coalescer>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
         let mut tried = Vec::with_capacity(ATTEMPTS);
         let mut busy: Option<Status> = None;
         for attempt in 0..ATTEMPTS {
-            match self
-                .attempt(&batch, dims, normalize, tokens, timeout, &mut tried)
-                .await
-            {
+            match self.attempt(tokens, &call, &mut tried).await {
                 Ok(rows) => return Ok(rows),
                 Err(Failure::NoWorker) => {
                     // The only worker is busy: a 429 to retry later, not "no worker".
@@ -522,6 +527,161 @@ impl Pool {
         }
         unreachable!("the last attempt returns")
     }
+
+    /// One chunk's embeddings (merged with other small chunks while the worker is busy).
+    pub async fn embed(
+        &self,
+        batch: TokenBatch,
+        dims: u32,
+        normalize: Option<bool>,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, ApiError> {
+        self.dispatch(tokens, |worker| {
+            let batch = batch.clone();
+            async move { worker.embed(batch, dims, normalize, timeout).await }
+        })
+        .await
+    }
+
+    /// One chunk's pair scores (the Score RPC, activated as the Python gateway asks).
+    pub async fn score(
+        &self,
+        batch: TokenBatch,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<f32>, ApiError> {
+        let count = batch.lengths.len() / 4;
+        let reply = self
+            .dispatch(tokens, |worker| {
+                let mut call = tonic::Request::new(ScoreRequest {
+                    batch: Some(batch.clone()),
+                    activate: true,
+                });
+                call.set_timeout(timeout);
+                async move { worker.client().score(call).await }
+            })
+            .await?
+            .into_inner();
+        floats(&reply.scores, reply.count as usize, 1, count)
+    }
+
+    /// One chunk's label scores (the Classify RPC), row-major, and the labels a row.
+    pub async fn classify(
+        &self,
+        batch: TokenBatch,
+        activate: bool,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let count = batch.lengths.len() / 4;
+        let reply = self
+            .dispatch(tokens, |worker| {
+                let mut call = tonic::Request::new(ClassifyRequest {
+                    batch: Some(batch.clone()),
+                    activate,
+                });
+                call.set_timeout(timeout);
+                async move { worker.client().classify(call).await }
+            })
+            .await?
+            .into_inner();
+        let labels = reply.labels as usize;
+        Ok((
+            floats(&reply.scores, reply.count as usize, labels, count)?,
+            labels,
+        ))
+    }
+
+    /// One chunk's sparse vectors (the SparseEmbed RPC): each row's ascending vocabulary ids
+    /// and their weights.
+    pub async fn sparse_embed(
+        &self,
+        batch: TokenBatch,
+        top_k: u32,
+        threshold: f32,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<SparseRow>, ApiError> {
+        let count = batch.lengths.len() / 4;
+        let reply = self
+            .dispatch(tokens, |worker| {
+                let mut call = tonic::Request::new(SparseEmbedRequest {
+                    batch: Some(batch.clone()),
+                    top_k,
+                    threshold,
+                });
+                call.set_timeout(timeout);
+                async move { worker.client().sparse_embed(call).await }
+            })
+            .await?
+            .into_inner();
+        sparse_rows(&reply, count)
+    }
+}
+
+/// One sparse vector: its ascending vocabulary ids and their weights.
+pub type SparseRow = (Vec<i32>, Vec<f32>);
+
+/// A SparseEmbedResponse's rows, checked as the Python gateway's codec checks them (a broken
+/// reply is a 500).
+fn sparse_rows(
+    reply: &crate::proto::SparseEmbedResponse,
+    expected: usize,
+) -> Result<Vec<SparseRow>, ApiError> {
+    let ints = |b: &[u8]| -> Vec<i32> {
+        b.chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let (bounds, ids) = (ints(&reply.offsets), ints(&reply.indices));
+    let weights = floats(&reply.values, ids.len(), 1, ids.len())?;
+    let count = reply.count as usize;
+    let ordered = bounds.windows(2).all(|w| w[0] <= w[1])
+        && bounds.first() == Some(&0)
+        && bounds.last().map(|&b| b as usize) == Some(ids.len());
+    if bounds.len() != count + 1 || count != expected || !(ordered || count == 0) {
+        return Err(broken_reply(
+            "a worker's sparse rows do not match their offsets",
+        ));
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            (ids[a..b].to_vec(), weights[a..b].to_vec())
+        })
+        .collect())
+}
+
+/// One line per 10 s: a broken worker would answer every request so.
+pub static BROKEN_REPLY_LOG: crate::logs::Limiter =
+    crate::logs::Limiter::new(Duration::from_secs(10));
+
+/// The 500 of a reply that breaks the workers' contract (the Python gateway's codec error),
+/// logged at most once per 10 s.
+pub fn broken_reply(what: &str) -> ApiError {
+    if let Some(held) = BROKEN_REPLY_LOG.allow(Instant::now()) {
+        crate::log!(Error, what, "suppressed" => held);
+    }
+    errors::internal()
+}
+
+/// `rows` x `cols` little-endian float32s of a reply, which must be `expected` rows (else the
+/// worker broke the contract: a 500, as the Python gateway's codec error).
+pub fn floats(
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    expected: usize,
+) -> Result<Vec<f32>, ApiError> {
+    if data.len() != rows * cols * 4 || rows != expected {
+        return Err(broken_reply("a worker answered the wrong number of bytes"));
+    }
+    Ok(data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 #[cfg(test)]

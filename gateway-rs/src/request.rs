@@ -14,6 +14,15 @@ pub enum Input {
     Ids(Vec<Vec<i64>>),
 }
 
+impl Input {
+    pub fn len(&self) -> usize {
+        match self {
+            Input::Texts(t) => t.len(),
+            Input::Ids(s) => s.len(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EmbeddingRequest {
     pub model: Option<String>,
@@ -71,6 +80,15 @@ fn optional_bool(doc: &Map<String, Value>, key: &'static str) -> Result<Option<b
     match doc.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(field_error(key, "Input should be a valid boolean")),
+    }
+}
+
+/// A strict boolean defaulting to false (pydantic's `StrictBool = False`: null is refused).
+fn flag(doc: &Map<String, Value>, key: &'static str) -> Result<bool, ApiError> {
+    match doc.get(key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(field_error(key, "Input should be a valid boolean")),
     }
 }
@@ -143,11 +161,7 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 /// The fields every request has first (schemas.py `_Request`): model, truncate, its side.
 fn common(doc: &Map<String, Value>) -> Result<(Option<String>, bool, Side), ApiError> {
     let model = optional_str(doc, "model")?;
-    let truncate = match doc.get("truncate") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(field_error("truncate", "Input should be a valid boolean")),
-    };
+    let truncate = flag(doc, "truncate")?;
     let side = match literal(doc, "truncation_side", &["left", "right"], false)? {
         Some("left") => Side::Left,
         _ => Side::Right,
@@ -226,16 +240,7 @@ pub fn parse_rerank(body: &[u8]) -> Result<RerankRequest, ApiError> {
         Some(_) => return Err(bad()),
     };
     let top_n = optional_positive(&doc, "top_n")?;
-    let return_documents = match doc.get("return_documents") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(field_error(
-                "return_documents",
-                "Input should be a valid boolean",
-            ))
-        }
-    };
+    let return_documents = flag(&doc, "return_documents")?;
     Ok(RerankRequest {
         pair,
         query,
@@ -264,6 +269,95 @@ pub fn parse_score(body: &[u8]) -> Result<ScoreRequest, ApiError> {
         pair,
         text_1,
         text_2,
+    })
+}
+
+/// POST /v1/classify, fields in schemas.py's order.
+#[derive(Debug, Clone)]
+pub struct ClassifyRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Vec<String>,
+    pub top_k: Option<i64>,
+    pub raw_scores: bool,
+}
+
+pub fn parse_classify(body: &[u8]) -> Result<ClassifyRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
+    // A string or strings; any other shape gets app.py's one message for `input`.
+    let input = match doc.get("input") {
+        None => return Err(invalid("'input' is required.").param("input")),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| invalid(INPUT_EXPECTED).param("input"))?,
+        Some(_) => return Err(invalid(INPUT_EXPECTED).param("input")),
+    };
+    let top_k = optional_positive(&doc, "top_k")?;
+    let raw_scores = flag(&doc, "raw_scores")?;
+    Ok(ClassifyRequest {
+        model,
+        truncate,
+        side,
+        input,
+        top_k,
+        raw_scores,
+    })
+}
+
+/// POST /v1/sparse_embeddings, fields in schemas.py's order.
+#[derive(Debug, Clone)]
+pub struct SparseRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Input,
+    pub top_k: Option<i64>,
+    /// weights at or below it are dropped (0: only zeros)
+    pub threshold: f32,
+    pub input_type: Option<String>,
+}
+
+pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
+    let input = match doc.get("input") {
+        None => return Err(invalid("'input' is required.").param("input")),
+        Some(v) => input(v)?,
+    };
+    let top_k = optional_positive(&doc, "top_k")?;
+    // StrictFloat | StrictInt, at least 0: pydantic names the union's first member when the
+    // type is wrong.
+    let threshold = match doc.get("threshold") {
+        None | Some(Value::Null) => 0.0,
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(t) if t >= 0.0 => t as f32,
+            _ => {
+                return Err(field_error(
+                    "threshold",
+                    "Input should be greater than or equal to 0",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(
+                invalid("'threshold.float': Input should be a valid number.").param("threshold"),
+            )
+        }
+    };
+    let input_type = literal(&doc, "input_type", &["query", "document"], true)?.map(str::to_string);
+    Ok(SparseRequest {
+        model,
+        truncate,
+        side,
+        input,
+        top_k,
+        threshold,
+        input_type,
     })
 }
 

@@ -1,6 +1,7 @@
 //! The embeddings endpoint from a validated request to the response body, checked in the
 //! Python gateway's order (service.py `embeddings`), with no HTTP here.
 
+use std::borrow::Borrow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,17 +13,16 @@ use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
 use crate::hold::Hold;
 use crate::metrics::Metrics;
-use crate::model::ModelDir;
-use crate::pool::{pack, Pool};
+use crate::model::{Head, ModelDir, Task};
+use crate::pool::{pack, pack_pairs, Pool};
 use crate::quantization::{self, Calibration, Encoding, Precision, Ranges, Row};
-use crate::request::{EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest};
+use crate::request::{
+    ClassifyRequest, EmbeddingRequest, Input, PairRequest, RerankRequest, ScoreRequest,
+    SparseRequest,
+};
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
-use crate::tokenization::{Side, Tokenization};
-
-/// One line per 10 s: a broken worker would answer every request so.
-static ANSWER_LOG: crate::logs::Limiter =
-    crate::logs::Limiter::new(std::time::Duration::from_secs(10));
+use crate::tokenization::{Side, Tokenization, DEFAULT_INSTRUCTION};
 
 pub struct Service {
     pub settings: Settings,
@@ -93,18 +93,19 @@ impl Service {
     /// special ends come too, for splitting into windows.
     async fn tokenize(
         &self,
-        req: &EmbeddingRequest,
+        input: &Input,
+        input_type: Option<&str>,
+        (truncate, side): (bool, Side),
         windowed: bool,
     ) -> Result<(Vec<Vec<u32>>, Option<Vec<(usize, usize)>>), ApiError> {
-        match &req.input {
+        match input {
             Input::Texts(texts) => {
                 if let Some(i) = texts.iter().position(String::is_empty) {
                     return Err(
                         invalid(format!("'input' item {i} is an empty string.")).param("input")
                     );
                 }
-                let prompt = self.model.prompt_for(req.input_type.as_deref()).to_string();
-                let (truncate, side) = (req.truncate, req.side);
+                let prompt = self.model.prompt_for(input_type).to_string();
                 self.tokenized(texts, move |tok, texts| {
                     if windowed {
                         tok.whole_texts(texts, &prompt)
@@ -119,7 +120,7 @@ impl Service {
             Input::Ids(seqs) => {
                 let ids = self
                     .tokenization
-                    .token_ids(seqs, req.truncate, req.side, windowed)?;
+                    .token_ids(seqs, truncate, side, windowed)?;
                 let ends = windowed.then(|| vec![(0, 0); ids.len()]);
                 Ok((ids, ends))
             }
@@ -159,6 +160,27 @@ impl Service {
         Ok(())
     }
 
+    /// Each chunk of inputs of `lengths` through `call` (given the chunk and the upstream
+    /// deadline), the answers in chunk order (the Python gateway's `dispatcher.run` on its
+    /// `_chunks`). First, while no worker is ready, the request is held (`--hold-requests`).
+    async fn fan_out<T, Fut>(
+        &self,
+        lengths: &[usize],
+        call: impl Fn(Chunk, Duration) -> Fut,
+    ) -> Result<Vec<T>, ApiError>
+    where
+        Fut: std::future::Future<Output = Result<T, ApiError>>,
+    {
+        let total: usize = lengths.iter().sum();
+        self.hold.until_ready(total).await?;
+        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
+        let chunks = self.chunks(lengths, total);
+        self.metrics.chunks(chunks.len());
+        // The first failure answers the request: the other chunks' calls are dropped, which
+        // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
+        futures_util::future::try_join_all(chunks.into_iter().map(|c| call(c, timeout))).await
+    }
+
     /// Rows of `ids` from the workers, chunked over them; `normalize` None: the model's way.
     /// First, while no worker is ready, the request is held (`--hold-requests`).
     async fn embed(
@@ -168,34 +190,18 @@ impl Service {
         normalize: Option<bool>,
     ) -> Result<Vec<f32>, ApiError> {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
-        let total: usize = lengths.iter().sum();
-        self.hold.until_ready(total).await?;
-        let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
-        let chunks = self.chunks(&lengths, total);
-        self.metrics.chunks(chunks.len());
-        let calls = chunks.into_iter().map(|c| {
-            let batch = pack(&ids[c.start..c.stop]);
-            self.pool
-                .embed(batch, requested, normalize, c.tokens, timeout)
-        });
-        // The first failure answers the request: the other chunks' calls are dropped, which
-        // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
-        let parts = futures_util::future::try_join_all(calls).await?;
-        let mut rows = Vec::new();
-        for part in parts {
-            rows.extend(part);
-        }
+        let rows = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .embed(batch, requested, normalize, c.tokens, timeout)
+            })
+            .await?
+            .concat();
         if ids.is_empty() || rows.len() % ids.len() != 0 {
-            if let Some(held) = ANSWER_LOG.allow(std::time::Instant::now()) {
-                crate::log!(
-                    Error,
-                    "workers answered a number of floats that is no multiple of the inputs",
-                    "floats" => rows.len(),
-                    "inputs" => ids.len(),
-                    "suppressed" => held,
-                );
-            }
-            return Err(errors::internal());
+            return Err(crate::pool::broken_reply(
+                "workers answered a number of floats that is no multiple of the inputs",
+            ));
         }
         Ok(rows)
     }
@@ -239,6 +245,7 @@ impl Service {
         req: EmbeddingRequest,
         ticket: &Ticket,
     ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Embed, "/v1/embeddings")?;
         let dims = match self.pool.dimensions() {
             0 => self.model.hidden_size,
             d => d as usize,
@@ -263,13 +270,13 @@ impl Service {
             && req
                 .split_long_inputs
                 .unwrap_or(self.settings.split_long_inputs);
-        let count = match &req.input {
-            Input::Texts(t) => t.len(),
-            Input::Ids(s) => s.len(),
-        };
+        let count = req.input.len();
         self.check_count(count, "input")?;
         self.admit_ready()?;
-        let (ids, ends) = self.tokenize(&req, windowed).await?;
+        let how = (req.truncate, req.side);
+        let (ids, ends) = self
+            .tokenize(&req.input, req.input_type.as_deref(), how, windowed)
+            .await?;
         let requested = match req.dimensions {
             Some(d) if (d as usize) < dims => d as u32,
             _ => 0,
@@ -293,19 +300,34 @@ impl Service {
         ))
     }
 
-    /// `work` on `texts`, timed as one tokenization: inline below `--tokenize-inline-chars`
-    /// characters, else on the tokenizer threads (the blocking pool), so a large request never
-    /// stalls the connections the event loop serves; from `--tokenize-large-chars` on, in the
-    /// large lane, so a huge one never delays the others.
+    /// `work` on `texts`, timed as one tokenization (`on_tokenizer`).
     async fn tokenized<T: Send + 'static>(
         &self,
         texts: &[String],
         work: impl FnOnce(&Tokenization, &[String]) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let start = std::time::Instant::now();
         let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+        self.on_tokenizer(chars, texts, work).await
+    }
+
+    /// `work` on `items` of `chars` characters, timed as one tokenization: inline below
+    /// `--tokenize-inline-chars` characters, else on the tokenizer threads (the blocking pool),
+    /// so a large request never stalls the connections the event loop serves; from
+    /// `--tokenize-large-chars` on, in the large lane, so a huge one never delays the others.
+    async fn on_tokenizer<I, T>(
+        &self,
+        chars: usize,
+        items: &I,
+        work: impl FnOnce(&Tokenization, &I) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError>
+    where
+        I: ToOwned + ?Sized,
+        I::Owned: Send + 'static,
+        T: Send + 'static,
+    {
+        let start = std::time::Instant::now();
         let done = if chars < self.settings.tokenize_inline_chars {
-            work(&self.tokenization, texts)
+            work(&self.tokenization, items)
         } else {
             let _lane = if chars >= self.settings.tokenize_large_chars {
                 // Closed never: the semaphore lives as long as the service.
@@ -319,12 +341,15 @@ impl Service {
                 None
             };
             let tok = Arc::clone(&self.tokenization);
-            let texts = texts.to_vec();
-            tokio::task::spawn_blocking(move || work(&tok, &texts))
+            let owned = items.to_owned();
+            tokio::task::spawn_blocking(move || work(&tok, owned.borrow()))
                 .await
                 .map_err(|_| errors::internal())?
         };
-        self.metrics.tokenized(start.elapsed().as_secs_f64());
+        // Timed when it succeeds, as the Python gateway's (a refusal leaves its timer unread).
+        if done.is_ok() {
+            self.metrics.tokenized(start.elapsed().as_secs_f64());
+        }
         done
     }
 
@@ -343,9 +368,29 @@ impl Service {
         .await
     }
 
-    /// Relevance of each (query, document) pair for an embedding model: the cosine of their
-    /// embeddings, each distinct text embedded once (query prompt on the left, document on the
-    /// right); the tokens the workers ran.
+    /// A 400 naming the route that serves this model, when `route` needs a `task` model.
+    fn require(&self, task: Task, route: &str) -> Result<(), ApiError> {
+        let own = self.model.task;
+        if own == task {
+            return Ok(());
+        }
+        let serves = match own {
+            Task::Embed => "/v1/embeddings (and /v1/rerank, /v1/score by cosine)",
+            Task::Score => "/v1/rerank or /v1/score",
+            Task::Classify => "/v1/classify",
+            Task::Sparse => "/v1/sparse_embeddings",
+        };
+        Err(invalid(format!(
+            "'{}' is {}; {route} needs {}. Use {serves}.",
+            self.name,
+            kind(own),
+            kind(task)
+        ))
+        .param("model"))
+    }
+
+    /// Relevance of each (query, document) pair: the reranker's own score, else the cosine of
+    /// their embeddings; and the tokens the workers ran.
     async fn pair_scores(
         &self,
         pairs: &[(&str, &str)],
@@ -353,16 +398,28 @@ impl Service {
         param: &'static str,
         ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
-        let (truncate, side) = (how.truncate, how.side);
-        if how.instruction.is_some() {
-            return Err(invalid(format!(
-                "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); '{}' \
-                 takes none.",
-                self.name
-            ))
-            .param("instruction"));
+        if !matches!(self.model.task, Task::Score | Task::Embed) {
+            self.require(Task::Score, "/v1/rerank and /v1/score")?;
+        }
+        match &how.instruction {
+            Some(_) if self.model.head != Head::YesNo => {
+                return Err(invalid(format!(
+                    "'instruction' applies only to prompt-template rerankers (Qwen3-Reranker); \
+                     '{}' takes none.",
+                    self.name
+                ))
+                .param("instruction"))
+            }
+            Some(i) if i.is_empty() => {
+                return Err(invalid("'instruction' must not be empty.").param("instruction"))
+            }
+            _ => {}
         }
         self.admit_ready()?;
+        if self.model.task == Task::Score {
+            return self.reranker_scores(pairs, how, param, ticket).await;
+        }
+        let (truncate, side) = (how.truncate, how.side);
         let (where_a, firsts) = distinct(pairs.iter().map(|p| p.0));
         let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
         let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;
@@ -378,6 +435,58 @@ impl Service {
             .map(|(a, b)| cosine(row(where_a[a]), row(firsts.len() + where_b[b])))
             .collect();
         Ok((scores, total))
+    }
+
+    /// A reranker's scores of the pairs through the workers' Score RPC: a cross-encoder's pairs
+    /// with their type ids, a yes/no reranker's in its judging frame.
+    async fn reranker_scores(
+        &self,
+        pairs: &[(&str, &str)],
+        how: &PairRequest,
+        param: &'static str,
+        ticket: &Ticket,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        let (truncate, side) = (how.truncate, how.side);
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let chars: usize = pairs
+            .iter()
+            .map(|(a, b)| a.chars().count() + b.chars().count())
+            .sum();
+        let (ids, types) = if self.model.head == Head::YesNo {
+            let task = how
+                .instruction
+                .clone()
+                .unwrap_or(DEFAULT_INSTRUCTION.into());
+            let chars = chars + task.chars().count() * pairs.len();
+            let ids = self
+                .on_tokenizer(chars, owned.as_slice(), move |tok, pairs| {
+                    tok.judged_pairs(pairs, &task, truncate, side)
+                })
+                .await?;
+            (ids, None)
+        } else {
+            let (ids, types) = self
+                .on_tokenizer(chars, owned.as_slice(), move |tok, pairs| {
+                    tok.pairs(pairs, truncate, side)
+                })
+                .await?;
+            (ids, Some(types))
+        };
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, param, ticket)?;
+        let scores = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = match &types {
+                    Some(types) => pack_pairs(&ids[c.start..c.stop], &types[c.start..c.stop]),
+                    None => pack(&ids[c.start..c.stop]),
+                };
+                self.pool.score(batch, c.tokens, timeout)
+            })
+            .await?;
+        Ok((scores.concat(), lengths.iter().sum()))
     }
 
     pub async fn rerank(&self, req: RerankRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
@@ -486,6 +595,96 @@ impl Service {
         Ok(out)
     }
 
+    pub async fn classify(
+        &self,
+        req: ClassifyRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Classify, "/v1/classify")?;
+        let texts = &req.input;
+        self.check_count(texts.len(), "input")?;
+        if let Some(i) = texts.iter().position(String::is_empty) {
+            return Err(invalid(format!("'input' item {i} is an empty string.")).param("input"));
+        }
+        self.admit_ready()?;
+        // The model's default prompt, as for embeddings without an input_type.
+        let prompt = self.model.prompt_for(None).to_string();
+        let (truncate, side) = (req.truncate, req.side);
+        let ids = self
+            .tokenized(texts, move |tok, texts| {
+                tok.texts(texts, &prompt, truncate, side)
+            })
+            .await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, "input", ticket)?;
+        let activate = !req.raw_scores;
+        let parts = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool.classify(batch, activate, c.tokens, timeout)
+            })
+            .await?;
+        let labels = &self.model.labels;
+        if parts.iter().any(|(_, n)| *n != labels.len()) {
+            // The gateway and its workers were given different models: a deployment error.
+            return Err(crate::pool::broken_reply(
+                "workers and gateway disagree on the label count",
+            ));
+        }
+        let scores: Vec<f32> = parts.into_iter().flat_map(|(rows, _)| rows).collect();
+        let total: usize = lengths.iter().sum();
+        Ok(classifications(
+            &scores, labels, req.top_k, &self.name, total,
+        ))
+    }
+
+    pub async fn sparse_embeddings(
+        &self,
+        req: SparseRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        self.require(Task::Sparse, "/v1/sparse_embeddings")?;
+        self.check_count(req.input.len(), "input")?;
+        self.admit_ready()?;
+        let how = (req.truncate, req.side);
+        let (ids, _) = self
+            .tokenize(&req.input, req.input_type.as_deref(), how, false)
+            .await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, "input", ticket)?;
+        let (top_k, threshold) = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let parts = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .sparse_embed(batch, top_k, threshold, c.tokens, timeout)
+            })
+            .await?;
+        let mut out = Vec::with_capacity(64 + ids.len() * 64);
+        out.extend_from_slice(br#"{"object":"list","data":["#);
+        let mut floats = ryu::Buffer::new();
+        let dims = self.model.vocab_size.to_string();
+        for (i, (indices, values)) in parts.iter().flatten().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"object":"sparse_embedding","index":"#);
+            out.extend_from_slice(i.to_string().as_bytes());
+            out.extend_from_slice(br#","embedding":{"indices":"#);
+            int_array(&mut out, indices.iter().copied());
+            out.extend_from_slice(br#","values":"#);
+            float_array(&mut out, &mut floats, values);
+            out.extend_from_slice(br#"},"dimensions":"#);
+            out.extend_from_slice(dims.as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(br#"],"model":"#);
+        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.push(b',');
+        usage(&mut out, lengths.iter().sum());
+        Ok(out)
+    }
+
     /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
     fn ranges(&self, encoding: Encoding, dimensions: usize) -> Result<Option<&Ranges>, ApiError> {
         if !encoding.precision.needs_ranges() {
@@ -531,8 +730,16 @@ impl Service {
     }
 }
 
-/// The response document, keys in the Python gateway's order; floats as orjson writes a
-/// float32 (the shortest text that reads back as the same float32).
+/// What a model of each task is, for the 400 that sends a request to the right route.
+fn kind(task: Task) -> &'static str {
+    match task {
+        Task::Embed => "an embedding model",
+        Task::Score => "a cross-encoder reranker (it scores query-document pairs)",
+        Task::Classify => "a sequence classifier",
+        Task::Sparse => "a sparse (SPLADE) embedding model",
+    }
+}
+
 /// Each distinct text once, in first-seen order, and where each text is in that list.
 fn distinct<'a>(
     texts: impl Iterator<Item = &'a str>,
@@ -565,6 +772,66 @@ fn score_text(buffer: &mut ryu::Buffer, score: f32) -> String {
     }
 }
 
+/// The classify document: each row's labels best first (ties in label order), the best one,
+/// its `top_k` labels and every score, keys in the Python gateway's order.
+fn classifications(
+    scores: &[f32],
+    labels: &[String],
+    top_k: Option<i64>,
+    model: &str,
+    tokens: usize,
+) -> Vec<u8> {
+    let n = labels.len();
+    let keep = top_k.map_or(n, |k| (k as usize).min(n));
+    let names: Vec<String> = labels.iter().map(|l| errors::json_string(l)).collect();
+    let mut number = ryu::Buffer::new();
+    let mut out = Vec::with_capacity(64 + scores.len() * 40);
+    out.extend_from_slice(br#"{"object":"list","data":["#);
+    for (i, row) in scores.chunks(n.max(1)).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&x, &y| {
+            row[y]
+                .partial_cmp(&row[x])
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        out.extend_from_slice(br#"{"object":"classification","index":"#);
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(br#","label":"#);
+        out.extend_from_slice(names[order[0]].as_bytes());
+        out.extend_from_slice(br#","score":"#);
+        out.extend_from_slice(score_text(&mut number, row[order[0]]).as_bytes());
+        out.extend_from_slice(br#","labels":["#);
+        for (j, &k) in order[..keep].iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(br#"{"label":"#);
+            out.extend_from_slice(names[k].as_bytes());
+            out.extend_from_slice(br#","score":"#);
+            out.extend_from_slice(score_text(&mut number, row[k]).as_bytes());
+            out.push(b'}');
+        }
+        out.extend_from_slice(br#"],"probs":["#);
+        for (j, &v) in row.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(score_text(&mut number, v).as_bytes());
+        }
+        out.extend_from_slice(br#"],"num_classes":"#);
+        out.extend_from_slice(n.to_string().as_bytes());
+        out.push(b'}');
+    }
+    out.extend_from_slice(br#"],"model":"#);
+    out.extend_from_slice(errors::json_string(model).as_bytes());
+    out.push(b',');
+    usage(&mut out, tokens);
+    out
+}
+
 /// `"usage":{...}}`, closing the document.
 fn usage(out: &mut Vec<u8>, tokens: usize) {
     out.extend_from_slice(br#""usage":{"prompt_tokens":"#);
@@ -574,8 +841,26 @@ fn usage(out: &mut Vec<u8>, tokens: usize) {
     out.extend_from_slice(b"}}");
 }
 
-/// Integers (int8 and uint8 values, packed sign bits) as orjson writes a numpy row of them.
-fn int_array(out: &mut Vec<u8>, values: impl Iterator<Item = i16>) {
+/// float32s as orjson writes a numpy float32 row: the shortest text that reads back as the
+/// same float32, NaN and infinities as null.
+fn float_array(out: &mut Vec<u8>, buffer: &mut ryu::Buffer, row: &[f32]) {
+    out.push(b'[');
+    for (j, v) in row.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        if v.is_finite() {
+            out.extend_from_slice(buffer.format_finite(*v).as_bytes());
+        } else {
+            out.extend_from_slice(b"null");
+        }
+    }
+    out.push(b']');
+}
+
+/// Integers (int8 and uint8 values, packed sign bits, vocabulary ids) as orjson writes a numpy
+/// row of them.
+fn int_array<T: ToString>(out: &mut Vec<u8>, values: impl Iterator<Item = T>) {
     out.push(b'[');
     for (j, v) in values.enumerate() {
         if j > 0 {
@@ -596,6 +881,8 @@ fn base64_string(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
 }
 
+/// The response document, keys in the Python gateway's order; floats as orjson writes a
+/// float32 (the shortest text that reads back as the same float32).
 pub fn body(
     rows: &[f32],
     dims: usize,
@@ -629,18 +916,7 @@ pub fn body(
             }
             base64_string(&mut out, &bytes);
         } else {
-            out.push(b'[');
-            for (j, v) in row.iter().enumerate() {
-                if j > 0 {
-                    out.push(b',');
-                }
-                if v.is_finite() {
-                    out.extend_from_slice(floats.format_finite(*v).as_bytes());
-                } else {
-                    out.extend_from_slice(b"null"); // orjson writes NaN and infinities as null
-                }
-            }
-            out.push(b']');
+            float_array(&mut out, &mut floats, row);
         }
         out.push(b'}');
     }
@@ -657,6 +933,16 @@ pub fn body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classifications_sort_best_first_with_ties_in_label_order() {
+        let labels = vec!["a".to_string(), "b".into(), "c".into()];
+        let doc = classifications(&[0.0, 0.8, 0.0], &labels, Some(2), "m", 3);
+        assert_eq!(
+            String::from_utf8(doc).unwrap(),
+            r#"{"object":"list","data":[{"object":"classification","index":0,"label":"b","score":0.800000011920929,"labels":[{"label":"b","score":0.800000011920929},{"label":"a","score":0.0}],"probs":[0.0,0.800000011920929,0.0],"num_classes":3}],"model":"m","usage":{"prompt_tokens":3,"total_tokens":3}}"#
+        );
+    }
 
     #[test]
     fn body_shapes() {

@@ -255,11 +255,11 @@ pub fn load(
 }
 
 pub fn help() -> String {
-    "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
+    "embedfleet-gateway-rs: one model of embedfleet-gateway, every task, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
      --workers-file PATH, or --k8s-service [NAMESPACE/]NAME with --k8s-port-name and\n\
      --kubeconfig (one of the three required), --model,\n\
-     --task auto|embed, --served-model-name, --max-input-tokens, --quantization-file,\n\
+     --task auto|embed|score|classify|sparse, --served-model-name, --max-input-tokens, --quantization-file,\n\
      --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\

@@ -13,6 +13,15 @@ use crate::model::ModelDir;
 static FAILED_LOG: crate::logs::Limiter =
     crate::logs::Limiter::new(std::time::Duration::from_secs(10));
 
+/// The 500 of a tokenizer error, logged without the error: a client can cause it at any rate, and
+/// the error may quote its text.
+fn tokenizer_failed() -> ApiError {
+    if let Some(held) = FAILED_LOG.allow(std::time::Instant::now()) {
+        crate::log!(Error, "tokenizer failed", "suppressed" => held);
+    }
+    crate::errors::internal()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     Left,
@@ -58,18 +67,52 @@ fn piece(text: &str, chars: usize, side: Side) -> &str {
     }
 }
 
-pub fn too_long(index: usize, length: usize, limit: usize, at_least: bool) -> ApiError {
+/// The Qwen3-Reranker judging frame (common/judge_prompt.py): the chat turns around each
+/// (instruction, query, document) body, the system prompt as the model card gives it.
+const JUDGE_PREFIX: &str = "<|im_start|>system\nJudge whether the Document meets the \
+    requirements based on the Query and the Instruct provided. Note that the answer can only be \
+    \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n";
+const JUDGE_SUFFIX: &str = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+pub const DEFAULT_INSTRUCTION: &str =
+    "Given a web search query, retrieve relevant passages that answer the query";
+
+/// The user turn between the frame's prefix and suffix.
+fn judge_body(instruction: &str, query: &str, document: &str) -> String {
+    format!("<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}")
+}
+
+/// 400 context_length_exceeded; `param` "input" also offers splitting into windows.
+pub fn too_long(
+    index: usize,
+    length: usize,
+    limit: usize,
+    param: &'static str,
+    at_least: bool,
+) -> ApiError {
     let count = if at_least {
         format!("at least {length}")
     } else {
         length.to_string()
     };
+    let split = if param == "input" {
+        ", or \"split_long_inputs\": true to embed it in windows"
+    } else {
+        ""
+    };
     invalid(format!(
         "Input {index} has {count} tokens, more than this model's limit of {limit}. Shorten it, \
-         pass \"truncate\": true to cut it, or \"split_long_inputs\": true to embed it in windows."
+         pass \"truncate\": true to cut it{split}."
     ))
-    .param("input")
+    .param(param)
     .code("context_length_exceeded")
+}
+
+/// Token-id inputs and judged bodies carry no special tokens: truncation is a plain slice.
+fn cut(ids: &[u32], limit: usize, side: Side) -> &[u32] {
+    match side {
+        Side::Left => &ids[ids.len().saturating_sub(limit)..],
+        Side::Right => &ids[..limit.min(ids.len())],
+    }
 }
 
 pub struct Tokenization {
@@ -79,6 +122,8 @@ pub struct Tokenization {
     pub max_tokens: usize,
     pub vocab_size: usize,
     first_chars: usize,
+    /// a yes/no reranker's judging frame, tokenized (prefix, suffix); empty for other models
+    frame: (Vec<u32>, Vec<u32>),
 }
 
 fn load_tokenizer(model: &ModelDir) -> Result<Tokenizer, String> {
@@ -116,6 +161,25 @@ impl Tokenization {
             .map(|t| t.chars().count())
             .max()
             .unwrap_or(16);
+        let mut frame = (Vec::new(), Vec::new());
+        if model.head == crate::model::Head::YesNo {
+            let free = |text| {
+                Self::encode(&plain, text, false, false)
+                    .map(|e| e.get_ids().to_vec())
+                    .map_err(|_| {
+                        format!(
+                            "{}: the judging prompt does not tokenize",
+                            model.path.display()
+                        )
+                    })
+            };
+            frame = (free(JUDGE_PREFIX)?, free(JUDGE_SUFFIX)?);
+            if frame.0.len() + frame.1.len() >= max_tokens {
+                return Err(format!(
+                    "max input tokens {max_tokens} leave no room inside the judging prompt"
+                ));
+            }
+        }
         Ok(Tokenization {
             left: cutting(TruncationDirection::Left)?,
             right: cutting(TruncationDirection::Right)?,
@@ -123,7 +187,146 @@ impl Tokenization {
             max_tokens,
             vocab_size: model.vocab_size,
             plain,
+            frame,
         })
+    }
+
+    /// Special tokens added to a pair (Python's `num_special_tokens_to_add(True)`).
+    pub fn pair_specials(&self) -> usize {
+        self.plain
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(true))
+    }
+
+    fn cutting(&self, truncate: bool, side: Side) -> &Tokenizer {
+        match (truncate, side) {
+            (false, _) => &self.plain,
+            (true, Side::Left) => &self.left,
+            (true, Side::Right) => &self.right,
+        }
+    }
+
+    /// Tokens of `text` without special tokens.
+    fn content_tokens(&self, text: &str) -> Result<usize, ApiError> {
+        Ok(Self::encode(&self.plain, text, false, false)?.len())
+    }
+
+    /// A cross-encoder's (query, document) pairs: ids and type ids, longest-first truncation
+    /// (`truncate`) or 400 past the limit (tokenization.py `_encode_pairs`, `param` documents).
+    #[allow(clippy::type_complexity)]
+    pub fn pairs(
+        &self,
+        pairs: &[(String, String)],
+        truncate: bool,
+        side: Side,
+    ) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>), ApiError> {
+        let mut windows = Vec::with_capacity(pairs.len());
+        for (a, b) in pairs {
+            windows.push((self.window(a, side)?, self.window(b, side)?));
+        }
+        if !truncate {
+            for (i, (wa, wb)) in windows.iter().enumerate() {
+                let w = if wa.cut { wa } else { wb };
+                if w.cut {
+                    return Err(too_long(i, w.exact, self.max_tokens, "documents", true));
+                }
+            }
+        }
+        let tok = self.cutting(truncate, side);
+        let (mut ids, mut types) = (
+            Vec::with_capacity(pairs.len()),
+            Vec::with_capacity(pairs.len()),
+        );
+        for ((a, b), (wa, wb)) in pairs.iter().zip(&windows) {
+            let (a, b) = self.fit_pair(a, b, wa, wb)?;
+            let enc = tok
+                .encode_fast((a, b), true)
+                .map_err(|_| tokenizer_failed())?;
+            ids.push(enc.get_ids().to_vec());
+            types.push(enc.get_type_ids().to_vec());
+        }
+        if !truncate {
+            if let Some((i, seq)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.len() > self.max_tokens)
+            {
+                return Err(too_long(i, seq.len(), self.max_tokens, "documents", false));
+            }
+        }
+        Ok((ids, types))
+    }
+
+    /// Longest-first truncation gives the odd token to the longer side, so a side may be cut
+    /// only while it stays the longer one: when its exact tokens outnumber the other whole
+    /// side's. Both sides over the limit leave their order unknown: tokenized whole.
+    fn fit_pair<'a>(
+        &self,
+        a: &'a str,
+        b: &'a str,
+        wa: &Window<'a>,
+        wb: &Window<'a>,
+    ) -> Result<(&'a str, &'a str), ApiError> {
+        if wa.cut == wb.cut {
+            return Ok((a, b));
+        }
+        if wa.cut {
+            let other = self.content_tokens(b)?;
+            return Ok((if wa.exact > other { wa.text } else { a }, b));
+        }
+        let other = self.content_tokens(a)?;
+        Ok((a, if wb.exact > other { wb.text } else { b }))
+    }
+
+    /// (query, document) pairs in a yes/no reranker's judging frame, one sequence each: only
+    /// the body is ever cut (tokenization.py `_encode_judged`).
+    pub fn judged_pairs(
+        &self,
+        pairs: &[(String, String)],
+        instruction: &str,
+        truncate: bool,
+        side: Side,
+    ) -> Result<Vec<Vec<u32>>, ApiError> {
+        let (prefix, suffix) = &self.frame;
+        let frame = prefix.len() + suffix.len();
+        let room = self.max_tokens - frame;
+        let bodies: Vec<String> = pairs
+            .iter()
+            .map(|(q, d)| judge_body(instruction, q, d))
+            .collect();
+        let mut windows = Vec::with_capacity(bodies.len());
+        for (i, body) in bodies.iter().enumerate() {
+            let w = self.window(body, side)?;
+            if w.cut && !truncate {
+                return Err(too_long(
+                    i,
+                    w.exact + frame,
+                    self.max_tokens,
+                    "documents",
+                    true,
+                ));
+            }
+            windows.push(w);
+        }
+        let mut out = Vec::with_capacity(windows.len());
+        for (i, w) in windows.iter().enumerate() {
+            let enc = Self::encode(&self.plain, w.text, false, false)?;
+            let mut ids = enc.get_ids();
+            if ids.len() > room {
+                if !truncate {
+                    return Err(too_long(
+                        i,
+                        ids.len() + frame,
+                        self.max_tokens,
+                        "documents",
+                        false,
+                    ));
+                }
+                ids = cut(ids, room, side);
+            }
+            out.push([prefix.as_slice(), ids, suffix.as_slice()].concat());
+        }
+        Ok(out)
     }
 
     /// Special tokens added to one text (Python's `num_special_tokens_to_add(False)`).
@@ -145,14 +348,7 @@ impl Tokenization {
         } else {
             tok.encode_fast(text, special)
         };
-        encoded.map_err(|e| {
-            // A client can cause this at any rate, and the error may quote its text: the kind only.
-            if let Some(held) = FAILED_LOG.allow(std::time::Instant::now()) {
-                crate::log!(Error, "tokenizer failed", "suppressed" => held);
-            }
-            let _ = e;
-            crate::errors::internal()
-        })
+        encoded.map_err(|_| tokenizer_failed())
     }
 
     /// The shortest tried cut of `text` whose first (right) or last (left) `tokens` tokens are
@@ -207,19 +403,15 @@ impl Tokenization {
         }
         if !truncate {
             if let Some((i, w)) = windows.iter().enumerate().find(|(_, w)| w.cut) {
-                return Err(too_long(i, w.exact, self.max_tokens, true));
+                return Err(too_long(i, w.exact, self.max_tokens, "input", true));
             }
         }
-        let tok = match (truncate, side) {
-            (false, _) => &self.plain,
-            (true, Side::Left) => &self.left,
-            (true, Side::Right) => &self.right,
-        };
+        let tok = self.cutting(truncate, side);
         let mut out = Vec::with_capacity(windows.len());
         for (i, w) in windows.iter().enumerate() {
             let ids = Self::encode(tok, w.text, true, false)?.get_ids().to_vec();
             if !truncate && ids.len() > self.max_tokens {
-                return Err(too_long(i, ids.len(), self.max_tokens, false));
+                return Err(too_long(i, ids.len(), self.max_tokens, "input", false));
             }
             out.push(ids);
         }
@@ -273,7 +465,7 @@ impl Tokenization {
             let mut ids: &[i64] = seq;
             if ids.len() > self.max_tokens && !whole {
                 if !truncate {
-                    return Err(too_long(i, ids.len(), self.max_tokens, false));
+                    return Err(too_long(i, ids.len(), self.max_tokens, "input", false));
                 }
                 ids = match side {
                     Side::Left => &ids[ids.len() - self.max_tokens..],

@@ -4,6 +4,7 @@ one real null-engine worker."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,34 @@ def run_binary(
         timeout=30,
         check=False,
     )
+
+
+#: small chunks, so a request of a few inputs already travels as several calls
+SMALL_CHUNKS = {**LIMITS, "chunk_tokens": 64, "min_chunk_tokens": 16}
+
+
+@contextlib.contextmanager
+def behind_null_worker(
+    path: Path, workdir: Path, extra: dict[str, object] | None = None
+) -> Iterator[Pair]:
+    """Both gateways serving the model directory `path` (SMALL_CHUNKS and `extra`, which the
+    worker gets too) in front of one real worker process with the null engine."""
+    extra = extra or {}
+    argv = ("--engine", "null", "--warmup-seconds", "0.2", "--model", str(path), *flags(extra))
+    with running_worker(workdir, *argv) as worker:
+        settings = GatewaySettings(
+            model=str(path), workers=(worker.address,), **SMALL_CHUNKS, **extra
+        )  # type: ignore[arg-type]
+        rust = [
+            "--model",
+            str(path),
+            "--workers",
+            worker.address,
+            *flags({**SMALL_CHUNKS, **extra}),
+        ]
+        with gateways(load_model_dir(path), settings, rust, workdir / "gateway-rs.log") as pair:
+            wait_until("worker ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
+            yield pair
 
 
 @pytest.fixture(scope="session")

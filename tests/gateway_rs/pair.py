@@ -129,6 +129,23 @@ class Pair:
     def embed(self, body: Any, **kw: Any) -> Any:
         return self.compare("POST", "/v1/embeddings", content=orjson.dumps(body), **kw)
 
+    def metric_deltas(
+        self, series: list[tuple[str, dict[str, str]]], requests: list[tuple[str, Any]]
+    ) -> list[tuple[float, ...]]:
+        """How far each gateway's `series` moved while `requests` (path, body) were compared."""
+
+        def values() -> list[tuple[float, ...]]:
+            texts = [one.request("GET", "/metrics").body.decode() for one in (self.python(),
+                     self.rust())]  # fmt: skip
+            return [tuple(metric_value(t, n, **labels) for n, labels in series) for t in texts]
+
+        before = values()
+        for path, body in requests:
+            self.compare("POST", path, content=orjson.dumps(body))
+        after = values()
+        return [tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before,
+                strict=True)]  # fmt: skip
+
     def worker_counts(self) -> list[tuple[float, float]]:
         """(ready, all) workers each gateway counts in embedfleet_gateway_workers{state}."""
         out = []

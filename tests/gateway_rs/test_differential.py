@@ -190,6 +190,13 @@ PAIRS: dict[str, tuple[str, Any]] = {
     "score text_1 a number": ("/v1/score", {"text_1": 1, "text_2": "b"}),
     "score an empty text": ("/v1/score", {"text_1": "a", "text_2": ["b", ""]}),
     "score no pairs": ("/v1/score", {"text_1": "a", "text_2": []}),
+    "classify on a model of another task": ("/v1/classify", {"input": ["a", "b"]}),
+    "classify a bad input on a model of another task": ("/v1/classify", {"input": [1]}),
+    "sparse on a model of another task": ("/v1/sparse_embeddings", {"input": ["a", "b"]}),
+    "sparse a bad threshold on a model of another task": (
+        "/v1/sparse_embeddings",
+        {"input": "a", "threshold": -1},
+    ),
 }
 
 

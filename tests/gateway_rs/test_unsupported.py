@@ -1,4 +1,4 @@
-"""What the Rust gateway does not do yet says so (501 in OpenAI's shape, or a refusal at start),
+"""What the Rust gateway does not do yet says so (a refusal at start naming the setting),
 never a different answer: the Python gateway serves these."""
 
 from __future__ import annotations
@@ -7,30 +7,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-import orjson
 import pytest
 
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.gateway_rs import child_env
 
 from .conftest import run_binary
-from .pair import Pair
-
-
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/classify", {"input": "x"}),
-        ("/v1/sparse_embeddings", {"input": "x"}),
-    ],
-)
-def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) -> None:
-    reply = fake_pair.rust().request("POST", path, content=orjson.dumps(body))
-    assert reply.status == 501
-    error = reply.json()["error"]
-    assert error["code"] == "not_implemented"
-    assert error["type"] == "server_error"
-    assert "embedfleet-gateway-rs" in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -39,14 +21,23 @@ def test_unsupported_requests_are_501(fake_pair: Pair, path: str, body: object) 
         ["--tracing-endpoint", "http://127.0.0.1:4317"],
         ["--models-file", "m.json"],
         ["--tracing-service-name", "gw"],
-        ["--task", "score"],
         ["--no-such-flag", "1"],
     ],
 )
 def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list[str]) -> None:
     proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", *argv)
     assert proc.returncode == 2
-    assert argv[0] in proc.stderr or "--task" in proc.stderr, proc.stderr
+    assert argv[0] in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("task", ["score", "classify", "sparse", "nonsense"])
+def test_a_task_the_checkpoint_does_not_fit_is_refused(rust_binary: Path, task: str) -> None:
+    """MiniLM (a BertModel) is no reranker, classifier or SPLADE model: refused as the Python
+    gateway refuses it (modeldir.py), whatever the Rust gateway serves."""
+    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", "--task", task)
+    assert proc.returncode == 2
+    want = "unknown task" if task == "nonsense" else f"task {task} does not fit architectures"
+    assert want in proc.stderr, proc.stderr
 
 
 def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
