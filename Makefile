@@ -61,7 +61,8 @@ image-tools:
 
 # Builds (or reuses, keyed by content) the operator, gateway and CPU worker images on a Debian base
 # made by debootstrap, with no registry and no network in the build; writes each as a docker-archive
-# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON.
+# under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON. The gateway image
+# carries the Rust gateway, built first by hack/build-gateway-rs.sh when not cached.
 # IMAGES=operator,gateway,worker-cpu,worker adds the CUDA worker. See docs/development.md, "Images".
 IMAGES ?= operator,gateway,worker-cpu
 images: install image-tools
@@ -71,11 +72,12 @@ images: install image-tools
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
-# Everything a test needs, built or reused. `tools` then `gateway-rs` (Go and Rust compiles: CPU,
+# Everything a test needs, built or reused. `gateway-rs` then `tools` (Rust and Go compiles: CPU,
 # tens of minutes cold) run beside the rest (pip, apt, debootstrap: mostly network and disk), so a
-# cold machine waits for the longer of the two chains, not their sum.
+# cold machine waits for the longer of the two chains, not their sum. The Rust gateway comes first
+# because the gateway image carries it: `images` waits for that build (one builder per cache).
 prepare:
-	@$(MAKE) --no-print-directory tools gateway-rs & tools=$$!; \
+	@$(MAKE) --no-print-directory gateway-rs tools & tools=$$!; \
 	$(MAKE) --no-print-directory install node prometheus images lint; rc=$$?; \
 	wait $$tools || rc=$$?; exit $$rc
 

@@ -115,7 +115,7 @@ impl KeyFile {
         let text = std::str::from_utf8(&raw)
             .map_err(|e| format!("--api-keys-file {path}: not UTF-8 ({e})"))?;
         let keys = ApiKeys::new(&parse_keys(text));
-        eprintln!("api keys loaded (keys={})", keys.len());
+        crate::log!(Info, "api keys loaded", "keys" => keys.len());
         // A zero or negative interval would spin: the Python loop's sleep(0) yields, this
         // one would not.
         let interval = Duration::from_secs_f64(interval_seconds.max(0.01));
@@ -140,9 +140,10 @@ impl KeyFile {
             Err(e) => {
                 // Once per failure streak: the loop polls every second.
                 if !self.failing.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "api keys file unreadable; keeping the last keys (error={:?})",
-                        e.kind()
+                    crate::log!(
+                        Warning,
+                        "api keys file unreadable; keeping the last keys",
+                        "error" => format!("{:?}", e.kind()),
                     );
                 }
                 return false;
@@ -155,7 +156,7 @@ impl KeyFile {
         }
         let keys = ApiKeys::new(&parse_keys(&String::from_utf8_lossy(&raw)));
         *last = raw;
-        eprintln!("api keys reloaded (keys={})", keys.len());
+        crate::log!(Info, "api keys reloaded", "keys" => keys.len());
         *self.keys.write().expect("keys lock") = Arc::new(keys);
         self.reloads.fetch_add(1, Ordering::Relaxed);
         true

@@ -59,7 +59,7 @@ pub fn start(pool: &Arc<Pool>, s: &Settings) {
                             Err(e) if !failing => {
                                 // Kept: the last set it read. Said once until it reads again.
                                 failing = true;
-                                eprintln!("workers file unreadable: {}: {e}", path.display());
+                                crate::log!(Warning, "workers file unreadable; keeping the last set", "path" => path.display().to_string(), "error" => e.to_string());
                             }
                             Err(_) => {}
                         }
@@ -72,7 +72,7 @@ pub fn start(pool: &Arc<Pool>, s: &Settings) {
                 }
                 Err(e) if !failing => {
                     failing = true;
-                    eprintln!("workers file unreadable: {}: {e}", path.display());
+                    crate::log!(Warning, "workers file unreadable; keeping the last set", "path" => path.display().to_string(), "error" => e.to_string());
                 }
                 Err(_) => {}
             }

@@ -447,7 +447,7 @@ pub fn start(pool: &Arc<Pool>, service: String, port_name: String, kubeconfig: S
                 Err(e) => Err(e),
             };
             if let Err(e) = done {
-                eprintln!("endpointslice watch failed: {e}");
+                crate::log!(Warning, "endpointslice watch failed", "error" => e.to_string(), "retry_seconds" => backoff);
             }
             tokio::time::sleep(Duration::from_secs_f64(backoff)).await;
             backoff = (backoff * 2.0).min(10.0);

@@ -12,6 +12,7 @@ mod errors;
 mod hold;
 mod http;
 mod kube;
+mod logs;
 mod metrics;
 mod model;
 mod pool;
@@ -31,6 +32,10 @@ use std::sync::Arc;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+
+/// One line per 10 s: a failing accept fails again at the rate connections arrive.
+static ACCEPT_LOG: crate::logs::Limiter =
+    crate::logs::Limiter::new(std::time::Duration::from_secs(10));
 
 // Measured: glibc malloc was ~18% of this process's CPU at 1x20 x16 (tokenizer and HTTP buffers
 // allocated and freed per request); mimalloc's thread-local free lists take most of that.
@@ -133,14 +138,19 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
         .unwrap_or(1024);
     let cap = connection::connection_cap(s.max_connections, open_files);
     if cap < s.max_connections {
-        eprintln!(
-            "max connections lowered to fit the open-file limit: max_connections={cap} \
-             open_files={open_files}"
+        crate::log!(
+            Warning,
+            "max connections lowered to fit the open-file limit",
+            "max_connections" => cap,
+            "open_files" => open_files,
         );
     }
     let open = Arc::new(AtomicU64::new(0));
     let mut rng = balancer::Rng::seeded();
-    eprintln!("embedfleet-gateway-rs listening on http://{addr}");
+    crate::log!(
+        Info,
+        format!("embedfleet-gateway-rs listening on http://{addr}")
+    );
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     loop {
@@ -148,7 +158,10 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
-                    eprintln!("accept failed: {e}");
+                    // EMFILE and the like: at the rate connections arrive.
+                    if let Some(held) = ACCEPT_LOG.allow(std::time::Instant::now()) {
+                        crate::log!(Error, "accept failed", "error" => e.to_string(), "suppressed" => held);
+                    }
                     continue;
                 }
             },
@@ -200,7 +213,13 @@ impl Drop for Opened {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        // Asked for: on stdout, and a success (as argparse answers the Python gateway's).
+        println!("{}", settings::help());
+        return;
+    }
     let settings = settings::load(&args, std::env::vars()).unwrap_or_else(|e| fail(e));
+    logs::set_level(logs::Level::parse(&settings.log_level));
     // One event loop, as the Python gateway runs: at ~20 tokens a query the work per request is
     // microseconds, and cross-thread wake-ups would cost more CPU than a second core saves.
     // Large tokenizations go to the blocking pool (service.rs).

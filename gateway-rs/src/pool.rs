@@ -272,7 +272,7 @@ impl Pool {
             .filter(|a| match target(a) {
                 Ok(_) => true,
                 Err(e) => {
-                    eprintln!("worker address skipped: {e}");
+                    crate::log!(Warning, "worker address skipped", "error" => e.to_string());
                     false
                 }
             })
@@ -321,10 +321,12 @@ impl Pool {
         self.sync_ready();
         if !added.is_empty() || !removed.is_empty() {
             let names: Vec<&str> = added.iter().map(|e| e.address.as_str()).collect();
-            eprintln!(
-                "workers changed: added {names:?}, {} removed, {} now",
-                removed.len(),
-                count
+            crate::log!(
+                Info,
+                format!("workers changed: added {names:?}"),
+                "added" => names,
+                "removed" => removed.len(),
+                "workers" => count,
             );
         }
     }
@@ -419,10 +421,11 @@ impl Pool {
             Ok(r) => r.into_inner(),
             Err(status) => {
                 if e.ready {
-                    eprintln!(
-                        "worker not answering: {} ({})",
-                        e.address,
-                        code_name(status.code())
+                    crate::log!(
+                        Warning,
+                        "worker not answering",
+                        "worker" => e.address,
+                        "code" => code_name(status.code()),
                     );
                     // Its calls in flight go elsewhere; later leases (none until it answers
                     // ready again: it is unready from here, under the same lock) see only a
@@ -450,7 +453,7 @@ impl Pool {
             e.ejected_until = None;
         }
         if ready != was {
-            eprintln!("worker {} ready: {ready}", e.address);
+            crate::log!(Info, "worker readiness changed", "worker" => e.address, "ready" => ready);
         }
         match known {
             Some(k) => infos[k].1 = info,
@@ -515,10 +518,11 @@ impl Pool {
                     if b.eject(lease.id, Instant::now()) {
                         self.metrics.ejections.fetch_add(1, Ordering::Relaxed);
                         let address = b.get_mut(lease.id).map(|e| e.address.clone());
-                        eprintln!(
-                            "worker ejected: {} ({})",
-                            address.unwrap_or_default(),
-                            code_name(status.code())
+                        crate::log!(
+                            Warning,
+                            "worker ejected",
+                            "worker" => address.unwrap_or_default(),
+                            "code" => code_name(status.code()),
                         );
                     }
                 }

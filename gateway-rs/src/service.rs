@@ -20,6 +20,10 @@ use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
 use crate::tokenization::{Side, Tokenization};
 
+/// One line per 10 s: a broken worker would answer every request so.
+static ANSWER_LOG: crate::logs::Limiter =
+    crate::logs::Limiter::new(std::time::Duration::from_secs(10));
+
 pub struct Service {
     pub settings: Settings,
     pub model: ModelDir,
@@ -182,11 +186,15 @@ impl Service {
             rows.extend(part);
         }
         if ids.is_empty() || rows.len() % ids.len() != 0 {
-            eprintln!(
-                "workers answered {} floats for {} inputs",
-                rows.len(),
-                ids.len()
-            );
+            if let Some(held) = ANSWER_LOG.allow(std::time::Instant::now()) {
+                crate::log!(
+                    Error,
+                    "workers answered a number of floats that is no multiple of the inputs",
+                    "floats" => rows.len(),
+                    "inputs" => ids.len(),
+                    "suppressed" => held,
+                );
+            }
             return Err(errors::internal());
         }
         Ok(rows)

@@ -254,7 +254,7 @@ pub fn load(
     Ok(s)
 }
 
-fn help() -> String {
+pub fn help() -> String {
     "embedfleet-gateway-rs: the embeddings hot path of embedfleet-gateway, in Rust (phase 1).\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
      --workers-file PATH, or --k8s-service [NAMESPACE/]NAME with --k8s-port-name and\n\

@@ -9,6 +9,10 @@ use tokenizers::{
 use crate::errors::{invalid, ApiError};
 use crate::model::ModelDir;
 
+/// One line per 10 s: a client can cause a failure per request.
+static FAILED_LOG: crate::logs::Limiter =
+    crate::logs::Limiter::new(std::time::Duration::from_secs(10));
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     Left,
@@ -142,7 +146,11 @@ impl Tokenization {
             tok.encode_fast(text, special)
         };
         encoded.map_err(|e| {
-            eprintln!("tokenizer failed: {e}");
+            // A client can cause this at any rate, and the error may quote its text: the kind only.
+            if let Some(held) = FAILED_LOG.allow(std::time::Instant::now()) {
+                crate::log!(Error, "tokenizer failed", "suppressed" => held);
+            }
+            let _ = e;
             crate::errors::internal()
         })
     }

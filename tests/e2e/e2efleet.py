@@ -51,6 +51,15 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     )
 
 
+def _is_info(line: str) -> bool:
+    """A JSON log record (either gateway's) below warning; anything else is kept."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("level") in {"debug", "info"}
+
+
 def is_ready(pod: dict[str, Any]) -> bool:
     ready = condition(pod, "Ready")
     return bool(ready and ready["status"] == "True") and not pod["metadata"].get(
@@ -128,7 +137,7 @@ class Fleet:
         out = []
         for pod in self.pods("gateway"):
             text = self.logs(NAMESPACE, pod["metadata"]["name"])
-            out += [line for line in text.splitlines() if '"severity": "info"' not in line]
+            out += [line for line in text.splitlines() if not _is_info(line)]
         return "\n".join(out)[-8000:]
 
     def cluster_ip(self) -> str:

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import time
+import urllib.request
 from typing import Any
 
 import numpy as np
@@ -284,6 +285,54 @@ def test_a_killed_gateway_pod_fails_only_what_it_held(applied: Applied) -> None:
     assert [r for r in report.between(killed, removed + 1) if not r["error"]]
     late = [r for r in failed if r["start"] >= removed + 1]
     assert not late, report.summary()
+    assert fleet.forbidden_lines() == []
+
+
+def test_switching_to_the_rust_gateway_loses_no_request(applied: Applied, reference: Any) -> None:
+    """gateway.implementation: rust rolls the gateway pods to the image's other binary under load:
+    it starts from the operator's env, finds the workers from inside the pod (its service
+    account's token and CA, the EndpointSlices its Role allows) and answers what Python did."""
+    fleet = applied.fleet
+    before = {p["metadata"]["uid"] for p in fleet.pods("gateway")}
+    assert len(before) == 2  # left by the gateway-kill test
+
+    def rolled() -> bool:
+        pods = fleet.pods("gateway")
+        return (
+            not before & {p["metadata"]["uid"] for p in pods}
+            and len(pods) == 2
+            and all(is_ready(p) for p in pods)
+        )
+
+    with fleet.load("rust-gateway", streams=3) as load:
+        load.wait_running(4)
+        started = time.monotonic()
+        _patch(fleet, {"gateway": {"implementation": "rust"}})
+        fleet.wait("the gateways rolled to the Rust binary", rolled, timeout=240)
+        FIGURES["gateway rolled to rust, 2 pods (s)"] = round(time.monotonic() - started, 1)
+        load.wait_running(4)
+    _lossless(fleet, "switch to the rust gateway", load.finish())
+    for pod in fleet.pods("gateway"):
+        (container,) = pod["spec"]["containers"]
+        assert container["command"] == ["embedfleet-gateway-rs"]
+        log = fleet.logs(NAMESPACE, pod["metadata"]["name"])
+        assert "embedfleet-gateway-rs listening on http://0.0.0.0:8080" in log, log[-2000:]
+        workers = {p["status"]["podIP"] for p in fleet.ready_pods("worker")}
+        assert any(ip in log for ip in workers), log[-2000:]  # discovered in-cluster
+        url = f"http://{pod['status']['podIP']}:8080/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            metrics = reply.read().decode()
+        served = [
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("embedfleet_gateway_requests_total{")
+            and 'code="200"' in line
+            and 'route="/v1/embeddings"' in line
+        ]
+        assert served, metrics[-2000:]
+        assert served[0] > 0, "the load never reached this gateway"
+    got = fleet.embed_in_node(f"http://{fleet.cluster_ip()}/v1", TEXTS)
+    assert min(_cosines(got, reference.encode(TEXTS))) >= MIN_COSINE
     assert fleet.forbidden_lines() == []
 
 

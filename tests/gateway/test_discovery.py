@@ -7,6 +7,7 @@ from typing import Any
 
 from embedfleet.gateway.discovery import (
     SliceSet,
+    is_address,
     parse_service,
     parse_workers_file,
     slice_addresses,
@@ -27,6 +28,13 @@ def test_workers_file() -> None:
         "10.0.0.1:1",
         "10.0.0.2:2",
     ]
+
+
+def test_a_workers_file_line_names_a_worker_only_as_host_and_port() -> None:
+    for good in ("10.0.0.1:50051", "worker-0.svc:1", "[fd00::5]:50051", "localhost:65535"):
+        assert is_address(good), good
+    for bad in ("not an address", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", ":50051", "h:p"):
+        assert not is_address(bad), bad
 
 
 def test_slice_addresses_keep_ready_and_unknown_drop_unready() -> None:

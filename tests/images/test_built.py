@@ -10,6 +10,7 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import pytest
 
@@ -85,11 +86,30 @@ def test_only_tmp_is_writable(built_images: Mapping[str, BuiltImage], name: str)
     assert result.stdout.split() == [str(UID), str(UID), "EROFS", "EROFS"]
 
 
-# name -> (args, the log line that says it is up). The worker's "serving" comes after warm-up and
-# the self-check against the committed reference vectors, so it also proves the engine runs.
+@dataclass(frozen=True)
+class Server:
+    image: str
+    command: list[str] | None
+    """None: the image's entrypoint (as a pod's container without `command`)."""
+    args: list[str]
+    ready: str
+    """The log line that says it is up."""
+
+
+# The worker's "serving" comes after warm-up and the self-check against the committed reference
+# vectors, so it also proves the engine runs. The Rust gateway is the gateway image's second
+# binary (gateway.implementation: rust), run as the operator runs it: `command` replaced.
 SERVERS = {
-    "gateway": (["--workers", "127.0.0.1:50051", "--port", "8080"], "Uvicorn running on"),
-    "worker-cpu": ([], '"msg": "serving"'),
+    "gateway": Server(
+        "gateway", None, ["--workers", "127.0.0.1:50051", "--port", "8080"], "Uvicorn running on"
+    ),
+    "gateway-rs": Server(
+        "gateway",
+        ["embedfleet-gateway-rs"],
+        ["--workers", "127.0.0.1:50051", "--host", "0.0.0.0", "--port", "8080"],
+        "embedfleet-gateway-rs listening on http://0.0.0.0:8080",
+    ),
+    "worker-cpu": Server("worker-cpu", None, [], '"msg": "serving"'),
 }
 
 
@@ -98,12 +118,14 @@ def test_serves_then_exits_on_sigterm_as_pid_1(
     built_images: Mapping[str, BuiltImage], name: str
 ) -> None:
     """kubelet stops a container with SIGTERM to its PID 1, which the kernel does not kill by
-    default: the process must handle it itself, well inside the grace period."""
-    args, ready = SERVERS[name]
-    with container(built_images[name].local_ref, args) as c:
+    default: the process must handle it itself, well inside the grace period. The Rust gateway
+    also proves here that the host-built binary runs on the image's Debian, as uid 65532 on a
+    read-only root, and finds the bundled model in the image's venv without --model."""
+    server = SERVERS[name]
+    with container(built_images[server.image].local_ref, server.args, command=server.command) as c:
         process = c.start()
         try:
-            _wait_for_line(process, ready, timeout=240)
+            _wait_for_line(process, server.ready, timeout=240)
             started = time.monotonic()
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=30)

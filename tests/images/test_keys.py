@@ -15,6 +15,7 @@ from embedfleet.testing.imagespec import (
     content_key,
     declared_dependencies,
     disk_needed,
+    gateway_rs_ref,
     ignore_patterns,
     image_key,
     is_ignored,
@@ -47,8 +48,9 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def keys(root: Path, base: str = BASE) -> dict[str, str]:
-    return {name: image_key(root, spec, base) for name, spec in SPECS.items()}
+def keys(root: Path, base: str = BASE, binary: bytes = b"\x7fELF 1") -> dict[str, str]:
+    rust = gateway_rs_ref(binary)
+    return {name: image_key(root, spec, base, rust) for name, spec in SPECS.items()}
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
@@ -83,6 +85,18 @@ def test_a_gateway_source_changes_only_the_gateway_image(tree: Path) -> None:
     before = keys(tree)
     touch(tree / "gateway" / "src" / "embedfleet" / "gateway" / "cli.py")
     assert changed(before, keys(tree)) == {"gateway"}
+
+
+def test_another_rust_gateway_binary_changes_only_the_gateway_image(tree: Path) -> None:
+    assert changed(keys(tree), keys(tree, binary=b"\x7fELF 2")) == {"gateway"}
+    assert gateway_rs_ref(b"\x7fELF 1") == gateway_rs_ref(b"\x7fELF 1")
+
+
+def test_the_gateway_image_is_not_keyed_without_its_rust_binary(tree: Path) -> None:
+    with pytest.raises(ValueError, match="GATEWAY_RS"):
+        image_key(tree, SPECS["gateway"], BASE)
+    # The others carry no binary: their keys do not depend on one.
+    assert image_key(tree, SPECS["operator"], BASE) == keys(tree)["operator"]
 
 
 def test_common_sources_are_in_every_image(tree: Path) -> None:

@@ -15,7 +15,7 @@ from embedfleet.operator.manifests import (
     gateway_env,
     worker_env,
 )
-from embedfleet.operator.spec import parse_spec
+from embedfleet.operator.spec import SpecError, parse_spec
 from embedfleet.worker.settings import WorkerSettings
 
 from .helpers import EXAMPLES, MINILM_CHILDREN, load_yaml
@@ -395,6 +395,43 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
     assert parse_spec({"model": {"source": "file:///m"}}).gateway.max_queue_seconds == (
         GatewaySettings().max_queue_seconds
     )  # the CRD's default is the gateway's
+
+
+@pytest.mark.parametrize(
+    ("implementation", "command"),
+    [
+        (None, "embedfleet-gateway"),
+        ("python", "embedfleet-gateway"),
+        ("rust", "embedfleet-gateway-rs"),
+    ],
+)
+def test_gateway_implementation_picks_the_images_binary(
+    implementation: str | None, command: str
+) -> None:
+    gateway = {"implementation": implementation} if implementation else {}
+    objs = child_objects({"model": {"source": "file:///m"}, "gateway": gateway})
+    pod = objs["Deployment/minilm-gateway"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == [command]
+    # One image, one env for both: the Rust binary takes the Python gateway's settings by name.
+    assert container["image"] == IMAGES.gateway
+    assert objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_K8S_SERVICE"] == (
+        "minilm-worker"
+    )
+
+
+def test_the_rust_gateway_refuses_tracing_as_the_crd_does() -> None:
+    raw = {
+        "model": {"source": "file:///m"},
+        "gateway": {"implementation": "rust"},
+        "monitoring": {"tracing": {"endpoint": "http://otel:4317"}},
+    }
+    with pytest.raises(SpecError, match="does not export traces yet"):
+        parse_spec(raw)
+    with pytest.raises(
+        SpecError, match=r"gateway\.implementation 'go' must be one of python, rust"
+    ):
+        parse_spec({"model": {"source": "file:///m"}, "gateway": {"implementation": "go"}})
 
 
 def test_graph_settings_reach_the_worker() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from embedfleet.operator.spec import RUST_TRACING
 from embedfleet.testing.cluster import Cluster
 
 from .helpers import EXAMPLES
@@ -200,6 +201,22 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         _with("gateway.shared", "s" * 41),
         "spec.gateway.shared: Too long: may not be",
     ),
+    (
+        "gateway-implementation",
+        "bad",
+        _with("gateway.implementation", "go"),
+        'spec.gateway.implementation: Unsupported value: "go"',
+    ),
+    (
+        "rust-traced",
+        "bad",
+        _with(
+            "monitoring.tracing.endpoint",
+            "http://otel:4317",
+            _with("gateway.implementation", "rust"),
+        ),
+        RUST_TRACING,
+    ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),
 ]
@@ -278,6 +295,7 @@ def test_gateway_auth_is_accepted_with_its_defaults(
     assert got["splitLongInputs"] is False
     assert got["splitOverlapTokens"] == 32
     assert got["maxQueueSeconds"] == 30
+    assert got["implementation"] == "python"
 
 
 def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:

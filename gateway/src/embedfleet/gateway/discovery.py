@@ -43,6 +43,18 @@ def parse_workers_file(text: str) -> list[str]:
     return out
 
 
+def is_address(item: str) -> bool:
+    """host:port (a bracketed IPv6 host included) with a port of 1-65535 and no whitespace: what
+    a workers file's line must be to name a worker."""
+    host, sep, port = item.rpartition(":")
+    return (
+        bool(sep and host)
+        and port.isdigit()
+        and 0 < int(port) < 65536
+        and not any(c.isspace() for c in item)
+    )
+
+
 def _host_port(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
@@ -202,18 +214,33 @@ class Discovery:
                 await task
 
     async def _watch_file(self, path: Path, interval: float = 0.5) -> None:
+        """Follows the file: gone, only the static workers; unreadable or not UTF-8 (a partial
+        write, a permission change), the last set kept and the file read again until it reads,
+        said once per streak; a line that is no address, left out and said once per content."""
         seen: tuple[float, int] | None = None
+        failing = False
         while True:
             try:
                 stat = path.stat()
                 key = (stat.st_mtime, stat.st_size)
                 if key != seen:
-                    seen = key
-                    self.update(self._static + parse_workers_file(path.read_text()))
+                    items = parse_workers_file(path.read_text())
+                    seen, failing = key, False
+                    for item in items:
+                        if not is_address(item):
+                            log.warning("worker address skipped", extra={"line": item[:200]})
+                    self.update(self._static + [item for item in items if is_address(item)])
             except FileNotFoundError:
                 if seen is not None:
                     seen = None
                     self.update(self._static)
+            except (OSError, ValueError) as exc:
+                if not failing:
+                    failing = True
+                    log.warning(
+                        "workers file unreadable; keeping the last set",
+                        extra={"path": str(path), "error": type(exc).__name__},
+                    )
             await asyncio.sleep(interval)
 
     async def _watch_k8s(self) -> None:

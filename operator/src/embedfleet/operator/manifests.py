@@ -607,6 +607,10 @@ def gateway_probes() -> dict[str, Any]:
     }
 
 
+GATEWAY_COMMANDS = {"python": "embedfleet-gateway", "rust": "embedfleet-gateway-rs"}
+"""gateway.implementation -> the gateway image's binary; both read the same EMBEDFLEET_GATEWAY_*."""
+
+
 def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
     gateway = spec.gateway
     image = gateway.image or images.gateway
@@ -617,7 +621,7 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
         "name": "gateway",
         "image": image,
         "imagePullPolicy": gateway.image_pull_policy,
-        "command": ["embedfleet-gateway"],
+        "command": [GATEWAY_COMMANDS[gateway.implementation]],
         "envFrom": [{"configMapRef": {"name": names.config}}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [http],

@@ -156,8 +156,20 @@ class GatewayAuth:
     per_key_metrics: bool = False
 
 
+GATEWAY_IMPLEMENTATIONS = ("python", "rust")
+"""gateway.implementation: the Python gateway (the reference) or the Rust one
+(docs/gateway.md, "Rust gateway"); both are in the gateway image."""
+RUST_TRACING = (
+    "gateway.implementation rust does not export traces yet: "
+    "leave monitoring.tracing.endpoint empty or use the python gateway"
+)
+"""The CRD's rule and parse_spec's check say the same."""
+
+
 @dataclass(frozen=True)
 class Gateway:
+    #: one of GATEWAY_IMPLEMENTATIONS: which of the gateway image's two binaries serves
+    implementation: str = "python"
     replicas: int = 1
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
@@ -344,7 +356,14 @@ def _shared(raw: Mapping[str, Any]) -> str:
 def _gateway(raw: Mapping[str, Any]) -> Gateway:
     d, service, s = Gateway(), _obj(raw, "service"), GatewayService()
     auth = _obj(raw, "auth")
+    implementation = str(raw.get("implementation", d.implementation))
+    if implementation not in GATEWAY_IMPLEMENTATIONS:
+        raise SpecError(
+            f"gateway.implementation '{implementation}' must be one of "
+            f"{', '.join(GATEWAY_IMPLEMENTATIONS)}"
+        )
     return Gateway(
+        implementation=implementation,
         shared=_shared(raw),
         replicas=int(raw.get("replicas", d.replicas)),
         image=str(raw.get("image", "")),
@@ -403,7 +422,7 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
         monitor = _obj(_obj(raw, "monitoring"), "serviceMonitor")
         tracing = _obj(_obj(raw, "monitoring"), "tracing")
         d = ServiceMonitor()
-        return Spec(
+        spec = Spec(
             model=_model(_obj(raw, "model")),
             worker=_worker(_obj(raw, "worker")),
             gateway=_gateway(_obj(raw, "gateway")),
@@ -421,6 +440,9 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
                 str(item["name"]) for item in raw.get("imagePullSecrets") or () if "name" in item
             ),
         )
+        if spec.gateway.implementation == "rust" and spec.tracing.endpoint:
+            raise SpecError(RUST_TRACING)
+        return spec
     except (TypeError, ValueError) as exc:
         if isinstance(exc, SpecError):
             raise

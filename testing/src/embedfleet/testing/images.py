@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedfleet.testing.gateway_rs import gateway_rs_binary
 from embedfleet.testing.imagespec import (
     BASE_PACKAGES,
     BASE_REPOSITORY,
     BUILD_BACKEND,
     BUILD_LOCK,
     DEFAULT_IMAGES,
+    GATEWAY_RS_REPOSITORY,
     LOCAL_REPOSITORY,
     SPECS,
     SUITE,
@@ -38,6 +40,7 @@ from embedfleet.testing.imagespec import (
     content_key,
     declared_dependencies,
     disk_needed,
+    gateway_rs_ref,
     image_key,
     lock_pins,
     lock_roots,
@@ -158,7 +161,37 @@ def _prune(cache: Path, name: str, keep: int) -> None:
         subprocess.run(rmi, capture_output=True, check=False)
 
 
-def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequence[str]) -> None:
+def ensure_gateway_rs(binary: Path) -> str:
+    """The Rust gateway binary (built on this Debian host, as the base) committed as a local image
+    holding only /out/embedfleet-gateway-rs, which the gateway image's build copies from; older
+    such images beyond KEEP_BUILDS are removed."""
+    ref = gateway_rs_ref(binary.read_bytes())
+    if not _exists(ref):
+        _log(f"{ref} from {binary}")
+        working = run_tool(["buildah", "from", "--quiet", "scratch"]).strip()
+        try:
+            target = "/out/embedfleet-gateway-rs"
+            run_tool(
+                ["buildah", "copy", "--quiet", "--chmod", "0755", working, str(binary), target]
+            )
+            run_tool(["buildah", "commit", "--quiet", working, ref])
+        finally:
+            subprocess.run(["buildah", "rm", working], capture_output=True, check=False)
+    listed = json.loads(run_tool(["buildah", "images", "--json"]) or "[]")
+    tagged = [
+        (image["created"], name)
+        for image in listed
+        for name in image.get("names") or ()
+        if name.startswith(f"{GATEWAY_RS_REPOSITORY}:") and name != ref
+    ]
+    for _, name in sorted(tagged, reverse=True)[KEEP_BUILDS - 1 :]:
+        subprocess.run(["buildah", "rmi", name], capture_output=True, check=False)
+    return ref
+
+
+def _build(
+    root: Path, spec: ImageSpec, args: dict[str, str], cache: Path, tags: Sequence[str]
+) -> None:
     pool = cache / "wheels"
     for lock in (BUILD_LOCK, spec.lock):
         ensure_wheels(root, lock, pool)
@@ -169,7 +202,7 @@ def _build(root: Path, spec: ImageSpec, base_ref: str, cache: Path, tags: Sequen
     argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet", "--no-cache"]
     argv += ["--force-rm"]
     argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
-    for name, value in build_args(spec, base_ref).items():
+    for name, value in args.items():
         argv += ["--build-arg", f"{name}={value}"]
     for tag in tags:
         argv += ["--tag", tag]
@@ -182,10 +215,12 @@ def _image_id(ref: str) -> str:
     ).strip()
 
 
-def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> BuiltImage:
+def ensure_image(
+    root: Path, spec: ImageSpec, base_ref: str, cache: Path, gateway_rs: str = ""
+) -> BuiltImage:
     started = time.monotonic()
     version = component_version(root, spec.component)
-    ref, key = spec.ref(version), image_key(root, spec, base_ref)
+    ref, key = spec.ref(version), image_key(root, spec, base_ref, gateway_rs)
     local_ref = f"{LOCAL_REPOSITORY}/{spec.name}:{key}"
     archive = cache / f"{spec.name}-{key}.tar"
     built = not archive.is_file()
@@ -194,7 +229,8 @@ def ensure_image(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> Bui
         # new one beside the kept ones, not beside all the old ones too.
         _prune(cache, spec.name, KEEP_BUILDS - 1)
         if not _exists(local_ref):
-            _build(root, spec, base_ref, cache, [local_ref, ref])
+            args = build_args(spec, base_ref, gateway_rs)
+            _build(root, spec, args, cache, [local_ref, ref])
         # An interrupted run may have built the image but not archived it: then only this step.
         partial = archive.with_suffix(".partial")
         image_id = _image_id(local_ref)
@@ -218,7 +254,11 @@ def ensure_images(
     # One builder at a time per cache: a second waits, then finds the first one's results.
     with locked(cache):
         base = ensure_base(root, cache)
-        images = [ensure_image(root, spec, base, cache) for spec in specs]
+        # Compiled (minutes cold) or reused by hack/build-gateway-rs.sh, keyed by its sources.
+        gateway_rs = (
+            ensure_gateway_rs(gateway_rs_binary()) if any(s.gateway_rs for s in specs) else ""
+        )
+        images = [ensure_image(root, spec, base, cache, gateway_rs) for spec in specs]
         write_manifest(cache / "manifest.json", images)
     return images
 

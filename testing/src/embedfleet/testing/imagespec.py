@@ -24,6 +24,9 @@ BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 BASE_REPOSITORY = "localhost/embedfleet/base"
 LOCAL_REPOSITORY = "localhost/embedfleet"
 """Builds are also tagged LOCAL_REPOSITORY/<image>:<key>, which names one build exactly."""
+GATEWAY_RS_REPOSITORY = "localhost/embedfleet/gateway-rs"
+"""Local images holding only /out/embedfleet-gateway-rs (the host's build of gateway-rs/), tagged by
+the binary's content: what docker/gateway.Dockerfile's GATEWAY_RS copies the Rust gateway from."""
 UID = 65532
 BUILD_LOCK = "build"
 """docker/locks/build.txt: the build backend pip needs offline to turn ./common etc. into wheels."""
@@ -59,6 +62,8 @@ class ImageSpec:
     """The component's optional extras the image carries (`tracing`: OpenTelemetry, imported
     only when a process is started with a tracing endpoint; `openvino`: the CPU worker's
     OpenVINO runtime, imported only when selected)."""
+    gateway_rs: bool = False
+    """Carries the Rust gateway binary (build arg GATEWAY_RS), whose content is part of the key."""
 
     @property
     def dockerfile(self) -> str:
@@ -82,6 +87,7 @@ SPECS = {
             lock="gateway",
             extra_requirements=("huggingface_hub",),
             extras=("tracing",),
+            gateway_rs=True,
         ),
         ImageSpec(
             "worker-cpu",
@@ -145,8 +151,21 @@ def base_inputs(suite: str, packages: Sequence[str], script: bytes) -> dict[str,
     }
 
 
-def build_args(spec: ImageSpec, base_ref: str) -> dict[str, str]:
-    return {"BASE_IMAGE": base_ref, "LOCK": spec.lock, "PIP_ARGS": LOCAL_PIP_ARGS}
+def gateway_rs_ref(binary: bytes) -> str:
+    """The local image holding this Rust gateway binary: named by its content, so a rebuilt binary
+    changes the gateway image's key and an unchanged one keeps it."""
+    return f"{GATEWAY_RS_REPOSITORY}:{content_key({'binary': binary})}"
+
+
+def build_args(spec: ImageSpec, base_ref: str, gateway_rs: str = "") -> dict[str, str]:
+    """The local build's --build-arg values; gateway_rs is gateway_rs_ref() of the binary, which
+    an image that carries it cannot do without."""
+    args = {"BASE_IMAGE": base_ref, "LOCK": spec.lock, "PIP_ARGS": LOCAL_PIP_ARGS}
+    if spec.gateway_rs:
+        if not gateway_rs:
+            raise ValueError(f"the {spec.name} image needs the Rust gateway's image (GATEWAY_RS)")
+        args["GATEWAY_RS"] = gateway_rs
+    return args
 
 
 def image_inputs(
@@ -282,11 +301,10 @@ def declared_dependencies(root: Path, spec: ImageSpec) -> list[str]:
     return [*declared, *(str(r) for extra in spec.extras for r in optional[extra])]
 
 
-def image_key(root: Path, spec: ImageSpec, base_ref: str) -> str:
+def image_key(root: Path, spec: ImageSpec, base_ref: str, gateway_rs: str = "") -> str:
     version = component_version(root, spec.component)
-    return content_key(
-        image_inputs(spec, tree_files(root, spec), build_args(spec, base_ref), version)
-    )
+    args = build_args(spec, base_ref, gateway_rs)
+    return content_key(image_inputs(spec, tree_files(root, spec), args, version))
 
 
 def base_key(root: Path) -> str:
