@@ -1,14 +1,17 @@
 //! The HTTP layer (the Python gateway's app.py): routes, methods, the body's type and size, and
-//! the request metrics, recorded however the request ends (a client that goes away is 499).
+//! the request metrics, recorded however the request ends (a client that goes away is 499),
+//! with the parse and respond stages of a POST answered 200.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 
@@ -74,10 +77,48 @@ impl Drop for Recorder {
     }
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<Answer>;
+
+/// A response's bytes; an answer's also time the respond stage until hyper takes them. The
+/// answer's JSON is written as the service builds it, so the stage is the hand-off to the
+/// connection (the Python gateway's also covers orjson's encoding).
+pub struct Answer {
+    bytes: Full<Bytes>,
+    respond: Option<(Arc<Metrics>, Instant)>,
+}
+
+impl hyper::body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let polled = Pin::new(&mut self.bytes).poll_frame(cx);
+        if polled.is_ready() {
+            if let Some((metrics, start)) = self.respond.take() {
+                metrics.stage(metrics::RESPOND, start.elapsed().as_secs_f64());
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.bytes.size_hint()
+    }
+}
 
 fn respond(status: u16, body: Vec<u8>, content_type: &'static str) -> Reply {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+    let body = Answer {
+        bytes: Full::new(Bytes::from(body)),
+        respond: None,
+    };
+    let mut r = Response::new(body);
     *r.status_mut() = hyper::StatusCode::from_u16(status).expect("a valid status");
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -141,6 +182,7 @@ async fn dispatch(
                 "POST",
             ));
         }
+        let started = Instant::now();
         let body = read_body(
             service.settings.max_body_bytes,
             service.settings.body_timeout_seconds,
@@ -154,6 +196,8 @@ async fn dispatch(
             "/v1/sparse_embeddings" => Post::Sparse(request::parse_sparse(&body)?),
             _ => Post::Embeddings(request::parse(&body)?),
         };
+        let metrics = &service.metrics;
+        metrics.stage(metrics::PARSE, started.elapsed().as_secs_f64());
         // Admitted or shed after parsing and the model's name, before any other check (as the
         // Python gateway): the ticket gives its work back when dropped, whether answered,
         // refused or abandoned.
@@ -192,7 +236,9 @@ async fn dispatch(
             Post::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
         };
         ticket.answered();
-        return Ok(respond(200, doc, "application/json"));
+        let mut reply = respond(200, doc, "application/json");
+        reply.body_mut().respond = Some((Arc::clone(metrics), Instant::now()));
+        return Ok(reply);
     }
     if GETS.contains(&route) {
         if method != Method::GET && method != Method::HEAD {

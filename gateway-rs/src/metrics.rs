@@ -1,8 +1,8 @@
 //! The Python gateway's metrics under the same names and labels, in Prometheus text: requests
 //! (embedfleet_gateway_requests_total{route,code}, embedfleet_gateway_request_seconds{route},
 //! embedfleet_gateway_inflight_requests, embedfleet_gateway_input_tokens_total and, with
-//! --api-key-metrics, embedfleet_gateway_key_requests_total{key,route}), the tokenize, upstream
-//! and chunks-per-request histograms, retries, ejections, split inputs, and the worker gauges
+//! --api-key-metrics, embedfleet_gateway_key_requests_total{key,route}), the tokenize, upstream,
+//! chunks-per-request and stage (parse, respond) histograms, retries, ejections, split inputs, and the worker gauges
 //! read at scrape time. Hand-written: a dozen families do not need a client library's registry,
 //! locks and label hashing per request.
 
@@ -16,11 +16,24 @@ pub const LATENCY: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// The Python gateway's stage buckets (metrics.py _STAGE_SECONDS).
+pub const STAGE_SECONDS: [f64; 15] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 1.0,
+];
+
+/// The gateway's own stages of a request (metrics.py STAGES): parse (the body read, decoded
+/// and validated), respond (the answer sent), by index in `Metrics::stages`.
+pub const PARSE: usize = 0;
+pub const RESPOND: usize = 1;
+const STAGES: [&str; 2] = ["parse", "respond"];
+
 /// The Python gateway's chunks-per-request buckets.
 pub const CHUNKS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
 #[derive(Default, Clone)]
 struct Histogram {
+    /// per bucket (no family has more than LATENCY's)
     counts: [u64; LATENCY.len()],
     count: u64,
     sum: f64,
@@ -100,7 +113,9 @@ pub struct Metrics {
     requests: Mutex<Requests>,
     keys: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
     /// one request's tokenization; one chunk call's attempt; chunks a request went out in
-    stages: Mutex<[Histogram; 4]>,
+    histograms: Mutex<[Histogram; 4]>,
+    /// the parse and respond stages of requests
+    stages: Mutex<[Histogram; STAGES.len()]>,
     /// requests the hold refused: full, timeout
     hold_refused: [AtomicU64; 2],
     pub input_tokens: AtomicU64,
@@ -151,10 +166,16 @@ const HISTOGRAMS: [(usize, &str, &str, &[f64]); 4] = [
     ),
 ];
 
-/// Python's float repr for the values these families hold (prometheus_client writes floats).
+/// Python's float repr for the values these families hold (prometheus_client writes floats),
+/// so bucket bounds are the same label values: 1.0, 0.25, 1e-05.
 fn number(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e16 {
         format!("{v:.1}")
+    } else if v.abs() < 1e-4 {
+        let text = format!("{v:e}"); // "2.5e-5"
+        let (mantissa, exponent) = text.split_once('e').expect("an exponent");
+        let exponent: i32 = exponent.parse().expect("a number");
+        format!("{mantissa}e-{:02}", -exponent)
     } else {
         format!("{v}")
     }
@@ -170,21 +191,26 @@ impl Metrics {
             .observe(&LATENCY, seconds);
     }
 
-    fn stage(&self, which: usize, value: f64) {
-        self.stages.lock().expect("metrics lock")[which].observe(HISTOGRAMS[which].3, value);
+    fn histogram(&self, which: usize, value: f64) {
+        self.histograms.lock().expect("metrics lock")[which].observe(HISTOGRAMS[which].3, value);
+    }
+
+    /// One request's time in stage `which` (PARSE or RESPOND).
+    pub fn stage(&self, which: usize, seconds: f64) {
+        self.stages.lock().expect("metrics lock")[which].observe(&STAGE_SECONDS, seconds);
     }
 
     pub fn tokenized(&self, seconds: f64) {
-        self.stage(TOKENIZE, seconds);
+        self.histogram(TOKENIZE, seconds);
     }
 
     pub fn upstream(&self, seconds: f64) {
-        self.stage(UPSTREAM, seconds);
+        self.histogram(UPSTREAM, seconds);
     }
 
     /// A held request's wait, however it ended.
     pub fn held(&self, seconds: f64) {
-        self.stage(HOLD, seconds);
+        self.histogram(HOLD, seconds);
     }
 
     /// A request the hold answered 503: `reason` "full" or "timeout".
@@ -194,7 +220,7 @@ impl Metrics {
     }
 
     pub fn chunks(&self, chunks: usize) {
-        self.stage(CHUNKS_PER_REQUEST, chunks as f64);
+        self.histogram(CHUNKS_PER_REQUEST, chunks as f64);
     }
 
     /// One authorized request of the key whose label this is.
@@ -256,10 +282,26 @@ impl Metrics {
             "embedfleet_gateway_input_tokens_total {}",
             number(self.input_tokens.load(Ordering::Relaxed) as f64)
         );
-        let stages = self.stages.lock().expect("metrics lock").clone();
+        let histograms = self.histograms.lock().expect("metrics lock").clone();
         for (which, name, help, bounds) in HISTOGRAMS {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            stages[which].write(&mut out, name, "", bounds);
+            histograms[which].write(&mut out, name, "", bounds);
+        }
+        let stages = self.stages.lock().expect("metrics lock").clone();
+        let name = "embedfleet_gateway_stage_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time of one request in a gateway stage: parse (body read, JSON \
+             decoded, validated) or respond (answer JSON-encoded and sent); tokenize and upstream \
+             have their own.\n# TYPE {name} histogram"
+        );
+        for (stage, h) in STAGES.iter().zip(&stages) {
+            h.write(
+                &mut out,
+                name,
+                &format!("stage=\"{stage}\","),
+                &STAGE_SECONDS,
+            );
         }
         for (name, help, value) in [
             (
@@ -409,6 +451,26 @@ mod tests {
         assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"0.25\"} 2.0"));
         assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"30.0\"} 2.0"));
         assert!(text.contains("_bucket{route=\"/v1/embeddings\",le=\"+Inf\"} 3.0"));
+    }
+
+    #[test]
+    fn stages_are_labelled_with_python_s_bounds() {
+        let m = Metrics::default();
+        m.stage(PARSE, 0.00003);
+        let text = m.exposition(&[], &IDLE);
+        let name = "embedfleet_gateway_stage_seconds";
+        assert!(text.contains(&format!(
+            "{name}_bucket{{stage=\"parse\",le=\"2.5e-05\"}} 0.0"
+        )));
+        assert!(text.contains(&format!(
+            "{name}_bucket{{stage=\"parse\",le=\"5e-05\"}} 1.0"
+        )));
+        assert!(text.contains(&format!(
+            "{name}_bucket{{stage=\"parse\",le=\"0.0001\"}} 1.0"
+        )));
+        assert!(text.contains(&format!("{name}_count{{stage=\"respond\"}} 0.0")));
+        assert_eq!(number(1e-5), "1e-05");
+        assert_eq!(number(0.00025), "0.00025");
     }
 
     #[test]

@@ -77,11 +77,29 @@ impl Drop for Flight<'_> {
     }
 }
 
-/// One worker's connection (shared with its calls in flight, which a removal lets finish) and
-/// its probe loop (stopped with the removal).
+/// One worker's connection (shared with its calls in flight, which a removal lets finish), its
+/// probe loop (stopped with the removal) and its hung signal: sent when a probe of the ready
+/// worker fails, giving up the calls in flight there (a stopped process never answers, and its
+/// connection can look alive for as long as the kernel keeps it).
 struct Member {
     worker: Arc<Coalescer>,
+    hung: Arc<Hung>,
     probe: tokio::task::JoinHandle<()>,
+}
+
+type Hung = tokio::sync::watch::Sender<()>;
+
+/// Resolves when the worker is found hung after `signal` was subscribed; never once the worker
+/// was removed (its calls in flight finish on the connection they hold).
+async fn found_hung(signal: &mut tokio::sync::watch::Receiver<()>) {
+    if signal.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// What a call given up on a hung worker fails with: retryable elsewhere, and ejecting.
+fn stopped_answering() -> Status {
+    Status::unavailable("the worker stopped answering")
 }
 
 /// A worker address as a tonic target (http://host:port, IPv6 in brackets).
@@ -125,6 +143,18 @@ fn broken_connection(status: &Status) -> bool {
         && ["rst_stream", "socket closed", "connection reset", "goaway"]
             .iter()
             .any(|s| text.contains(s))
+}
+
+/// tonic reports its own client-side timeout as CANCELLED "Timeout expired"; gRPC (and Python's
+/// grpc, which the Python gateway sees) calls that DEADLINE_EXCEEDED: a 504, not retried
+/// elsewhere, where it would only wait out the bound again.
+pub fn deadline_as_such(status: Status) -> Status {
+    if status.code() == Code::Cancelled && status.message() == tonic::TimeoutExpired(()).to_string()
+    {
+        Status::deadline_exceeded(status.message().to_string())
+    } else {
+        status
+    }
 }
 
 /// The worker never ran the chunk, or died: it may succeed elsewhere.
@@ -226,6 +256,8 @@ pub fn pack(seqs: &[Vec<u32>]) -> TokenBatch {
     }
 }
 
+type Signal = tokio::sync::watch::Receiver<()>;
+
 enum Failure {
     NoWorker,
     Upstream(Status),
@@ -289,8 +321,20 @@ impl Pool {
                 c.max_sequences,
                 c.small_tokens,
             );
-            let probe = tokio::spawn(Arc::clone(self).probe_loop(e.id, Arc::clone(&worker)));
-            workers.insert(e.id, Member { worker, probe });
+            let hung = Arc::new(Hung::new(()));
+            let probe = tokio::spawn(Arc::clone(self).probe_loop(
+                e.id,
+                Arc::clone(&worker),
+                Arc::clone(&hung),
+            ));
+            workers.insert(
+                e.id,
+                Member {
+                    worker,
+                    hung,
+                    probe,
+                },
+            );
         }
         let count = b.endpoints.len();
         drop(workers);
@@ -372,9 +416,9 @@ impl Pool {
     }
 
     /// Probes one worker until it is removed (the task is aborted then).
-    async fn probe_loop(self: Arc<Self>, id: u64, worker: Arc<Coalescer>) {
+    async fn probe_loop(self: Arc<Self>, id: u64, worker: Arc<Coalescer>, hung: Arc<Hung>) {
         loop {
-            let ready = self.probe_once(id, &worker).await;
+            let ready = self.probe_once(id, &worker, &hung).await;
             self.sync_ready();
             // Poll fast while the worker is not ready, so it takes traffic soon.
             let pause = if ready {
@@ -386,7 +430,7 @@ impl Pool {
         }
     }
 
-    async fn probe_once(&self, id: u64, worker: &Coalescer) -> bool {
+    async fn probe_once(&self, id: u64, worker: &Coalescer, hung: &Hung) -> bool {
         let mut request = tonic::Request::new(InfoRequest {});
         request.set_timeout(Duration::from_secs_f64(self.probe_seconds.max(1.0)));
         let reply = worker.client().info(request).await;
@@ -404,6 +448,10 @@ impl Pool {
                         "worker" => e.address,
                         "code" => code_name(status.code()),
                     );
+                    // Its calls in flight go elsewhere; later leases (none until it answers
+                    // ready again: it is unready from here, under the same lock) see only a
+                    // later signal.
+                    hung.send_replace(());
                 }
                 e.ready = false;
                 return false;
@@ -435,15 +483,18 @@ impl Pool {
         ready
     }
 
-    /// A worker for one call and its connection; its tokens count as outstanding there until
-    /// the lease is dropped.
-    fn lease(&self, tokens: usize, tried: &[u64]) -> Option<(Lease<'_>, Arc<Coalescer>)> {
+    /// A worker for one call, its connection and its hung signal (as of now); its tokens count
+    /// as outstanding there until the lease is dropped.
+    fn lease(&self, tokens: usize, tried: &[u64]) -> Option<(Lease<'_>, Arc<Coalescer>, Signal)> {
         let mut b = self.balancer.lock().expect("balancer lock");
         let e = b.pick(tried, Instant::now())?;
         e.outstanding_tokens += tokens;
         let id = e.id;
         // The balancer's endpoints and the members change together under the balancer's lock.
-        let worker = Arc::clone(&self.workers.lock().expect("workers lock")[&id].worker);
+        let workers = self.workers.lock().expect("workers lock");
+        let member = &workers[&id];
+        let (worker, hung) = (Arc::clone(&member.worker), member.hung.subscribe());
+        drop(workers);
         Some((
             Lease {
                 pool: self,
@@ -451,6 +502,7 @@ impl Pool {
                 tokens,
             },
             worker,
+            hung,
         ))
     }
 
@@ -465,14 +517,20 @@ impl Pool {
         F: Fn(Arc<Coalescer>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
-        let (lease, worker) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
+        let (lease, worker, mut hung) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.id);
         let start = Instant::now();
         let mut flight = Flight {
             metrics: &self.metrics,
             done: false,
         };
-        let called = call(worker).await;
+        // Given up (the call's future dropped, so its stream is reset) once the worker is found
+        // hung: no task and no timer per call, one watch receiver polled beside it.
+        let called = tokio::select! {
+            biased;
+            called = call(worker) => called.map_err(deadline_as_such),
+            () = found_hung(&mut hung) => Err(stopped_answering()),
+        };
         flight.done = true;
         self.metrics.upstream(start.elapsed().as_secs_f64());
         match called {
@@ -689,6 +747,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tonics_own_timeout_is_a_deadline_and_not_retried() {
+        let timed_out = deadline_as_such(Status::from_error(Box::new(tonic::TimeoutExpired(()))));
+        assert_eq!(timed_out.code(), Code::DeadlineExceeded);
+        assert!(!retryable(&timed_out));
+        // A cancel from anywhere else stays one (and is retried).
+        let other = deadline_as_such(Status::cancelled("client went away"));
+        assert_eq!(other.code(), Code::Cancelled);
+        assert!(retryable(&other));
+    }
+
+    #[test]
     fn capacity_counts_unmeasured_workers_at_the_mean() {
         assert_eq!(fleet_capacity(&[]), 0.0);
         assert_eq!(fleet_capacity(&[0.0, 0.0]), 0.0);
@@ -710,6 +779,27 @@ mod tests {
         assert_eq!(client_error(&Status::invalid_argument("no"), 1).status, 400);
         assert!(retryable(&Status::cancelled("")) && !ejects(&Status::cancelled("")));
         assert!(ejects(&Status::internal("Received RST_STREAM")));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hung_signal_reaches_only_leases_taken_before_it() {
+        let hung = Arc::new(Hung::new(()));
+        let mut before = hung.subscribe();
+        hung.send_replace(());
+        let mut after = hung.subscribe();
+        let soon = Duration::from_millis(50);
+        assert!(tokio::time::timeout(soon, found_hung(&mut before))
+            .await
+            .is_ok());
+        assert!(tokio::time::timeout(soon, found_hung(&mut after))
+            .await
+            .is_err());
+        drop(hung); // the worker removed: its calls in flight are left to finish
+        assert!(tokio::time::timeout(soon, found_hung(&mut after))
+            .await
+            .is_err());
+        let s = stopped_answering();
+        assert!(retryable(&s) && ejects(&s));
     }
 
     #[test]

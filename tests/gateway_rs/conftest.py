@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +86,29 @@ def rust_binary() -> Path:
     return gateway_rs_binary()
 
 
+@contextlib.contextmanager
+def fake_gateways(
+    minilm: ModelDir,
+    settings: dict[str, object],
+    log: Path,
+    make: Callable[[int], FakeWorker] = FakeWorker,
+    numbers: tuple[int, int] = (0, 0),
+) -> Iterator[Pair]:
+    """Each gateway with `settings` in front of two fakes of its own (`make(number)`, started),
+    once both count them ready; the fakes stopped after the block."""
+    py_workers = [make(n).start() for n in numbers]
+    rs_workers = [make(n).start() for n in numbers]
+    python = GatewaySettings(workers=tuple(w.address for w in py_workers), **settings)  # type: ignore[arg-type]
+    rust = ["--workers", ",".join(w.address for w in rs_workers), *flags(settings)]
+    try:
+        with gateways(minilm, python, rust, log, (py_workers, rs_workers)) as pair:
+            wait_until("workers ready", lambda: pair.worker_counts() == [(2, 2)] * 2)
+            yield pair
+    finally:
+        for w in py_workers + rs_workers:
+            w.stop()
+
+
 @pytest.fixture(scope="module")
 def fake_pair(
     minilm: ModelDir, rust_binary: Path, tmp_path_factory: pytest.TempPathFactory
@@ -93,17 +116,8 @@ def fake_pair(
     """Each gateway in front of two fake workers numbered alike: answers are equal wherever
     they landed, and each pair's recorded calls show its gateway's chunking."""
     log = tmp_path_factory.mktemp("gateway_rs") / "gateway-rs.log"
-    py_workers = [FakeWorker(0).start() for _ in range(2)]
-    rs_workers = [FakeWorker(0).start() for _ in range(2)]
-    settings = GatewaySettings(workers=tuple(w.address for w in py_workers), **LIMITS)  # type: ignore[arg-type]
-    rust = ["--workers", ",".join(w.address for w in rs_workers), *flags(LIMITS)]
-    try:
-        with gateways(minilm, settings, rust, log, (py_workers, rs_workers)) as pair:
-            wait_until("workers ready", lambda: pair.worker_counts() == [(2, 2)] * 2)
-            yield pair
-    finally:
-        for w in py_workers + rs_workers:
-            w.stop()
+    with fake_gateways(minilm, LIMITS, log) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import grpc
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedfleet.gateway.quantization import ENCODINGS
 from embedfleet.testing.workers import metric_value
@@ -368,6 +369,10 @@ def test_request_metrics_count_alike(fake_pair: Pair) -> None:
                 {"route": "/v1/embeddings", "le": "+Inf"},
             ),
             ("embedfleet_gateway_input_tokens_total", {}),
+            # parsed: the three answered and the empty input (refused after parsing); answered
+            ("embedfleet_gateway_stage_seconds_count", {"stage": "parse"}),
+            ("embedfleet_gateway_stage_seconds_bucket", {"stage": "parse", "le": "+Inf"}),
+            ("embedfleet_gateway_stage_seconds_count", {"stage": "respond"}),
         ]
         return [tuple(metric_value(t, n, **labels) for n, labels in series) for t in texts]
 
@@ -376,12 +381,35 @@ def test_request_metrics_count_alike(fake_pair: Pair) -> None:
         fake_pair.embed({"input": "Hello, world!"})  # 6 tokens
     fake_pair.embed({"input": ""})
     fake_pair.compare("GET", "/nowhere")
+    fake_pair.embed({"input": 5})  # refused by the parser: no parse stage
     after = values(scrape())
     deltas = [
         tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
     ]
-    assert deltas[0] == deltas[1] == (3, 1, 1, 4, 4, 18)
+    assert deltas[0] == deltas[1] == (3, 2, 1, 5, 5, 18, 4, 4, 3)
     assert metric_value(scrape()[1], "embedfleet_gateway_inflight_requests") == 1  # the scrape
+
+
+def _buckets(text: str, family: str) -> dict[str, list[str]]:
+    """Each series' bucket bounds (le) of a histogram family, by its other labels."""
+    out: dict[str, list[str]] = {}
+    for f in text_string_to_metric_families(text):
+        if f.name == family:
+            for sample in f.samples:
+                if not sample.name.endswith("_bucket"):
+                    continue
+                labels = sorted(sample.labels.items())
+                rest = ",".join(f"{k}={v}" for k, v in labels if k != "le")
+                out.setdefault(rest, []).append(sample.labels["le"])
+    return out
+
+
+def test_stage_histograms_have_the_same_series_and_buckets(fake_pair: Pair) -> None:
+    texts = _scrape(fake_pair)
+    stages = [_buckets(t, "embedfleet_gateway_stage_seconds") for t in texts]
+    assert sorted(stages[0]) == ["stage=parse", "stage=respond"]
+    assert stages[0] == stages[1]
+    assert stages[0]["stage=parse"][:3] == ["1e-05", "2.5e-05", "5e-05"]
 
 
 def test_real_worker_answers_equal(null_pair: Pair) -> None:

@@ -1,9 +1,11 @@
 """A watched --workers-file: both gateways follow it alike as workers are added and removed
 live, each in front of its own FAKE workers numbered alike (a row's fourth value names the
-worker that computed it)."""
+worker that computed it); and what each does with a line that is not an address and with a
+file it cannot read."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +82,55 @@ def test_workers_are_added_and_removed_as_the_file_changes(
     wait_until("no workers", lambda: pair.worker_counts() == [(0, 0), (0, 0)])
     doc = pair.embed({"input": "x"})
     assert doc["error"]["code"] == "no_workers"
+
+
+def _write(pair: Pair, files: tuple[Path, Path], lines: list[str | int]) -> None:
+    """Both files list `lines`: a number is that gateway's own fake of that number."""
+    for path, workers in zip(files, (pair.python_workers, pair.rust_workers), strict=True):
+        text = [workers[x].address if isinstance(x, int) else x for x in lines]
+        path.write_text("\n".join(text) + "\n")
+
+
+def _ready_counts(pair: Pair) -> list[float]:
+    return [ready for ready, _ in pair.worker_counts()]
+
+
+def test_a_line_that_is_not_an_address_is_logged_and_the_others_used(
+    listed: tuple[Pair, Path, Path], tmp_path: Path
+) -> None:
+    pair, py_file, rs_file = listed
+    log = tmp_path / "gateway-rs.log"  # the fixture's
+    _write(pair, (py_file, rs_file), ["not an address", 0])
+    wait_until("worker 0 ready", lambda: _ready_counts(pair) == [1, 1])
+    assert pair.served_by([f"text {i}" for i in range(8)]) == [{0}, {0}]
+    # Both leave the line out, saying so.
+    assert pair.worker_counts() == [(1, 1)] * 2
+    skipped = [line for line in log.read_text().splitlines() if "worker address skipped" in line]
+    assert len(skipped) == 1, skipped
+    assert "not an address" in skipped[0]
+
+
+def test_an_unreadable_workers_file_keeps_the_last_set(
+    listed: tuple[Pair, Path, Path], tmp_path: Path
+) -> None:
+    pair, py_file, rs_file = listed
+    log = tmp_path / "gateway-rs.log"  # the fixture's
+    _write(pair, (py_file, rs_file), [0])
+    wait_until("worker 0 ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
+    for f in (py_file, rs_file):
+        f.write_bytes(b"\xff\xfe not UTF-8 \x80\n")
+    wait_until("the Rust gateway saw it", lambda: "workers file unreadable" in log.read_text())
+    time.sleep(1.0)  # two polls of the Python gateway's watch too
+    assert pair.worker_counts() == [(1, 1)] * 2
+    assert pair.served_by(["a", "b"]) == [{0}, {0}]
+    assert log.read_text().count("workers file unreadable") == 1  # said once, not each poll
+    # Readable again: both follow it.
+    _write(pair, (py_file, rs_file), [1])
+
+    def moved() -> bool:
+        try:
+            return pair.served_by(["a"]) == [{1}, {1}]
+        except AssertionError:  # worker 1 not yet ready (a 503): not yet
+            return False
+
+    wait_until("worker 1 alone", moved)
