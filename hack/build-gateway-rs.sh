@@ -8,6 +8,7 @@
 # is keyed by rustc -V alone, so a source change recompiles the crate, not its ~150 dependencies
 # (cargo tracks Cargo.lock in it itself). Cargo runs under nice with CARGO_BUILD_JOBS (default 1:
 # the machine is shared).
+# Builds beyond the newest six (EMBEDFLEET_GATEWAY_RS_KEEP) are removed after a build.
 # --key prints the binary's path without building; --target-dir the cargo target directory.
 set -euo pipefail
 
@@ -60,5 +61,11 @@ if [[ ! -x "$binary" ]]; then
   cp "$target/release/embedfleet-gateway-rs" "$staging/"
   rm -rf "$bin_dir"
   mv "$staging" "$bin_dir"
+  # Each source change leaves a 12 MB binary: keep the newest ${EMBEDFLEET_GATEWAY_RS_KEEP:-6}
+  # (worktrees sharing the cache alternate between their trees), never the one just built.
+  keep="${EMBEDFLEET_GATEWAY_RS_KEEP:-6}"
+  for old in $(ls -1t "$cache/bin" | grep -E '^[0-9a-f]{16}$' | tail -n +"$((keep + 1))" || true); do
+    if [[ "$cache/bin/$old" != "$bin_dir" ]]; then rm -rf "${cache:?}/bin/$old"; fi
+  done
 fi
 echo "$binary"
