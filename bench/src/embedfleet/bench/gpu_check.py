@@ -21,6 +21,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import statistics
 import tempfile
 import time
@@ -196,6 +197,7 @@ def _engine_process(
     for _ in range(3):
         engine.run(items)
     _sync(device)
+    out.put("ready")
     start.wait()
     t0 = time.perf_counter()
     done = 0
@@ -208,6 +210,25 @@ def _engine_process(
         p.wait()
         done += seqs * length
     out.put((done, time.perf_counter() - t0))
+
+
+def _collect(results: Any, procs: Sequence[Any], n: int, seconds: float = 600.0) -> list[Any]:
+    """n messages from the engine processes; an engine that dies first fails the section at
+    once (the first device run waited out its whole timeout on an engine dead at start)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while len(got) < n:
+        try:
+            got.append(results.get(timeout=1.0))
+            continue
+        except queue.Empty:
+            pass
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            raise RuntimeError(f"an engine process exited with {dead[0]} before reporting")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{n - len(got)} engine processes silent for {seconds:.0f} s")
+    return got
 
 
 def engines(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
@@ -224,16 +245,21 @@ def engines(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
             vocab = _vocab(sizes.models[name])
             batch, seconds = sizes.engine_batch, sizes.engine_seconds
             args = (str(dirs[name]), sizes.device, fraction, threads, batch, vocab, seconds)
-            start, results = ctx.Barrier(n + 1), ctx.Queue()
+            start, results = ctx.Event(), ctx.Queue()
             procs = [
                 ctx.Process(target=_engine_process, args=(args, start, results)) for _ in range(n)
             ]
             for p in procs:
                 p.start()
-            start.wait(timeout=600)
-            got = [results.get(timeout=600) for _ in procs]
-            for p in procs:
-                p.join(timeout=60)
+            try:
+                _collect(results, procs, n)  # every engine loaded and warm
+                start.set()
+                got = _collect(results, procs, n)
+            finally:
+                for p in procs:
+                    p.join(timeout=10)
+                    if p.is_alive():
+                        p.kill()
             tokens = sum(t for t, _ in got)
             seconds = max(s for _, s in got)
             row[f"engines_{n}_tokens_per_second"] = tokens / seconds
@@ -348,11 +374,17 @@ def run(sizes: Sizes, out: Path, mode: str, only: Sequence[str] = ()) -> dict[st
                 result["errors"][section] = traceback.format_exc()
             timings[section] = time.perf_counter() - t0
             print(f"[gpu_check] {section}: {timings[section]:.1f} s", flush=True)
+            result["seconds"] = timings
+            _write(result, out)  # each section's figures kept even if a later one hangs
     result["seconds"] = timings
+    _write(result, out)
+    return result
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "gpu_check.md").write_text(markdown(result))
-    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -78,7 +78,11 @@ class TorchEngine:
         if self.device.type == "cuda" and config.cuda_memory_fraction > 0:
             # Several engines share one GPU (enginesPerGPU): each keeps to its own share, so one
             # engine's allocator growth cannot starve the others.
-            torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, self.device)
+            # torch >= 2.11 wants the device's index: a bare "cuda" raises ValueError.
+            index = (
+                self.device.index if self.device.index is not None else torch.cuda.current_device()
+            )
+            torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, index)
         self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
         #: the compiled CPU runtime the encoder runs in; None runs it eager
         self.runtime: Runtime | None = None
