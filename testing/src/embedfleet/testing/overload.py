@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from embedfleet.common import heap
+
 #: what an HTTP status of 0 means in an Outcome: no answer (the client's timeout, a reset)
 NO_ANSWER = 0
 
@@ -186,7 +188,12 @@ async def short_requests(
     """Latencies (seconds) of `clients` clients posting `body` for `seconds`, and a line per
     failed request (no answer within 30 s, or not 200). Each client sends one request at a time;
     with an `interval`, one every `interval` seconds (the clients' starts spread over the first;
-    one answered late is followed at once), else the next as soon as the last is answered."""
+    one answered late is followed at once), else the next as soon as the last is answered.
+
+    The measuring process is frozen first (heap.settle): a test process holding torch and
+    transformers paused 300+ ms in each full collection, and each pause landed on whichever timed
+    request was in flight, one fleet's and not the other's."""
+    heap.settle()
     latencies: list[float] = []
     failures: list[str] = []
     begin = time.monotonic()

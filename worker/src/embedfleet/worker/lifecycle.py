@@ -24,6 +24,7 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from embedfleet.common import heap
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker import memory, tracing
 from embedfleet.worker.contract import Engine, GraphCounters
@@ -138,6 +139,7 @@ async def _start_serving(
             "self-check skipped" if result.skipped else "self-check passed",
             extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
         )
+    heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
     state.ready = True
     state.metrics.ready.set(1)
     await _set_health(servicer, health_pb2.HealthCheckResponse.SERVING)
