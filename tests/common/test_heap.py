@@ -39,3 +39,16 @@ def test_settle_freezes_what_is_alive_and_collects_what_is_not(restored_collecto
     assert alive == 0  # the kept ones are frozen: no generation walks them any more
     later = [_Cycle() for _ in range(10)]
     assert sum(isinstance(o, _Cycle) for o in gc.get_objects()) == len(later)
+
+
+def test_frozen_blocks_unfreeze_when_the_last_one_ends(restored_collector: None) -> None:
+    gc.unfreeze()
+    kept = _Cycle()
+    with heap.frozen():
+        assert gc.get_freeze_count() > 0
+        assert not any(o is kept for o in gc.get_objects())
+        with heap.frozen():  # overlapping, as two gathered client sets
+            pass
+        assert gc.get_freeze_count() > 0  # the outer block still holds
+    assert gc.get_freeze_count() == 0
+    assert any(o is kept for o in gc.get_objects())  # walked again, collectable again

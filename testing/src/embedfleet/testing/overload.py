@@ -190,10 +190,16 @@ async def short_requests(
     with an `interval`, one every `interval` seconds (the clients' starts spread over the first;
     one answered late is followed at once), else the next as soon as the last is answered.
 
-    The measuring process is frozen first (heap.settle): a test process holding torch and
-    transformers paused 300+ ms in each full collection, and each pause landed on whichever timed
-    request was in flight, one fleet's and not the other's."""
-    heap.settle()
+    The measuring process's heap is frozen while it times (heap.frozen): a test process holding
+    torch and transformers paused 300+ ms in each full collection, and each pause landed on
+    whichever timed request was in flight, one fleet's and not the other's."""
+    with heap.frozen():
+        return await _short_requests(port, clients, seconds, body, host, interval)
+
+
+async def _short_requests(
+    port: int, clients: int, seconds: float, body: bytes, host: str, interval: float
+) -> tuple[list[float], list[str]]:
     latencies: list[float] = []
     failures: list[str] = []
     begin = time.monotonic()
