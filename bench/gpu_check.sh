@@ -41,14 +41,12 @@ shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"
 print("copied", sorted(p.name for p in dst.iterdir()), "to", dst)
 EOF2
     [ $? -eq 0 ] || exit 1
-    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '/.whl/' .gitignore || exit 1
+    if ! grep -qx '/.whl/' .gitignore; then echo ".whl/ must stay ignored (.gitignore)" >&2; exit 1; fi
     WANT=$("$PY" -c 'from importlib.metadata import version as v
 print(" ".join(f"{n}=={v(n)}" for n in ("grpcio", "grpcio-health-checking", "protobuf", "orjson")))')
     rm -rf .whl && mkdir -p .whl
-    PLATFORMS=()
-    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
-        PLATFORMS+=(--platform "$p")
-    done
+    PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+               --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
     for w in $WANT; do
         "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
             --implementation cp "${PLATFORMS[@]}" -d .whl "$w" || exit 1
@@ -57,8 +55,8 @@ print(" ".join(f"{n}=={v(n)}" for n in ("grpcio", "grpcio-health-checking", "pro
     exit 0
 fi
 
-# On the device: the carried wheels ahead of the image's packages on the path (the image's python has no
-# grpcio-health-checking, and the committed stubs want protobuf 7.35+).
+# On the device: the carried wheels ahead of the image's packages on the path (its python has
+# no grpcio-health-checking, and the committed stubs want protobuf 7.35+).
 if [ "$REHEARSAL" = "0" ] && ls .whl/*cp312*.whl >/dev/null 2>&1 \
     && "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -28,12 +28,14 @@ THRESHOLDS = (700, 10, 100)
 
 
 def settle() -> None:
-    """Call once start-up is done: collect what start-up dropped, freeze what it kept."""
+    """Call once, from a serving process's own start-up (never from a library or a test
+    process): collect what start-up dropped, freeze what it kept."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*THRESHOLDS)
     # Unfrozen at exit: the interpreter's last collection then sees every object, and extension
     # modules' leak checks (nanobind's, in triton) do not report the frozen ones as leaked.
+    atexit.unregister(gc.unfreeze)
     atexit.register(gc.unfreeze)
 
 

@@ -19,7 +19,6 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from embedfleet.common import heap
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.tracing import NULL_SPAN
 from embedfleet.gateway import errors, openapi, tracing
@@ -176,7 +175,6 @@ class Gateway:
                     log.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
-                heap.settle()  # what start-up built is never walked by a collection again
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.stop()

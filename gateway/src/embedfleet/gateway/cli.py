@@ -10,7 +10,7 @@ from typing import Literal
 
 import uvicorn
 
-from embedfleet.common import logs
+from embedfleet.common import heap, logs
 from embedfleet.common.settings import load
 from embedfleet.gateway.app import Gateway
 from embedfleet.gateway.connection import bounded_protocol
@@ -65,6 +65,9 @@ def server_config(
 def serve(settings: GatewaySettings) -> None:
     logs.configure(settings.log_level)
     config = server_config(Gateway(settings), settings)
+    # Imports and the tokenizer are in: never walked by a collection again. Here, in the
+    # process's entry point, not the app's lifespan: tests run the app in their own process.
+    heap.settle()
     log.info("gateway listening", extra={"host": settings.host, "port": settings.port})
     uvicorn.Server(config).run()
 
