@@ -27,7 +27,7 @@ from types import FrameType, TracebackType
 
 from embedfleet.common.caches import user_cache_dir
 from embedfleet.common.cpus import Layout, detect_cores, layout
-from embedfleet.common.lifetime import die_with
+from embedfleet.common.lifetime import dying_with_parent
 from embedfleet.common.net import free_ports
 from embedfleet.gateway import calibrate
 
@@ -175,15 +175,14 @@ class Fleet:
             )
         try:
             child.process = subprocess.Popen(
-                child.argv,
+                # A fleet whose supervisor is killed outright (SIGKILL, OOM) stops with it:
+                # SIGTERM, so each child still drains as on Ctrl-C.
+                dying_with_parent(child.argv, signal.SIGTERM),
                 env={**os.environ, **child.env} if child.env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,
-                # A fleet whose supervisor is killed outright (SIGKILL, OOM) stops with it:
-                # SIGTERM, so each child still drains as on Ctrl-C.
-                preexec_fn=die_with(os.getpid(), signal.SIGTERM),  # noqa: PLW1509
             )
         finally:
             if out is not None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedfleet.common.lifetime import die_with
+from embedfleet.common.lifetime import dying_with_parent
 from embedfleet.testing import procfs
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 
@@ -72,15 +72,14 @@ def spawn(
     """
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            list(argv),
+            # SIGKILL, not SIGTERM: etcd and kube-apiserver terminating gracefully at the same
+            # moment wait on each other's connections and hang.
+            dying_with_parent(argv) if die_with_parent else list(argv),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             start_new_session=True,
-            # SIGKILL, not SIGTERM: etcd and kube-apiserver terminating gracefully at the same
-            # moment wait on each other's connections and hang.
-            preexec_fn=die_with(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
         )
     ticks = start_ticks(proc.pid)
     if ticks is None:
