@@ -15,6 +15,7 @@ from embedfleet.testing.nodeconfig import (
     NodeSlot,
     cni_conflist,
     containerd_config,
+    import_refusal,
     kube_proxy_config,
     kubelet_config,
 )
@@ -103,3 +104,14 @@ def test_a_slot_is_live_while_its_owner_or_a_component_runs() -> None:
     assert nodeslots.is_live({"owner": owner, "processes": []})
     assert not nodeslots.is_live({"owner": dead, "processes": []})
     assert nodeslots.is_live({"owner": dead, "processes": [{**owner, "name": "kubelet"}]})
+
+
+def test_an_import_that_would_fill_the_disk_is_refused_before_it_starts() -> None:
+    """A full disk mid-import left containerd unable to write its metadata, and every later
+    test of the session erred on it: refused up front instead, saying what to free."""
+    gb = 10**9
+    assert import_refusal("worker.tar", 5 * gb, 12 * gb, "/var/lib/embedfleet/nodes/0") is None
+    refusal = import_refusal("worker.tar", 5 * gb, 9 * gb, "/var/lib/embedfleet/nodes/0")
+    assert refusal is not None
+    assert "worker.tar (5.0 GB) needs about 11.1 GB" in refusal
+    assert "9.0 GB are" in refusal

@@ -36,6 +36,7 @@ from embedfleet.testing.nodeconfig import (
     NodeSlot,
     cni_conflist,
     containerd_config,
+    import_refusal,
     kube_proxy_config,
     kubelet_config,
 )
@@ -300,6 +301,10 @@ class RealNode:
         seen = (archive.resolve(), stat.st_size, stat.st_mtime_ns)
         if seen in self._imported:
             return
+        free = shutil.disk_usage(self.paths.root).free
+        refusal = import_refusal(archive.name, stat.st_size, free, str(self.paths.root))
+        if refusal is not None:
+            raise NodeError(refusal)
         # Unpacked layers are all a node runs; keeping the archive's blobs too would double the
         # disk an image takes (GBs for the worker).
         self.ctr(

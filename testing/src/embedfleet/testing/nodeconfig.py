@@ -315,3 +315,24 @@ def kube_proxy_config(slot: NodeSlot, kubeconfig: Path) -> dict[str, Any]:
             "tcpCloseWaitTimeout": "0s",
         },
     }
+
+
+def import_room(archive_bytes: int) -> int:
+    """Bytes free a node's disk needs to import an image archive of this size: `ctr import`
+    writes the archive's blobs into the content store, then unpacks them into snapshots (about
+    as large: the archives' layers are uncompressed), and only then discards the blobs; plus a
+    GiB for containerd's metadata and the pods' own writes."""
+    return 2 * archive_bytes + (1 << 30)
+
+
+def import_refusal(archive: str, archive_bytes: int, free: int, where: str) -> str | None:
+    """Why an import of `archive` would fill the disk under `where` partway (a full disk leaves
+    the node's containerd unable to write even its metadata), or None when it fits."""
+    needed = import_room(archive_bytes)
+    if free >= needed:
+        return None
+    return (
+        f"importing {archive} ({archive_bytes / 1e9:.1f} GB) needs about {needed / 1e9:.1f} GB "
+        f"free under {where}; {free / 1e9:.1f} GB are (free the disk: old clones, .venvs, "
+        "~/.cache/embedfleet/images)"
+    )
