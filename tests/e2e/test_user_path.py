@@ -312,28 +312,40 @@ def test_switching_to_the_rust_gateway_loses_no_request(applied: Applied, refere
         FIGURES["gateway rolled to rust, 2 pods (s)"] = round(time.monotonic() - started, 1)
         load.wait_running(4)
     _lossless(fleet, "switch to the rust gateway", load.finish())
-    for pod in fleet.pods("gateway"):
+    pods = fleet.pods("gateway")
+    # kube-proxy picks a backend per connection and the load's clients keep theirs alive, so
+    # the three streams may all have settled on one new pod during the roll and stayed there:
+    # the load must have reached the Rust gateways, not necessarily each of them.
+    assert sum(_answered(pod) for pod in pods) > 0, "the load never reached the Rust gateways"
+    reference_vectors = reference.encode(TEXTS)
+    for pod in pods:
         (container,) = pod["spec"]["containers"]
         assert container["command"] == ["embedfleet-gateway-rs"]
         log = fleet.logs(NAMESPACE, pod["metadata"]["name"])
         assert "embedfleet-gateway-rs listening on http://0.0.0.0:8080" in log, log[-2000:]
         workers = {p["status"]["podIP"] for p in fleet.ready_pods("worker")}
         assert any(ip in log for ip in workers), log[-2000:]  # discovered in-cluster
-        url = f"http://{pod['status']['podIP']}:8080/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            metrics = reply.read().decode()
-        served = [
-            float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines()
-            if line.startswith("embedfleet_gateway_requests_total{")
-            and 'code="200"' in line
-            and 'route="/v1/embeddings"' in line
-        ]
-        assert served, metrics[-2000:]
-        assert served[0] > 0, "the load never reached this gateway"
+        answered = _answered(pod)
+        got = fleet.embed_in_node(f"http://{pod['status']['podIP']}:8080/v1", TEXTS)
+        assert min(_cosines(got, reference_vectors)) >= MIN_COSINE
+        assert _answered(pod) > answered, "the pod's metrics missed its answer"
     got = fleet.embed_in_node(f"http://{fleet.cluster_ip()}/v1", TEXTS)
-    assert min(_cosines(got, reference.encode(TEXTS))) >= MIN_COSINE
+    assert min(_cosines(got, reference_vectors)) >= MIN_COSINE
     assert fleet.forbidden_lines() == []
+
+
+def _answered(pod: dict[str, Any]) -> float:
+    """/v1/embeddings requests a gateway pod answered 200, from its /metrics."""
+    url = f"http://{pod['status']['podIP']}:8080/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        metrics = reply.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("embedfleet_gateway_requests_total{")
+        and 'code="200"' in line
+        and 'route="/v1/embeddings"' in line
+    )
 
 
 def test_deleting_the_fleet_removes_everything(applied: Applied) -> None:
