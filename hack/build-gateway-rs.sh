@@ -3,7 +3,7 @@
 # "Rust gateway"), and prints the binary's path as its last line.
 #
 # The binary lands in ${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/gateway-rs/bin/<key>/, key =
-# hash of rustc -V, Cargo.lock, Cargo.toml, build.rs, src/, openapi/, the proto it compiles and the
+# hash of rustc -V, Cargo.lock, Cargo.toml, build.rs, src/, openapi/, proto/, the proto it compiles and the
 # calibration it embeds: a cached build is reused without invoking cargo. The target directory
 # is keyed by rustc -V alone, so a source change recompiles the crate, not its ~150 dependencies
 # (cargo tracks Cargo.lock in it itself). Cargo runs under nice with CARGO_BUILD_JOBS (default 1:
@@ -26,7 +26,7 @@ key="$(
   {
     echo "$toolchain"
     cd "$crate"
-    find Cargo.lock Cargo.toml build.rs src openapi -type f | LC_ALL=C sort | xargs sha256sum
+    find Cargo.lock Cargo.toml build.rs src openapi proto -type f | LC_ALL=C sort | xargs sha256sum
     sha256sum "$proto" | cut -d' ' -f1
     sha256sum "$calibration" | cut -d' ' -f1
   } | sha256sum | cut -c1-16

@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from embedfleet.testing.families import FamilyDirs
+    from embedfleet.testing.otlp import Collector
 
 
 def _cuda_available() -> bool:
@@ -36,3 +39,12 @@ def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> FamilyDirs:
     from embedfleet.testing.families import FamilyDirs
 
     return FamilyDirs(tmp_path_factory.mktemp("families"))
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[tuple[Collector, str]]:
+    """An OTLP/gRPC collector on 127.0.0.1 and its endpoint, for a module's tracing tests."""
+    from embedfleet.testing.otlp import running_collector
+
+    with running_collector() as running:
+        yield running

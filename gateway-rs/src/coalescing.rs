@@ -17,6 +17,7 @@ use tonic::{Code, Status};
 
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::{EmbedRequest, TokenBatch};
+use crate::stream::EmbedStream;
 
 const MAX_MESSAGE: usize = 512 * 1024 * 1024;
 
@@ -37,6 +38,8 @@ struct Part {
 struct Message {
     dims: u32,
     timeout: Duration,
+    /// the first part's span: the merged call's traceparent (one trace per call)
+    context: Option<crate::trace::Context>,
     parts: Vec<Part>,
     tokens: usize,
     sequences: usize,
@@ -65,7 +68,15 @@ pub struct Coalescer {
     max_tokens: usize,
     max_sequences: usize,
     small_tokens: usize,
+    /// the small calls' way to the worker, where on (`--coalesce-stream`) and the worker has one
+    stream: Option<EmbedStream>,
     state: Mutex<State>,
+}
+
+fn client(channel: &Channel) -> WorkerClient<Channel> {
+    WorkerClient::new(channel.clone())
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
 }
 
 /// Consecutive blocks of `rows`, `counts[i] * dims` floats each. Pure.
@@ -86,8 +97,10 @@ impl Coalescer {
         max_tokens: usize,
         max_sequences: usize,
         small_tokens: usize,
+        stream: bool,
     ) -> Arc<Self> {
         Arc::new(Coalescer {
+            stream: stream.then(|| EmbedStream::new(client(&channel))),
             channel,
             max_inflight,
             max_tokens,
@@ -98,9 +111,30 @@ impl Coalescer {
     }
 
     pub fn client(&self) -> WorkerClient<Channel> {
-        WorkerClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE)
+        client(&self.channel)
+    }
+
+    /// A small (coalesced) call: a message of the worker's EmbedStream where it has one.
+    async fn send_small(
+        &self,
+        batch: TokenBatch,
+        dims: u32,
+        timeout: Duration,
+    ) -> Result<(Vec<f32>, usize), Status> {
+        if let Some(stream) = self.stream.as_ref().filter(|s| s.supported()) {
+            let request = EmbedRequest {
+                batch: Some(batch.clone()),
+                dimensions: dims,
+                ..Default::default()
+            };
+            match stream.call(request, timeout).await {
+                Ok(reply) => return Ok((crate::pool::rows(&reply), reply.dimensions as usize)),
+                // A worker older than this gateway: unary calls from now on.
+                Err(status) if status.code() == Code::Unimplemented => {}
+                Err(status) => return Err(status),
+            }
+        }
+        self.send(batch, dims, None, timeout).await
     }
 
     async fn send(
@@ -118,6 +152,7 @@ impl Coalescer {
         };
         let mut call = tonic::Request::new(request);
         call.set_timeout(timeout);
+        crate::trace::inject(&mut call);
         let reply = self.client().embed(call).await?.into_inner();
         Ok((crate::pool::rows(&reply), reply.dimensions as usize))
     }
@@ -189,7 +224,7 @@ impl Coalescer {
             }
         }
         let _slot = Slot(self);
-        self.send(batch, dims, None, timeout)
+        self.send_small(batch, dims, timeout)
             .await
             .map(|(rows, _)| rows)
     }
@@ -207,6 +242,7 @@ impl Coalescer {
                 let message = Message {
                     dims,
                     timeout,
+                    context: crate::trace::current(),
                     parts: Vec::new(),
                     tokens: 0,
                     sequences: 0,
@@ -272,7 +308,8 @@ impl Coalescer {
         };
         let counts: Vec<usize> = parts.iter().map(|p| p.count).collect();
         let total: usize = counts.iter().sum();
-        let result = self.send(batch, message.dims, None, message.timeout).await;
+        let sent = self.send_small(batch, message.dims, message.timeout);
+        let result = crate::trace::within(message.context, sent).await;
         let shares = match result {
             Ok((rows, dims)) if dims > 0 && rows.len() == total * dims => {
                 Ok(cut(&rows, &counts, dims))

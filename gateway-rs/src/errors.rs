@@ -133,7 +133,7 @@ pub fn unsupported(what: &str) -> ApiError {
     ApiError::new(
         501,
         format!(
-            "{what} is not supported by embedfleet-gateway-rs (phase 1); the Python gateway \
+            "{what} is not supported by embedfleet-gateway-rs; the Python gateway \
              (embedfleet-gateway) serves it."
         ),
     )

@@ -18,9 +18,10 @@ use hyper::{Method, Request, Response};
 use crate::admission;
 use crate::auth;
 use crate::errors::{self, ApiError};
+use crate::gateway::Gateway;
 use crate::metrics::{self, Metrics};
 use crate::request;
-use crate::service::Service;
+use crate::trace;
 
 /// nginx's "client closed request", for metrics: nobody reads this response.
 const CLIENT_GONE: u16 = 499;
@@ -61,6 +62,8 @@ pub fn is_json(content_type: &[u8]) -> bool {
 struct Recorder {
     metrics: Arc<Metrics>,
     route: &'static str,
+    /// the served model that took the request ("" until one did)
+    model: &'static str,
     start: Instant,
     status: u16,
     finished: bool,
@@ -73,7 +76,8 @@ impl Drop for Recorder {
         }
         self.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
         let seconds = self.start.elapsed().as_secs_f64();
-        self.metrics.observe(self.route, self.status, seconds);
+        self.metrics
+            .observe(self.route, self.status, self.model, seconds);
     }
 }
 
@@ -144,34 +148,64 @@ enum Post {
     Sparse(request::SparseRequest),
 }
 
-pub async fn handle(service: Arc<Service>, req: Request<Incoming>) -> Result<Reply, Infallible> {
-    let metrics = Arc::clone(&service.metrics);
+impl Post {
+    /// The body's `model`, which names the served model to answer it.
+    fn model(&self) -> Option<&str> {
+        match self {
+            Post::Embeddings(r) => r.model.as_deref(),
+            Post::Rerank(r) => r.pair.model.as_deref(),
+            Post::Score(r) => r.pair.model.as_deref(),
+            Post::Classify(r) => r.model.as_deref(),
+            Post::Sparse(r) => r.model.as_deref(),
+        }
+    }
+}
+
+pub async fn handle(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Reply, Infallible> {
+    let metrics = Arc::clone(&gateway.metrics);
     metrics.inflight.fetch_add(1, Ordering::Relaxed);
     let route = route_of(req.uri().path());
     let mut recorder = Recorder {
         metrics,
         route,
+        model: "",
         start: Instant::now(),
         status: CLIENT_GONE,
         finished: false,
     };
-    let reply = match dispatch(&service, route, req).await {
+    // Only the API routes are traced: probes and scrapes of /ready and /metrics are not.
+    let mut span = (gateway.tracer.enabled() && POSTS.contains(&route)).then(|| {
+        let parent = req
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok());
+        gateway
+            .tracer
+            .server(format!("{} {route}", req.method()), parent)
+    });
+    let context = span.as_ref().and_then(trace::Span::context);
+    let answered = dispatch(&gateway, route, req, &mut recorder.model);
+    let reply = match trace::within(context, answered).await {
         Ok(reply) => reply,
         Err(e) => error_reply(&e),
     };
     recorder.status = reply.status().as_u16();
     recorder.finished = true;
+    if let Some(span) = &mut span {
+        span.int("http.response.status_code", i64::from(recorder.status));
+    }
     Ok(reply)
 }
 
 async fn dispatch(
-    service: &Service,
+    gateway: &Gateway,
     route: &'static str,
     req: Request<Incoming>,
+    served: &mut &'static str,
 ) -> Result<Reply, ApiError> {
-    if let Some(file) = &service.keys {
+    if let Some(file) = &gateway.keys {
         if req.uri().path().starts_with("/v1/") {
-            authorize(service, file, route, &req)?;
+            authorize(gateway, file, route, &req)?;
         }
     }
     let method = req.method().clone();
@@ -184,8 +218,8 @@ async fn dispatch(
         }
         let started = Instant::now();
         let body = read_body(
-            service.settings.max_body_bytes,
-            service.settings.body_timeout_seconds,
+            gateway.settings.max_body_bytes,
+            gateway.settings.body_timeout_seconds,
             req,
         )
         .await?;
@@ -196,37 +230,21 @@ async fn dispatch(
             "/v1/sparse_embeddings" => Post::Sparse(request::parse_sparse(&body)?),
             _ => Post::Embeddings(request::parse(&body)?),
         };
-        let metrics = &service.metrics;
+        let metrics = &gateway.metrics;
         metrics.stage(metrics::PARSE, started.elapsed().as_secs_f64());
-        // Admitted or shed after parsing and the model's name, before any other check (as the
-        // Python gateway): the ticket gives its work back when dropped, whether answered,
-        // refused or abandoned.
+        // The served model the body names picks the service; then admitted or shed, before
+        // any other check (as the Python gateway): the ticket gives its work back when dropped,
+        // whether answered, refused or abandoned.
+        let service = gateway.pick(post.model())?;
+        *served = service.name;
         let (model, max_tokens) = (&service.model, service.tokenization.max_tokens);
+        let gate = &service.admission;
         let ticket = match &post {
-            Post::Embeddings(r) => {
-                service.check_model(&r.model)?;
-                service
-                    .admission
-                    .admit(admission::embedding_work(r, model, max_tokens))?
-            }
-            Post::Rerank(r) => {
-                service.check_model(&r.pair.model)?;
-                service.admission.admit(admission::rerank_work(r, model))?
-            }
-            Post::Score(r) => {
-                service.check_model(&r.pair.model)?;
-                service.admission.admit(admission::score_work(r, model))?
-            }
-            Post::Classify(r) => {
-                service.check_model(&r.model)?;
-                service.admission.admit(admission::classify_work(r))?
-            }
-            Post::Sparse(r) => {
-                service.check_model(&r.model)?;
-                service
-                    .admission
-                    .admit(admission::sparse_work(r, model, max_tokens))?
-            }
+            Post::Embeddings(r) => gate.admit(admission::embedding_work(r, model, max_tokens))?,
+            Post::Rerank(r) => gate.admit(admission::rerank_work(r, model))?,
+            Post::Score(r) => gate.admit(admission::score_work(r, model))?,
+            Post::Classify(r) => gate.admit(admission::classify_work(r))?,
+            Post::Sparse(r) => gate.admit(admission::sparse_work(r, model, max_tokens))?,
         };
         let doc = match post {
             Post::Embeddings(r) => service.embeddings(r, &ticket).await?,
@@ -254,7 +272,7 @@ async fn dispatch(
                 "application/json",
             )),
             // Holding requests (scale from zero), the gateway is ready without a worker.
-            "/ready" if service.hold.keeps_ready() || service.pool.ready() => Ok(respond(
+            "/ready" if gateway.ready() => Ok(respond(
                 200,
                 br#"{"ready":true}"#.to_vec(),
                 "application/json",
@@ -266,19 +284,13 @@ async fn dispatch(
             )),
             "/metrics" => Ok(respond(
                 200,
-                service
-                    .metrics
-                    .exposition(
-                        &service.pool.worker_states(),
-                        &metrics::Scrape::of(&service.admission, &service.hold),
-                    )
-                    .into_bytes(),
+                gateway.exposition().into_bytes(),
                 "text/plain; version=0.0.4; charset=utf-8",
             )),
-            "/v1/models" => Ok(respond(200, service.models(), "application/json")),
+            "/v1/models" => Ok(respond(200, gateway.models(), "application/json")),
             // The Python gateway's document, generated from its schemas (openapi.py writes
             // these copies; tests/gateway_rs compares what both serve).
-            "/openapi.json" if service.keys.is_some() => Ok(respond(
+            "/openapi.json" if gateway.keys.is_some() => Ok(respond(
                 200,
                 include_bytes!("../openapi/auth.json").to_vec(),
                 "application/json",
@@ -297,7 +309,7 @@ async fn dispatch(
 /// 401 unless the request carries a current API key; counts it per key when asked. Before the
 /// method and the route, as the Python gateway: an unknown /v1/ path tells nothing without a key.
 fn authorize(
-    service: &Service,
+    gateway: &Gateway,
     file: &auth::KeyFile,
     route: &'static str,
     req: &Request<Incoming>,
@@ -308,8 +320,8 @@ fn authorize(
         .keys()
         .check(token.as_deref())
         .ok_or_else(|| errors::unauthorized(header.is_some()))?;
-    if service.settings.api_key_metrics {
-        service.metrics.count_key(label, route);
+    if gateway.settings.api_key_metrics {
+        gateway.metrics.count_key(label, route);
     }
     Ok(())
 }

@@ -1,20 +1,23 @@
-//! embedfleet-gateway-rs: the one-model path of the embedfleet gateway in Rust (phase 1 of
-//! issue #20). The Python gateway stays the reference; tests/gateway_rs checks this one
+//! embedfleet-gateway-rs: the embedfleet gateway in Rust (issue #20), one model or a models
+//! file's several. The Python gateway stays the reference; tests/gateway_rs checks this one
 //! against it request by request.
 
 mod admission;
 mod auth;
 mod balancer;
+mod catalog;
 mod coalescing;
 mod connection;
 mod discovery;
 mod errors;
+mod gateway;
 mod hold;
 mod http;
 mod kube;
 mod logs;
 mod metrics;
 mod model;
+mod otlp;
 mod pool;
 mod proto;
 mod quantization;
@@ -22,8 +25,11 @@ mod request;
 mod service;
 mod settings;
 mod splitting;
+mod stream;
 mod tokenization;
+mod trace;
 mod windows;
+mod wordpiece;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,31 +53,17 @@ fn fail(message: String) -> ! {
     std::process::exit(2);
 }
 
-fn build(s: settings::Settings) -> Result<service::Service, String> {
-    let model = model::load(&s.model, &s.task)?;
-    let max_tokens = model.max_input_tokens(s.max_input_tokens)?;
-    let tokenization = tokenization::Tokenization::new(&model, max_tokens)?;
-    let coalescing = pool::Coalescing {
-        max_inflight: s.coalesce_inflight,
-        max_tokens: s.chunk_tokens,
-        max_sequences: s.chunk_sequences,
-        small_tokens: s.min_chunk_tokens,
-    };
-    let metrics = Arc::new(metrics::Metrics::default());
-    for address in &s.workers {
-        pool::target(address).map_err(|e| format!("--workers: {e}"))?;
-    }
-    let pool = pool::Pool::new(
-        s.eject_seconds,
-        s.probe_seconds,
-        s.retry_after_seconds,
-        coalescing,
-        Arc::clone(&metrics),
-    );
-    let name = if s.served_model_name.is_empty() {
-        model.name.clone()
-    } else {
-        s.served_model_name.clone()
+/// The process: one model from the settings, or each of `--models-file`'s.
+fn build(s: settings::Settings) -> Result<gateway::Gateway, String> {
+    let env = trace::process_env();
+    let tracer = match trace::config(
+        &s.tracing_endpoint,
+        &s.tracing_service_name,
+        s.tracing_sample_ratio,
+        &env,
+    )? {
+        Some(config) => trace::Tracer::start(&config, &env)?,
+        None => trace::Tracer::off(),
     };
     let keys = if s.api_keys_file.is_empty() {
         None
@@ -81,6 +73,67 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
             s.api_keys_reload_seconds,
         )?))
     };
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (served, metrics) = if s.models_file.is_empty() {
+        let one = Arc::new(build_model(s.clone(), None, &tracer, created)?);
+        let metrics = Arc::clone(&one.metrics);
+        (vec![one], metrics)
+    } else {
+        let text = std::fs::read_to_string(&s.models_file)
+            .map_err(|e| format!("--models-file {}: {e}", s.models_file))?;
+        let mut served = Vec::new();
+        for (i, each) in catalog::parse_models(&text, &s)?.into_iter().enumerate() {
+            let model = build_model(each, Some(i), &tracer, created)
+                .map_err(|e| format!("models[{i}]: {e}"))?;
+            served.push(Arc::new(model));
+        }
+        (served, Arc::new(metrics::Metrics::shared()))
+    };
+    gateway::Gateway::new(s, served, metrics, keys, tracer)
+}
+
+/// One served model; `entry` is its index in a models file (its metrics then carry its name).
+fn build_model(
+    s: settings::Settings,
+    entry: Option<usize>,
+    tracer: &trace::Tracer,
+    created: u64,
+) -> Result<service::Service, String> {
+    let model = model::load(&s.model, &s.task)?;
+    let max_tokens = model.max_input_tokens(s.max_input_tokens)?;
+    let tokenization = tokenization::Tokenization::new(&model, max_tokens)?;
+    let coalescing = pool::Coalescing {
+        max_inflight: s.coalesce_inflight,
+        max_tokens: s.chunk_tokens,
+        max_sequences: s.chunk_sequences,
+        small_tokens: s.min_chunk_tokens,
+        // Traced, each small call carries its own traceparent: unary calls (stream.rs).
+        stream: s.coalesce_stream && !tracer.enabled(),
+    };
+    let name = if s.served_model_name.is_empty() {
+        model.name.clone()
+    } else {
+        s.served_model_name.clone()
+    };
+    // Leaked once per served model: the request metrics key on the name for the process's life.
+    let name: &'static str = Box::leak(name.into_boxed_str());
+    let metrics = Arc::new(match entry {
+        Some(_) => metrics::Metrics::for_model(name),
+        None => metrics::Metrics::default(),
+    });
+    for address in &s.workers {
+        pool::target(address).map_err(|e| format!("--workers: {e}"))?;
+    }
+    let pool = pool::Pool::new(
+        s.eject_seconds,
+        s.probe_seconds,
+        s.retry_after_seconds,
+        coalescing,
+        Arc::clone(&metrics),
+        tracer.clone(),
+    );
     let calibration = quantization::find_calibration(
         &s.quantization_file,
         &model.path,
@@ -101,9 +154,6 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         s.hold_seconds,
         s.retry_after_seconds,
     );
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     Ok(service::Service {
         settings: s,
         model,
@@ -114,22 +164,25 @@ fn build(s: settings::Settings) -> Result<service::Service, String> {
         admission,
         hold,
         large_lane: tokio::sync::Semaphore::new(1),
-        keys,
         calibration,
         created,
+        tracer: tracer.clone(),
     })
 }
 
-async fn serve(service: Arc<service::Service>) -> Result<(), String> {
-    let s = &service.settings;
+async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
+    let s = &gateway.settings;
     let addr: SocketAddr = format!("{}:{}", s.host, s.port)
         .parse()
         .map_err(|e| format!("--host/--port: {e}"))?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot bind {addr}: {e}"))?;
-    discovery::start(&service.pool, s);
-    if let Some(keys) = &service.keys {
+    for served in &gateway.served {
+        // Each model's workers, by its own settings (a models file's entry names them).
+        discovery::start(&served.pool, &served.settings);
+    }
+    if let Some(keys) = &gateway.keys {
         keys.start();
     }
     let open_files = std::fs::read_to_string("/proc/self/limits")
@@ -175,7 +228,7 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let service = Arc::clone(&service);
+        let gateway = Arc::clone(&gateway);
         let open = Opened(Arc::clone(&open));
         let bounds =
             connection::Bounds::drawn(s.header_timeout_seconds, s.keep_alive_seconds, rng.unit());
@@ -186,7 +239,7 @@ async fn serve(service: Arc<service::Service>) -> Result<(), String> {
             let handler = service_fn(move |req| {
                 // Synchronously, before hyper reads on: from here the header bound is off.
                 let guard = busy.busy();
-                let reply = http::handle(Arc::clone(&service), req);
+                let reply = http::handle(Arc::clone(&gateway), req);
                 async move {
                     let reply = reply.await;
                     drop(guard);
@@ -231,8 +284,11 @@ fn main() {
         .unwrap_or_else(|e| fail(e.to_string()));
     // Inside the runtime: the workers' channels spawn their tasks on it.
     let served = runtime.block_on(async {
-        let service = Arc::new(build(settings)?);
-        serve(service).await
+        let gateway = Arc::new(build(settings)?);
+        let served = serve(Arc::clone(&gateway)).await;
+        // Stopping: what spans are queued go out first.
+        gateway.tracer.shutdown().await;
+        served
     });
     if let Err(e) = served {
         fail(e);

@@ -104,12 +104,22 @@ pub struct WorkerState {
 
 #[derive(Default)]
 struct Requests {
-    counts: BTreeMap<(&'static str, u16), u64>,
-    seconds: BTreeMap<&'static str, Histogram>,
+    /// by (route, code, served model: "" when none served it)
+    counts: BTreeMap<(&'static str, u16, &'static str), u64>,
+    seconds: BTreeMap<(&'static str, &'static str), Histogram>,
 }
 
+/// One gateway's metrics, or one model's part of them. In a gateway of several models
+/// (`--models-file`), the process's (`Metrics::shared`) hold the request families, labelled by
+/// model, and the stages, keys, in-flight and cancelled requests; each model's
+/// (`Metrics::for_model`) hold the rest (the Python gateway's MODEL_LABELLED), labelled by its
+/// name. With one model, one `Metrics` holds all of it, and no family has a model label.
 #[derive(Default)]
 pub struct Metrics {
+    /// `model="name",` on a model's families in a gateway of several, else ""
+    label: String,
+    /// whether the request families carry the model label
+    per_model: bool,
     requests: Mutex<Requests>,
     keys: Mutex<BTreeMap<(Arc<str>, &'static str), u64>>,
     /// one request's tokenization; one chunk call's attempt; chunks a request went out in
@@ -126,6 +136,36 @@ pub struct Metrics {
     /// POSTs whose client left before the answer, and chunk calls dropped in flight
     pub cancelled: AtomicU64,
     pub cancelled_calls: AtomicU64,
+}
+
+/// One model's metrics and its figures at scrape time, for the exposition.
+pub struct Part<'a> {
+    pub metrics: &'a Metrics,
+    pub workers: Vec<WorkerState>,
+    pub scrape: Scrape,
+}
+
+/// A label value as the text format needs it: backslash, quote and newline escaped.
+fn escaped(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `{a="1",b="2"}` of the non-empty label parts (each `k="v"`, with or without a trailing
+/// comma), or nothing when all are empty.
+fn braces(parts: &[&str]) -> String {
+    let inner: Vec<&str> = parts
+        .iter()
+        .map(|p| p.trim_end_matches(','))
+        .filter(|p| !p.is_empty())
+        .collect();
+    if inner.is_empty() {
+        String::new()
+    } else {
+        format!("{{{}}}", inner.join(","))
+    }
 }
 
 const TOKENIZE: usize = 0;
@@ -182,11 +222,30 @@ fn number(v: f64) -> String {
 }
 
 impl Metrics {
-    pub fn observe(&self, route: &'static str, code: u16, seconds: f64) {
+    /// A gateway of several models' own metrics: its request families carry a model label.
+    pub fn shared() -> Metrics {
+        Metrics {
+            per_model: true,
+            ..Metrics::default()
+        }
+    }
+
+    /// Model `name`'s part of a gateway of several models: its families carry `model=name`.
+    pub fn for_model(name: &str) -> Metrics {
+        Metrics {
+            label: format!("model=\"{}\",", escaped(name)),
+            ..Metrics::default()
+        }
+    }
+
+    /// One request, with the model that served it ("" when none did: a bad body, an unknown
+    /// model, a GET); the model is a label only in a gateway of several.
+    pub fn observe(&self, route: &'static str, code: u16, model: &'static str, seconds: f64) {
+        let model = if self.per_model { model } else { "" };
         let mut r = self.requests.lock().expect("metrics lock");
-        *r.counts.entry((route, code)).or_default() += 1;
+        *r.counts.entry((route, code, model)).or_default() += 1;
         r.seconds
-            .entry(route)
+            .entry((route, model))
             .or_default()
             .observe(&LATENCY, seconds);
     }
@@ -233,28 +292,41 @@ impl Metrics {
             .or_default() += 1;
     }
 
-    pub fn exposition(&self, workers: &[WorkerState], admission: &Scrape) -> String {
+    /// The text exposition of the process's families (`self`) and of each model's (`parts`;
+    /// with one model, `self` is that model's too).
+    pub fn exposition(&self, parts: &[Part]) -> String {
         let keys = self.keys.lock().expect("metrics lock").clone();
         let (counts, seconds) = {
             let r = self.requests.lock().expect("metrics lock");
             (r.counts.clone(), r.seconds.clone())
+        };
+        let model_label = |model: &str| {
+            if self.per_model {
+                format!("model=\"{}\",", escaped(model))
+            } else {
+                String::new()
+            }
         };
         let mut out = String::with_capacity(4096);
         out.push_str(
             "# HELP embedfleet_gateway_requests_total HTTP requests by route and status code.\n",
         );
         out.push_str("# TYPE embedfleet_gateway_requests_total counter\n");
-        for ((route, code), n) in &counts {
+        for ((route, code, model), n) in &counts {
+            let labels = braces(&[
+                &format!("route=\"{route}\",code=\"{code}\""),
+                &model_label(model),
+            ]);
             let _ = writeln!(
                 out,
-                "embedfleet_gateway_requests_total{{route=\"{route}\",code=\"{code}\"}} {}",
+                "embedfleet_gateway_requests_total{labels} {}",
                 number(*n as f64)
             );
         }
         out.push_str("# HELP embedfleet_gateway_request_seconds Time from request start to the response being sent, by route.\n");
         out.push_str("# TYPE embedfleet_gateway_request_seconds histogram\n");
-        for (route, h) in &seconds {
-            let labels = format!("route=\"{route}\",");
+        for ((route, model), h) in &seconds {
+            let labels = format!("route=\"{route}\",{}", model_label(model));
             h.write(
                 &mut out,
                 "embedfleet_gateway_request_seconds",
@@ -277,15 +349,23 @@ impl Metrics {
         }
         out.push_str("# HELP embedfleet_gateway_input_tokens_total Tokens of accepted requests.\n");
         out.push_str("# TYPE embedfleet_gateway_input_tokens_total counter\n");
-        let _ = writeln!(
-            out,
-            "embedfleet_gateway_input_tokens_total {}",
-            number(self.input_tokens.load(Ordering::Relaxed) as f64)
-        );
-        let histograms = self.histograms.lock().expect("metrics lock").clone();
+        for p in parts {
+            let _ = writeln!(
+                out,
+                "embedfleet_gateway_input_tokens_total{} {}",
+                braces(&[&p.metrics.label]),
+                number(p.metrics.input_tokens.load(Ordering::Relaxed) as f64)
+            );
+        }
+        let histograms: Vec<_> = parts
+            .iter()
+            .map(|p| p.metrics.histograms.lock().expect("metrics lock").clone())
+            .collect();
         for (which, name, help, bounds) in HISTOGRAMS {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            histograms[which].write(&mut out, name, "", bounds);
+            for (p, h) in parts.iter().zip(&histograms) {
+                h[which].write(&mut out, name, &p.metrics.label, bounds);
+            }
         }
         let stages = self.stages.lock().expect("metrics lock").clone();
         let name = "embedfleet_gateway_stage_seconds";
@@ -303,54 +383,77 @@ impl Metrics {
                 &STAGE_SECONDS,
             );
         }
-        for (name, help, value) in [
+        type Counted = fn(&Metrics) -> &AtomicU64;
+        let counters: [(&str, &str, bool, Counted); 5] = [
             (
                 "embedfleet_gateway_retries_total",
                 "Chunks retried on another worker.",
-                &self.retries,
+                true,
+                |m| &m.retries,
             ),
             (
                 "embedfleet_gateway_worker_ejections_total",
                 "Times a failing worker was taken out of rotation.",
-                &self.ejections,
+                true,
+                |m| &m.ejections,
             ),
             (
                 "embedfleet_gateway_split_inputs_total",
                 "Inputs over the model's limit embedded as windows (split_long_inputs).",
-                &self.split_inputs,
+                true,
+                |m| &m.split_inputs,
             ),
             (
                 "embedfleet_gateway_cancelled_requests_total",
                 "Requests whose client disconnected before the answer; their chunks were \
                  cancelled.",
-                &self.cancelled,
+                false,
+                |m| &m.cancelled,
             ),
             (
                 "embedfleet_gateway_cancelled_calls_total",
                 "Chunk calls to workers the gateway cancelled: the client went away, or another \
                  chunk of the same request failed. A worker may never see one sent just before.",
-                &self.cancelled_calls,
+                true,
+                |m| &m.cancelled_calls,
             ),
-        ] {
+        ];
+        for (name, help, per_model, value) in counters {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-            let n = value.load(Ordering::Relaxed) as f64;
-            let _ = writeln!(out, "{name} {}", number(n));
+            let mut write = |m: &Metrics| {
+                let n = value(m).load(Ordering::Relaxed) as f64;
+                let _ = writeln!(out, "{name}{} {}", braces(&[&m.label]), number(n));
+            };
+            if per_model {
+                parts.iter().for_each(|p| write(p.metrics));
+            } else {
+                write(self);
+            }
         }
-        let _ = writeln!(
-            out,
+        out.push_str(
             "# HELP embedfleet_gateway_shed_requests_total Requests answered 429 before \
              tokenization: the work queued ahead was past --max-queue-seconds.\n\
-             # TYPE embedfleet_gateway_shed_requests_total counter\n\
-             embedfleet_gateway_shed_requests_total {}",
-            number(admission.shed as f64)
+             # TYPE embedfleet_gateway_shed_requests_total counter\n",
         );
+        for p in parts {
+            let _ = writeln!(
+                out,
+                "embedfleet_gateway_shed_requests_total{} {}",
+                braces(&[&p.metrics.label]),
+                number(p.scrape.shed as f64)
+            );
+        }
         out.push_str(
             "# HELP embedfleet_gateway_hold_refused_total Requests answered 503 while waiting \
              for a worker: the hold was full, or timed out.\n\
              # TYPE embedfleet_gateway_hold_refused_total counter\n",
         );
-        for (reason, n) in ["full", "timeout"].iter().zip(&self.hold_refused) {
-            let n = n.load(Ordering::Relaxed);
+        for (which, reason) in ["full", "timeout"].iter().enumerate() {
+            // One family for the process, as the Python gateway's: every model's holds count.
+            let n: u64 = parts
+                .iter()
+                .map(|p| p.metrics.hold_refused[which].load(Ordering::Relaxed))
+                .sum();
             if n > 0 {
                 // A labelled counter shows its children once used, as prometheus_client's.
                 let _ = writeln!(
@@ -360,59 +463,69 @@ impl Metrics {
                 );
             }
         }
-        for (name, help, value) in [
+        type Gauged = fn(&Scrape) -> f64;
+        let gauges: [(&str, &str, Gauged); 4] = [
             (
                 "embedfleet_gateway_held_requests",
                 "Requests waiting for a worker to become ready (the fleet is at zero or \
                  starting).",
-                admission.held as f64,
+                |s| s.held as f64,
             ),
             (
                 "embedfleet_gateway_held_tokens",
                 "Tokens of the requests waiting for a worker to become ready.",
-                admission.held_tokens as f64,
+                |s| s.held_tokens as f64,
             ),
             (
                 "embedfleet_gateway_queued_work_seconds",
                 "Seconds of work queued ahead of a request arriving now, at the usable workers' \
                  measured capacity (what admission compares with --max-queue-seconds).",
-                admission.queued_seconds,
+                |s| s.queued_seconds,
             ),
             (
                 "embedfleet_gateway_delivered_capacity_ratio",
                 "Tokens/s the fleet answered while this gateway's queue was deep, over the \
                  capacity its workers report (1 until learned); admission's capacity is that \
                  figure times this.",
-                admission.delivered,
+                |s| s.delivered,
             ),
-        ] {
+        ];
+        for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            let _ = writeln!(out, "{name} {}", number(value));
+            for p in parts {
+                let labels = braces(&[&p.metrics.label]);
+                let _ = writeln!(out, "{name}{labels} {}", number(value(&p.scrape)));
+            }
         }
         out.push_str(
             "# HELP embedfleet_gateway_worker_outstanding_tokens Tokens sent to a worker by this \
              gateway and not yet answered.\n\
              # TYPE embedfleet_gateway_worker_outstanding_tokens gauge\n",
         );
-        for w in workers {
-            let _ = writeln!(
-                out,
-                "embedfleet_gateway_worker_outstanding_tokens{{worker=\"{}\"}} {}",
-                w.address,
-                number(w.outstanding_tokens as f64)
-            );
+        for p in parts {
+            for w in &p.workers {
+                let labels = braces(&[&format!("worker=\"{}\"", w.address), &p.metrics.label]);
+                let _ = writeln!(
+                    out,
+                    "embedfleet_gateway_worker_outstanding_tokens{labels} {}",
+                    number(w.outstanding_tokens as f64)
+                );
+            }
         }
         out.push_str(
             "# HELP embedfleet_gateway_workers Known workers by state (ready: taking traffic; \
              ejected: failing; unready).\n# TYPE embedfleet_gateway_workers gauge\n",
         );
-        for state in ["ready", "ejected", "unready"] {
-            let n = workers.iter().filter(|w| w.state == state).count();
-            let _ = writeln!(
-                out,
-                "embedfleet_gateway_workers{{state=\"{state}\"}} {}",
-                number(n as f64)
-            );
+        for p in parts {
+            for state in ["ready", "ejected", "unready"] {
+                let n = p.workers.iter().filter(|w| w.state == state).count();
+                let labels = braces(&[&format!("state=\"{state}\""), &p.metrics.label]);
+                let _ = writeln!(
+                    out,
+                    "embedfleet_gateway_workers{labels} {}",
+                    number(n as f64)
+                );
+            }
         }
         out.push_str("# HELP embedfleet_gateway_inflight_requests Requests being served now.\n");
         out.push_str("# TYPE embedfleet_gateway_inflight_requests gauge\n");
@@ -437,13 +550,65 @@ mod tests {
         held_tokens: 0,
     };
 
+    fn alone(m: &Metrics) -> String {
+        m.exposition(&[Part {
+            metrics: m,
+            workers: Vec::new(),
+            scrape: IDLE,
+        }])
+    }
+
+    #[test]
+    fn a_shared_gateway_labels_each_model_s_families_and_its_requests() {
+        let process = Metrics::shared();
+        let (a, b) = (Metrics::for_model("a"), Metrics::for_model("b\"q"));
+        process.observe("/v1/embeddings", 200, "a", 0.01);
+        process.observe("/v1/embeddings", 404, "", 0.01);
+        a.input_tokens.fetch_add(7, Ordering::Relaxed);
+        b.hold_refused("full");
+        let worker = |state| WorkerState {
+            address: "w:1".into(),
+            outstanding_tokens: 3,
+            state,
+        };
+        let text = process.exposition(&[
+            Part {
+                metrics: &a,
+                workers: vec![worker("ready")],
+                scrape: IDLE,
+            },
+            Part {
+                metrics: &b,
+                workers: vec![worker("unready")],
+                scrape: IDLE,
+            },
+        ]);
+        for line in [
+            "embedfleet_gateway_requests_total{route=\"/v1/embeddings\",code=\"200\",model=\"a\"} 1.0",
+            "embedfleet_gateway_requests_total{route=\"/v1/embeddings\",code=\"404\",model=\"\"} 1.0",
+            "embedfleet_gateway_request_seconds_count{route=\"/v1/embeddings\",model=\"a\"} 1.0",
+            "embedfleet_gateway_input_tokens_total{model=\"a\"} 7.0",
+            "embedfleet_gateway_input_tokens_total{model=\"b\\\"q\"} 0.0",
+            "embedfleet_gateway_tokenize_seconds_count{model=\"a\"} 0.0",
+            "embedfleet_gateway_retries_total{model=\"a\"} 0.0",
+            "embedfleet_gateway_cancelled_requests_total 0.0",
+            "embedfleet_gateway_hold_refused_total{reason=\"full\"} 1.0",
+            "embedfleet_gateway_worker_outstanding_tokens{worker=\"w:1\",model=\"a\"} 3.0",
+            "embedfleet_gateway_workers{state=\"ready\",model=\"a\"} 1.0",
+            "embedfleet_gateway_workers{state=\"unready\",model=\"b\\\"q\"} 1.0",
+            "embedfleet_gateway_inflight_requests 0.0",
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+        }
+    }
+
     #[test]
     fn buckets_are_cumulative() {
         let m = Metrics::default();
-        m.observe("/v1/embeddings", 200, 0.002);
-        m.observe("/v1/embeddings", 200, 0.2);
-        m.observe("/v1/embeddings", 400, 100.0);
-        let text = m.exposition(&[], &IDLE);
+        m.observe("/v1/embeddings", 200, "", 0.002);
+        m.observe("/v1/embeddings", 200, "", 0.2);
+        m.observe("/v1/embeddings", 400, "", 100.0);
+        let text = alone(&m);
         assert!(text.contains(
             "embedfleet_gateway_requests_total{route=\"/v1/embeddings\",code=\"200\"} 2.0"
         ));
@@ -457,7 +622,7 @@ mod tests {
     fn stages_are_labelled_with_python_s_bounds() {
         let m = Metrics::default();
         m.stage(PARSE, 0.00003);
-        let text = m.exposition(&[], &IDLE);
+        let text = alone(&m);
         let name = "embedfleet_gateway_stage_seconds";
         assert!(text.contains(&format!(
             "{name}_bucket{{stage=\"parse\",le=\"2.5e-05\"}} 0.0"
@@ -479,7 +644,7 @@ mod tests {
         let label: Arc<str> = Arc::from("ba7816bf8f01");
         m.count_key(Arc::clone(&label), "/v1/embeddings");
         m.count_key(label, "/v1/embeddings");
-        let text = m.exposition(&[], &IDLE);
+        let text = alone(&m);
         assert!(text.contains(
             "embedfleet_gateway_key_requests_total{key=\"ba7816bf8f01\",route=\"/v1/embeddings\"} 2.0"
         ));

@@ -18,6 +18,8 @@ use crate::metrics::{Metrics, WorkerState};
 use crate::proto::{
     ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, SparseEmbedRequest, TokenBatch,
 };
+use crate::trace::{self, Span, Tracer};
+use prost::Message as _;
 
 const ATTEMPTS: usize = 2;
 
@@ -28,6 +30,8 @@ pub struct Coalescing {
     pub max_tokens: usize,
     pub max_sequences: usize,
     pub small_tokens: usize,
+    /// small calls on the worker's EmbedStream rather than each a unary Embed
+    pub stream: bool,
 }
 
 pub struct Pool {
@@ -43,7 +47,12 @@ pub struct Pool {
     probe_seconds: f64,
     retry_after: u64,
     metrics: Arc<Metrics>,
+    /// a CLIENT span per worker call, when tracing is on
+    tracer: Tracer,
 }
+
+/// The workers' gRPC service, as spans name their calls.
+const SERVICE: &str = "embedfleet.v1.Worker";
 
 /// Outstanding tokens at one worker for as long as a call holds it, however the call ends (an
 /// answer, an error, or the client going away and the future being dropped).
@@ -136,13 +145,17 @@ fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// A peer that dies mid-stream can surface as INTERNAL/UNKNOWN with a transport message.
-fn broken_connection(status: &Status) -> bool {
+/// A peer that dies mid-stream can surface as INTERNAL/UNKNOWN with a transport message, or
+/// (tonic) as UNKNOWN made from the transport's own error, which a status a worker sent never
+/// carries: a connection the worker closed while stopping read "error reading a body from
+/// connection" with no status of the worker's at all.
+pub fn broken_connection(status: &Status) -> bool {
     let text = status.message().to_lowercase();
     matches!(status.code(), Code::Internal | Code::Unknown)
-        && ["rst_stream", "socket closed", "connection reset", "goaway"]
-            .iter()
-            .any(|s| text.contains(s))
+        && (std::error::Error::source(status).is_some()
+            || ["rst_stream", "socket closed", "connection reset", "goaway"]
+                .iter()
+                .any(|s| text.contains(s)))
 }
 
 /// tonic reports its own client-side timeout as CANCELLED "Timeout expired"; gRPC (and Python's
@@ -271,8 +284,10 @@ impl Pool {
         retry_after: u64,
         coalescing: Coalescing,
         metrics: Arc<Metrics>,
+        tracer: Tracer,
     ) -> Arc<Self> {
         Arc::new(Pool {
+            tracer,
             balancer: Mutex::new(Balancer::new(&[], eject_seconds)),
             workers: Mutex::new(HashMap::new()),
             infos: Mutex::new(Vec::new()),
@@ -320,6 +335,7 @@ impl Pool {
                 c.max_tokens,
                 c.max_sequences,
                 c.small_tokens,
+                c.stream,
             );
             let hung = Arc::new(Hung::new(()));
             let probe = tokio::spawn(Arc::clone(self).probe_loop(
@@ -506,10 +522,36 @@ impl Pool {
         ))
     }
 
+    /// A CLIENT span for one call of `rpc` with `batch` to the worker `id` (none untraced).
+    fn client_span(&self, rpc: &'static str, batch: &TokenBatch, tokens: usize, id: u64) -> Span {
+        if !self.tracer.enabled() {
+            return Span::default();
+        }
+        let mut span = self
+            .tracer
+            .child(&format!("{SERVICE}/{rpc}"), trace::Kind::Client);
+        let address = self
+            .balancer
+            .lock()
+            .expect("balancer lock")
+            .get_mut(id)
+            .map(|e| e.address.clone())
+            .unwrap_or_default();
+        span.text("rpc.system", "grpc");
+        span.text("rpc.service", SERVICE);
+        span.text("rpc.method", rpc);
+        span.text("server.address", &address);
+        span.int("embedfleet.sequences", (batch.lengths.len() / 4) as i64);
+        span.int("embedfleet.tokens", tokens as i64);
+        // the batch's field of the request message (its options add a few bytes)
+        span.int("rpc.request.size", batch.encoded_len() as i64);
+        span
+    }
+
     /// One call on a worker not yet tried; ejects that worker if the failure says it broke.
     async fn attempt<T, F, Fut>(
         &self,
-        tokens: usize,
+        (rpc, batch, tokens): (&'static str, &TokenBatch, usize),
         call: &F,
         tried: &mut Vec<u64>,
     ) -> Result<T, Failure>
@@ -519,20 +561,30 @@ impl Pool {
     {
         let (lease, worker, mut hung) = self.lease(tokens, tried).ok_or(Failure::NoWorker)?;
         tried.push(lease.id);
+        let mut span = self.client_span(rpc, batch, tokens, lease.id);
         let start = Instant::now();
         let mut flight = Flight {
             metrics: &self.metrics,
             done: false,
         };
         // Given up (the call's future dropped, so its stream is reset) once the worker is found
-        // hung: no task and no timer per call, one watch receiver polled beside it.
-        let called = tokio::select! {
-            biased;
-            called = call(worker) => called.map_err(deadline_as_such),
-            () = found_hung(&mut hung) => Err(stopped_answering()),
-        };
+        // hung: no task and no timer per call, one watch receiver polled beside it. The call is
+        // made under the client span, whose context its metadata carries (trace::inject).
+        let called = trace::within(span.context(), async {
+            tokio::select! {
+                biased;
+                called = call(worker) => called.map_err(deadline_as_such),
+                () = found_hung(&mut hung) => Err(stopped_answering()),
+            }
+        })
+        .await;
         flight.done = true;
         self.metrics.upstream(start.elapsed().as_secs_f64());
+        let code = called.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        span.int("rpc.grpc.status_code", code as i64);
+        if code != Code::Ok {
+            span.error(code_name(code));
+        }
         match called {
             Ok(rows) => Ok(rows),
             Err(status) => {
@@ -554,8 +606,13 @@ impl Pool {
         }
     }
 
-    /// One chunk's `call`, retried once on another worker when the failure allows it.
-    async fn dispatch<T, F, Fut>(&self, tokens: usize, call: F) -> Result<T, ApiError>
+    /// One chunk's `call` of `rpc` with `batch`, retried once on another worker when the failure
+    /// allows it.
+    async fn dispatch<T, F, Fut>(
+        &self,
+        (rpc, batch, tokens): (&'static str, &TokenBatch, usize),
+        call: F,
+    ) -> Result<T, ApiError>
     where
         F: Fn(Arc<Coalescer>) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
@@ -563,7 +620,7 @@ impl Pool {
         let mut tried = Vec::with_capacity(ATTEMPTS);
         let mut busy: Option<Status> = None;
         for attempt in 0..ATTEMPTS {
-            match self.attempt(tokens, &call, &mut tried).await {
+            match self.attempt((rpc, batch, tokens), &call, &mut tried).await {
                 Ok(rows) => return Ok(rows),
                 Err(Failure::NoWorker) => {
                     // The only worker is busy: a 429 to retry later, not "no worker".
@@ -574,6 +631,16 @@ impl Pool {
                 }
                 Err(Failure::Upstream(status)) => {
                     if !retryable(&status) || attempt + 1 == ATTEMPTS {
+                        if let Some(held) = FAILED_CALL_LOG.allow(Instant::now()) {
+                            // The answer says only the code: the reason is for the operator.
+                            crate::log!(
+                                Warning,
+                                "worker call failed",
+                                "code" => code_name(status.code()),
+                                "reason" => status.message().to_string(),
+                                "suppressed" => held,
+                            );
+                        }
                         return Err(client_error(&status, self.retry_after));
                     }
                     if status.code() == Code::ResourceExhausted {
@@ -595,7 +662,7 @@ impl Pool {
         tokens: usize,
         timeout: Duration,
     ) -> Result<Vec<f32>, ApiError> {
-        self.dispatch(tokens, |worker| {
+        self.dispatch(("Embed", &batch, tokens), |worker| {
             let batch = batch.clone();
             async move { worker.embed(batch, dims, normalize, timeout).await }
         })
@@ -611,12 +678,13 @@ impl Pool {
     ) -> Result<Vec<f32>, ApiError> {
         let count = batch.lengths.len() / 4;
         let reply = self
-            .dispatch(tokens, |worker| {
+            .dispatch(("Score", &batch, tokens), |worker| {
                 let mut call = tonic::Request::new(ScoreRequest {
                     batch: Some(batch.clone()),
                     activate: true,
                 });
                 call.set_timeout(timeout);
+                trace::inject(&mut call);
                 async move { worker.client().score(call).await }
             })
             .await?
@@ -634,12 +702,13 @@ impl Pool {
     ) -> Result<(Vec<f32>, usize), ApiError> {
         let count = batch.lengths.len() / 4;
         let reply = self
-            .dispatch(tokens, |worker| {
+            .dispatch(("Classify", &batch, tokens), |worker| {
                 let mut call = tonic::Request::new(ClassifyRequest {
                     batch: Some(batch.clone()),
                     activate,
                 });
                 call.set_timeout(timeout);
+                trace::inject(&mut call);
                 async move { worker.client().classify(call).await }
             })
             .await?
@@ -663,13 +732,14 @@ impl Pool {
     ) -> Result<Vec<SparseRow>, ApiError> {
         let count = batch.lengths.len() / 4;
         let reply = self
-            .dispatch(tokens, |worker| {
+            .dispatch(("SparseEmbed", &batch, tokens), |worker| {
                 let mut call = tonic::Request::new(SparseEmbedRequest {
                     batch: Some(batch.clone()),
                     top_k,
                     threshold,
                 });
                 call.set_timeout(timeout);
+                trace::inject(&mut call);
                 async move { worker.client().sparse_embed(call).await }
             })
             .await?
@@ -713,6 +783,10 @@ fn sparse_rows(
 }
 
 /// One line per 10 s: a broken worker would answer every request so.
+/// One line per 10 s: a failing worker fails every call sent to it.
+static FAILED_CALL_LOG: crate::logs::Limiter =
+    crate::logs::Limiter::new(std::time::Duration::from_secs(10));
+
 pub static BROKEN_REPLY_LOG: crate::logs::Limiter =
     crate::logs::Limiter::new(Duration::from_secs(10));
 

@@ -9,7 +9,6 @@ use std::time::Duration;
 use base64::Engine;
 
 use crate::admission::{Admission, Ticket};
-use crate::auth::KeyFile;
 use crate::errors::{self, invalid, ApiError};
 use crate::hold::Hold;
 use crate::metrics::Metrics;
@@ -23,11 +22,15 @@ use crate::request::{
 use crate::settings::Settings;
 use crate::splitting::{chunk_budget, paced_chunk_tokens, plan, Chunk};
 use crate::tokenization::{Side, Tokenization, DEFAULT_INSTRUCTION};
+use crate::trace::{self, Kind, Tracer};
 
+/// One served model: its settings (the process's, with a models file's per-model ones), model
+/// directory, tokenizer, workers and the decisions in front of them.
 pub struct Service {
     pub settings: Settings,
     pub model: ModelDir,
-    pub name: String,
+    /// the served name (`--served-model-name`, else the model's); fixed for the process's life
+    pub name: &'static str,
     pub tokenization: Arc<Tokenization>,
     pub pool: Arc<Pool>,
     pub metrics: Arc<Metrics>,
@@ -38,28 +41,31 @@ pub struct Service {
     /// The lane of the largest tokenizations (`--tokenize-large-chars`): one at a time, so they
     /// never take every tokenizer thread from the others.
     pub large_lane: tokio::sync::Semaphore,
-    /// The API keys file, when /v1/* needs a key (--api-keys-file).
-    pub keys: Option<Arc<KeyFile>>,
     /// int8/uint8 ranges (--quantization-file, the model's own, or the bundled model's).
     pub calibration: Option<Calibration>,
     pub created: u64,
+    /// OpenTelemetry spans of requests (trace.rs); off without an endpoint.
+    pub tracer: Tracer,
+}
+
+/// What a tokenization made: its sequences, for the `tokenize` span's counts.
+pub trait Sequences {
+    fn sequences(&self) -> &[Vec<u32>];
+}
+
+impl Sequences for Vec<Vec<u32>> {
+    fn sequences(&self) -> &[Vec<u32>] {
+        self
+    }
+}
+
+impl<T> Sequences for (Vec<Vec<u32>>, T) {
+    fn sequences(&self) -> &[Vec<u32>] {
+        &self.0
+    }
 }
 
 impl Service {
-    /// 404 for a model this gateway does not serve; checked first, before admission, as the
-    /// Python gateway picks the served model before admitting.
-    pub fn check_model(&self, model: &Option<String>) -> Result<(), ApiError> {
-        match model {
-            Some(m) if *m != self.name => Err(errors::not_found(format!(
-                "The model '{m}' does not exist; this server serves '{}'.",
-                self.name
-            ))
-            .param("model")
-            .code("model_not_found")),
-            _ => Ok(()),
-        }
-    }
-
     fn check_count(&self, count: usize, param: &'static str) -> Result<(), ApiError> {
         if count == 0 {
             return Err(invalid(format!("'{param}' must not be empty.")).param(param));
@@ -176,9 +182,13 @@ impl Service {
         let timeout = Duration::from_secs_f64(self.settings.upstream_timeout_seconds);
         let chunks = self.chunks(lengths, total);
         self.metrics.chunks(chunks.len());
+        let mut span = self.tracer.child("compute", Kind::Internal);
+        span.int("embedfleet.chunks", chunks.len() as i64);
         // The first failure answers the request: the other chunks' calls are dropped, which
         // cancels them (counted in embedfleet_gateway_cancelled_calls_total).
-        futures_util::future::try_join_all(chunks.into_iter().map(|c| call(c, timeout))).await
+        let calls =
+            futures_util::future::try_join_all(chunks.into_iter().map(|c| call(c, timeout)));
+        trace::within(span.context(), calls).await
     }
 
     /// Rows of `ids` from the workers, chunked over them; `normalize` None: the model's way.
@@ -295,13 +305,13 @@ impl Service {
             rows.len() / count,
             req.encoding,
             ranges,
-            &self.name,
+            self.name,
             total,
         ))
     }
 
     /// `work` on `texts`, timed as one tokenization (`on_tokenizer`).
-    async fn tokenized<T: Send + 'static>(
+    async fn tokenized<T: Sequences + Send + 'static>(
         &self,
         texts: &[String],
         work: impl FnOnce(&Tokenization, &[String]) -> Result<T, ApiError> + Send + 'static,
@@ -323,8 +333,9 @@ impl Service {
     where
         I: ToOwned + ?Sized,
         I::Owned: Send + 'static,
-        T: Send + 'static,
+        T: Sequences + Send + 'static,
     {
+        let mut span = self.tracer.child("tokenize", Kind::Internal);
         let start = std::time::Instant::now();
         let done = if chars < self.settings.tokenize_inline_chars {
             work(&self.tokenization, items)
@@ -347,8 +358,14 @@ impl Service {
                 .map_err(|_| errors::internal())?
         };
         // Timed when it succeeds, as the Python gateway's (a refusal leaves its timer unread).
-        if done.is_ok() {
+        if let Ok(made) = &done {
             self.metrics.tokenized(start.elapsed().as_secs_f64());
+            let sequences = made.sequences();
+            span.int("embedfleet.inputs", sequences.len() as i64);
+            span.int(
+                "embedfleet.tokens",
+                sequences.iter().map(Vec::len).sum::<usize>() as i64,
+            );
         }
         done
     }
@@ -519,7 +536,7 @@ impl Service {
         }
         let mut out = Vec::with_capacity(64 + order.len() * 48);
         out.extend_from_slice(br#"{"model":"#);
-        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.extend_from_slice(errors::json_string(self.name).as_bytes());
         out.extend_from_slice(br#","results":["#);
         let mut number = ryu::Buffer::new();
         for (k, &i) in order.iter().enumerate() {
@@ -589,7 +606,7 @@ impl Service {
             out.push(b'}');
         }
         out.extend_from_slice(br#"],"model":"#);
-        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.extend_from_slice(errors::json_string(self.name).as_bytes());
         out.push(b',');
         usage(&mut out, tokens);
         Ok(out)
@@ -634,7 +651,7 @@ impl Service {
         let scores: Vec<f32> = parts.into_iter().flat_map(|(rows, _)| rows).collect();
         let total: usize = lengths.iter().sum();
         Ok(classifications(
-            &scores, labels, req.top_k, &self.name, total,
+            &scores, labels, req.top_k, self.name, total,
         ))
     }
 
@@ -679,7 +696,7 @@ impl Service {
             out.push(b'}');
         }
         out.extend_from_slice(br#"],"model":"#);
-        out.extend_from_slice(errors::json_string(&self.name).as_bytes());
+        out.extend_from_slice(errors::json_string(self.name).as_bytes());
         out.push(b',');
         usage(&mut out, lengths.iter().sum());
         Ok(out)
@@ -720,13 +737,13 @@ impl Service {
         .param("encoding_format"))
     }
 
-    pub fn models(&self) -> Vec<u8> {
+    /// This model's entry of /v1/models.
+    pub fn model_entry(&self) -> String {
         format!(
-            r#"{{"object":"list","data":[{{"id":{},"object":"model","created":{},"owned_by":"embedfleet"}}]}}"#,
-            errors::json_string(&self.name),
+            r#"{{"id":{},"object":"model","created":{},"owned_by":"embedfleet"}}"#,
+            errors::json_string(self.name),
             self.created
         )
-        .into_bytes()
     }
 }
 

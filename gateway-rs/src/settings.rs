@@ -1,6 +1,6 @@
 //! The settings this binary supports, by the Python gateway's names: each is the flag
 //! `--max-input-tokens` and the env var `EMBEDFLEET_GATEWAY_MAX_INPUT_TOKENS` (flag > env >
-//! default). Every other Python gateway setting is refused by name rather than ignored.
+//! default). Every Python gateway setting is one of them; any other name is refused.
 
 pub const ENV_PREFIX: &str = "EMBEDFLEET_GATEWAY_";
 
@@ -9,6 +9,8 @@ pub struct Settings {
     pub model: String,
     pub task: String,
     pub served_model_name: String,
+    /// a shared gateway's models, each with its own per-model settings (catalog.rs)
+    pub models_file: String,
     pub max_input_tokens: usize,
     pub quantization_file: String,
     pub split_long_inputs: bool,
@@ -29,6 +31,8 @@ pub struct Settings {
     pub chunk_sequences: usize,
     pub chunk_seconds: f64,
     pub coalesce_inflight: usize,
+    /// small calls as messages of one EmbedStream per worker (Rust only; stream.rs)
+    pub coalesce_stream: bool,
     pub max_queue_seconds: f64,
     pub hold_requests: usize,
     pub hold_seconds: f64,
@@ -46,6 +50,10 @@ pub struct Settings {
     pub host: String,
     pub port: u16,
     pub log_level: String,
+    /// OTLP/gRPC collector (trace.rs; empty: the OTEL_ env, else off), service.name, sampling
+    pub tracing_endpoint: String,
+    pub tracing_service_name: String,
+    pub tracing_sample_ratio: f64,
 }
 
 impl Default for Settings {
@@ -54,6 +62,7 @@ impl Default for Settings {
             model: String::new(),
             task: "auto".into(),
             served_model_name: String::new(),
+            models_file: String::new(),
             max_input_tokens: 0,
             quantization_file: String::new(),
             split_long_inputs: false,
@@ -74,6 +83,7 @@ impl Default for Settings {
             chunk_sequences: 256,
             chunk_seconds: 1.0,
             coalesce_inflight: 2,
+            coalesce_stream: true,
             max_queue_seconds: 30.0,
             hold_requests: 0,
             hold_seconds: 120.0,
@@ -93,17 +103,12 @@ impl Default for Settings {
             host: "127.0.0.1".into(),
             port: 8080,
             log_level: "info".into(),
+            tracing_endpoint: String::new(),
+            tracing_service_name: String::new(),
+            tracing_sample_ratio: 1.0,
         }
     }
 }
-
-/// The Python gateway's settings this phase does not implement: set, they are refused.
-pub const UNSUPPORTED: &[&str] = &[
-    "models_file",
-    "tracing_endpoint",
-    "tracing_sample_ratio",
-    "tracing_service_name",
-];
 
 fn number<T: std::str::FromStr>(name: &str, raw: &str) -> Result<T, String> {
     raw.trim()
@@ -136,11 +141,12 @@ fn boolean(name: &str, raw: &str) -> Result<bool, String> {
     }
 }
 
-fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
+pub fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
     match name {
         "model" => s.model = raw.into(),
         "task" => s.task = raw.into(),
         "served_model_name" => s.served_model_name = raw.into(),
+        "models_file" => s.models_file = raw.into(),
         "max_input_tokens" => s.max_input_tokens = number(name, raw)?,
         "quantization_file" => s.quantization_file = raw.into(),
         "split_long_inputs" => s.split_long_inputs = boolean(name, raw)?,
@@ -168,6 +174,7 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "chunk_sequences" => s.chunk_sequences = number(name, raw)?,
         "chunk_seconds" => s.chunk_seconds = number(name, raw)?,
         "coalesce_inflight" => s.coalesce_inflight = number(name, raw)?,
+        "coalesce_stream" => s.coalesce_stream = boolean(name, raw)?,
         "max_queue_seconds" => s.max_queue_seconds = seconds(name, raw)?,
         "hold_requests" => s.hold_requests = number(name, raw)?,
         "hold_seconds" => s.hold_seconds = seconds(name, raw)?,
@@ -182,6 +189,9 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "body_timeout_seconds" => s.body_timeout_seconds = seconds(name, raw)?,
         "keep_alive_seconds" => s.keep_alive_seconds = seconds(name, raw)?,
         "max_connections" => s.max_connections = number(name, raw)?,
+        "tracing_endpoint" => s.tracing_endpoint = raw.into(),
+        "tracing_service_name" => s.tracing_service_name = raw.into(),
+        "tracing_sample_ratio" => s.tracing_sample_ratio = number(name, raw)?,
         "host" => s.host = raw.into(),
         "port" => s.port = number(name, raw)?,
         "log_level" => {
@@ -189,14 +199,6 @@ fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
                 return Err(format!("--log-level: invalid choice {raw:?}"));
             }
             s.log_level = raw.into()
-        }
-        _ if UNSUPPORTED.contains(&name) => {
-            return Err(format!(
-                "--{} ({ENV_PREFIX}{}) is not supported by embedfleet-gateway-rs (phase 1); \
-                 use the Python gateway, embedfleet-gateway (docs/gateway.md, \"Rust gateway\")",
-                name.replace('_', "-"),
-                name.to_uppercase()
-            ))
         }
         _ => return Err(format!("unknown setting --{}", name.replace('_', "-"))),
     }
@@ -215,8 +217,7 @@ pub fn load(
         .collect();
     vars.sort();
     for (name, value) in vars {
-        // An env var no setting has is not this program's (as in the Python gateway); one for
-        // a setting this phase lacks is refused below like its flag.
+        // An env var no setting has is not this program's (as in the Python gateway).
         match apply(&mut s, &name, &value) {
             Err(e) if e.starts_with("unknown setting") => {}
             other => other?,
@@ -244,10 +245,12 @@ pub fn load(
         apply(&mut s, &name.replace('-', "_"), &value)?;
         i += 1;
     }
-    if s.workers.is_empty() && s.workers_file.is_empty() && s.k8s_service.is_empty() {
+    let named = !(s.workers.is_empty() && s.workers_file.is_empty() && s.k8s_service.is_empty());
+    // A models file names each model's workers in its entry (catalog.rs).
+    if !named && s.models_file.is_empty() {
         return Err(
             "name the workers: --workers host:port,..., --workers-file PATH or --k8s-service \
-             [NAMESPACE/]NAME"
+             [NAMESPACE/]NAME (or --models-file PATH)"
                 .into(),
         );
     }
@@ -255,20 +258,23 @@ pub fn load(
 }
 
 pub fn help() -> String {
-    "embedfleet-gateway-rs: one model of embedfleet-gateway, every task, in Rust (phase 1).\n\
+    "embedfleet-gateway-rs: embedfleet-gateway in Rust, every task, one model or several.\n\
      Settings (flag or EMBEDFLEET_GATEWAY_<NAME>): --workers host:port,... and/or\n\
      --workers-file PATH, or --k8s-service [NAMESPACE/]NAME with --k8s-port-name and\n\
-     --kubeconfig (one of the three required), --model,\n\
+     --kubeconfig (one of the three required), or --models-file PATH (a JSON list of\n\
+     models, each with its own per-model settings and workers), --model,\n\
      --task auto|embed|score|classify|sparse, --served-model-name, --max-input-tokens, --quantization-file,\n\
      --split-long-inputs, --split-overlap-tokens, --api-keys-file,\n\
      --api-keys-reload-seconds, --api-key-metrics, --max-client-batch,\n\
      --max-request-tokens, --max-body-bytes, --chunk-tokens, --min-chunk-tokens,\n\
-     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --max-queue-seconds,\n\
+     --chunk-sequences, --chunk-seconds, --coalesce-inflight, --coalesce-stream,\n\
+     --max-queue-seconds,\n\
      --hold-requests, --hold-seconds, --tokenize-threads, --tokenize-inline-chars,\n\
      --tokenize-large-chars, --retry-after-seconds,\n\
      --eject-seconds, --upstream-timeout-seconds, --probe-seconds,\n\
      --header-timeout-seconds, --body-timeout-seconds, --keep-alive-seconds,\n\
-     --max-connections, --host, --port, --log-level.\n\
+     --max-connections, --host, --port, --log-level, --tracing-endpoint,\n\
+     --tracing-service-name, --tracing-sample-ratio.\n\
      See docs/gateway.md, \"Rust gateway\"."
         .into()
 }
@@ -332,19 +338,19 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_settings_are_refused_by_name() {
-        let e = load(
-            &args(&["--workers", "a:1", "--models-file", "m"]),
-            std::iter::empty(),
-        );
-        assert!(e.unwrap_err().contains("--models-file"));
+    fn workers_are_named_by_a_flag_or_a_models_file() {
+        let shared = load(&args(&["--models-file", "m.json"]), std::iter::empty());
+        assert_eq!(shared.unwrap().models_file, "m.json");
         let file = load(&args(&["--workers-file", "w"]), std::iter::empty());
         assert_eq!(file.unwrap().workers_file, "w");
-        let env = vec![(
-            "EMBEDFLEET_GATEWAY_TRACING_ENDPOINT".to_string(),
-            "http://127.0.0.1:4317".to_string(),
+        let e = load(&args(&["--no-such-flag", "1"]), std::iter::empty());
+        assert!(e.unwrap_err().contains("unknown setting --no-such-flag"));
+        let traced = vec![(
+            "EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO".to_string(),
+            "0.5".to_string(),
         )];
-        assert!(load(&args(&["--workers", "a:1"]), env.into_iter()).is_err());
+        let s = load(&args(&["--workers", "a:1"]), traced.into_iter()).unwrap();
+        assert_eq!(s.tracing_sample_ratio, 0.5);
         assert!(load(&args(&[]), std::iter::empty()).is_err());
     }
 }

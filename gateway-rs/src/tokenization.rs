@@ -117,6 +117,8 @@ fn cut(ids: &[u32], limit: usize, side: Side) -> &[u32] {
 
 pub struct Tokenization {
     plain: Tokenizer,
+    /// the ASCII fast path of a BERT tokenizer (wordpiece.rs); None for other tokenizers
+    fast: Option<crate::wordpiece::Bert>,
     left: Tokenizer,
     right: Tokenizer,
     pub max_tokens: usize,
@@ -186,6 +188,7 @@ impl Tokenization {
             first_chars: (max_tokens + 1) * (longest + 1),
             max_tokens,
             vocab_size: model.vocab_size,
+            fast: crate::wordpiece::Bert::of(&plain),
             plain,
             frame,
         })
@@ -409,6 +412,12 @@ impl Tokenization {
         let tok = self.cutting(truncate, side);
         let mut out = Vec::with_capacity(windows.len());
         for (i, w) in windows.iter().enumerate() {
+            // What fits needs no truncation: the fast path's ids are the general path's.
+            let fast = self.fast.as_ref().and_then(|f| f.ids(w.text));
+            if let Some(ids) = fast.filter(|ids| ids.len() <= self.max_tokens) {
+                out.push(ids);
+                continue;
+            }
             let ids = Self::encode(tok, w.text, true, false)?.get_ids().to_vec();
             if !truncate && ids.len() > self.max_tokens {
                 return Err(too_long(i, ids.len(), self.max_tokens, "input", false));

@@ -3,6 +3,7 @@ best-peer row, the per-stage breakdown and the layout table."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from embedfleet.bench import cpu_profile
 from embedfleet.bench.cpu_profile import stage_of
 from embedfleet.bench.gateway import Row, table
-from embedfleet.bench.gateway_cpu import CpuRow, cpu_table, medians
+from embedfleet.bench.gateway_cpu import CpuRow, cpu_table, medians, own_ms
 from embedfleet.bench.http_load import Measurement
 from embedfleet.bench.layouts import FIGURES, LayoutRun
 from embedfleet.bench.layouts import table as layouts_table
@@ -59,6 +60,16 @@ def test_cpu_rows_add_gateway_and_worker_and_ratio_against_the_first_gateway() -
     assert (
         "| null | 1x20 | 16 | gateway (default) / baseline gateway | 0.50 | 0.62 | 2.00 |" in text
     )
+
+
+def test_a_gateways_own_time_is_its_request_time_less_its_worker_calls() -> None:
+    # 200 requests took 0.5 s in the gateway, 0.3 s of it waiting on their 200 worker calls
+    assert own_ms((10, 1.0, 10, 0.7), (210, 1.5, 210, 1.0)) == pytest.approx(1.0)
+    assert math.isnan(own_ms((10, 1.0, 10, 0.7), (10, 1.0, 10, 0.7)))  # no request
+    # calls that overlap (several chunks a request) say nothing of the gateway's own time
+    assert math.isnan(own_ms((0, 0.0, 0, 0.0), (100, 1.0, 400, 3.0)))
+    row = CpuRow("rust gateway", "null", "1x20", 1, 10, 1.0, 1.0, 1.0, 50.0, 60.0, 0, 0.0421)
+    assert "| 1.00 | 0.042 | 50 | 60 | 110 |" in cpu_table([row])
 
 
 def test_paired_rows_are_ratioed_against_the_baseline_that_ran_beside_them() -> None:

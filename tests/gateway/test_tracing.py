@@ -25,19 +25,16 @@ from embedfleet.common.tracing import (
     trace_config,
 )
 from embedfleet.gateway.fleet import Fleet
-from embedfleet.testing.otlp import Collector, Span, running_collector
+from embedfleet.testing.otlp import (
+    CLIENT_SPAN,
+    CLIENT_TRACE,
+    SECRET_TEXT,
+    Collector,
+)
 
 from .helpers import wait_until
 
-TEXT = "a secret sentence that must never appear in a span"
-CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
-CLIENT_SPAN = "00f067aa0ba902b7"
-
-
-@pytest.fixture(scope="module")
-def collector() -> Iterator[tuple[Collector, str]]:
-    with running_collector() as running:
-        yield running
+TEXT = SECRET_TEXT
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +58,6 @@ def traced_fleet(
             yield fleet
 
 
-def _trace(sink: Collector, trace_id: str, want: int) -> list[Span]:
-    def spans() -> list[Span] | None:
-        found = [s for s in sink.snapshot() if s.trace_id == trace_id]
-        return found if len(found) >= want else None
-
-    wait_until(f"{want} spans of trace {trace_id}", lambda: spans() is not None, timeout=30)
-    return spans() or []
-
-
 def test_one_request_is_one_trace_across_gateway_and_worker(
     traced_fleet: Fleet, collector: tuple[Collector, str]
 ) -> None:
@@ -82,7 +70,7 @@ def test_one_request_is_one_trace_across_gateway_and_worker(
     )
     assert reply.status_code == 200, reply.text
     # gateway: request, tokenize, compute, call; worker: call, queue, compute
-    spans = _trace(sink, CLIENT_TRACE, want=7)
+    spans = sink.trace(CLIENT_TRACE, want=7)
     by_name = {(s.service, s.name): s for s in spans}
     request = by_name[("embedfleet-gateway", "POST /v1/embeddings")]
     tokenize = by_name[("embedfleet-gateway", "tokenize")]
@@ -149,7 +137,7 @@ def test_a_request_without_traceparent_starts_its_own_trace(
         timeout=30,
     )
     (root,) = [s for s in sink.snapshot() if s.name == "POST /v1/embeddings" and not s.parent_id]
-    spans = _trace(sink, root.trace_id, want=7)
+    spans = sink.trace(root.trace_id, want=7)
     assert {s.service for s in spans} == {"embedfleet-gateway", "embedfleet-worker"}
 
 

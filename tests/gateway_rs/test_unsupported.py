@@ -1,5 +1,6 @@
-"""What the Rust gateway does not do yet says so (a refusal at start naming the setting),
-never a different answer: the Python gateway serves these."""
+"""Settings the Rust gateway cannot take are refused at start, naming themselves, never
+ignored: an unknown name, or a task the checkpoint does not fit; and every setting of the Python
+gateway is one it takes."""
 
 from __future__ import annotations
 
@@ -7,27 +8,26 @@ import dataclasses
 import os
 from pathlib import Path
 
+import orjson
 import pytest
 
+from embedfleet.gateway.catalog import PER_MODEL, Catalog, CatalogError, parse_models
+from embedfleet.gateway.served import ServedModel
 from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import child_env
 
 from .conftest import run_binary
 
+BASE = GatewaySettings()
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["--tracing-endpoint", "http://127.0.0.1:4317"],
-        ["--models-file", "m.json"],
-        ["--tracing-service-name", "gw"],
-        ["--no-such-flag", "1"],
-    ],
-)
-def test_unsupported_settings_are_refused_at_start(rust_binary: Path, argv: list[str]) -> None:
-    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", *argv)
+
+def _json(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def test_an_unknown_setting_is_refused_at_start(rust_binary: Path) -> None:
+    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", "--port", "0", "--no-such-flag", "1")
     assert proc.returncode == 2
-    assert argv[0] in proc.stderr, proc.stderr
+    assert "unknown setting --no-such-flag" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("task", ["score", "classify", "sparse", "nonsense"])
@@ -40,11 +40,35 @@ def test_a_task_the_checkpoint_does_not_fit_is_refused(rust_binary: Path, task: 
     assert want in proc.stderr, proc.stderr
 
 
-def test_unsupported_env_vars_are_refused_at_start(rust_binary: Path) -> None:
-    env = {**child_env(), "EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO": "0.5"}
-    proc = run_binary(rust_binary, "--workers", "127.0.0.1:1", env=env)
-    assert proc.returncode == 2
-    assert "--tracing-sample-ratio" in proc.stderr
+def test_a_bad_models_file_is_refused_as_the_python_gateway_refuses_it(
+    rust_binary: Path, tmp_path: Path
+) -> None:
+    """The same file, the same message (catalog.py's, naming the entry and the field)."""
+    for n, doc in enumerate(
+        [
+            {"models": []},
+            {"models": [{"workers": ["127.0.0.1:1"], "port": 1}]},
+            {"models": [{"workers": ["127.0.0.1:1"], "hold_requests": True}]},
+            {"models": [{"model": "x"}]},
+            # Every per-model setting, at the Python default's type and value (so no workers):
+            # each is one the Rust gateway takes.
+            {"models": [{k: _json(getattr(BASE, k)) for k in PER_MODEL}]},
+            {"models": [{"workers": ["127.0.0.1:1"]}, {"workers": ["127.0.0.1:2"]}]},
+        ]
+    ):
+        path = tmp_path / f"models-{n}.json"
+        path.write_bytes(orjson.dumps(doc))
+        try:
+            Catalog.of(
+                [m.name for m in (ServedModel(s) for s in parse_models(path.read_text(), BASE))]
+            )
+        except CatalogError as exc:
+            python = str(exc)
+        else:
+            raise AssertionError(f"the Python gateway took {doc}")
+        proc = run_binary(rust_binary, "--models-file", str(path), "--port", "0")
+        assert proc.returncode == 2
+        assert python in proc.stderr, (python, proc.stderr)
 
 
 def test_every_python_setting_is_taken_or_refused_by_name(rust_binary: Path) -> None:

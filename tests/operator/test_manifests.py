@@ -420,14 +420,17 @@ def test_gateway_implementation_picks_the_images_binary(
     )
 
 
-def test_the_rust_gateway_refuses_tracing_as_the_crd_does() -> None:
+def test_the_rust_gateway_is_traced_by_the_same_settings() -> None:
     raw = {
         "model": {"source": "file:///m"},
         "gateway": {"implementation": "rust"},
-        "monitoring": {"tracing": {"endpoint": "http://otel:4317"}},
+        "monitoring": {"tracing": {"endpoint": "http://otel:4317", "sampleRatio": 0.25}},
     }
-    with pytest.raises(SpecError, match="does not export traces yet"):
-        parse_spec(raw)
+    objs = child_objects(raw)
+    data = objs["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_GATEWAY_TRACING_ENDPOINT"] == "http://otel:4317"
+    assert data["EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO"] == "0.25"
+    assert data["EMBEDFLEET_GATEWAY_TRACING_SERVICE_NAME"] == "embedfleet-gateway"
     with pytest.raises(
         SpecError, match=r"gateway\.implementation 'go' must be one of python, rust"
     ):

@@ -159,6 +159,20 @@ def test_process_settings_are_the_first_members_and_keys_anyones() -> None:
             assert name.removeprefix("EMBEDFLEET_GATEWAY_").lower() in fields, name
 
 
+@pytest.mark.parametrize(
+    ("implementation", "command"),
+    [("python", "embedfleet-gateway"), ("rust", "embedfleet-gateway-rs")],
+)
+def test_the_first_member_picks_the_gateway_binary(implementation: str, command: str) -> None:
+    fleets = [
+        _body("a", _fleet("file:///opt/a", implementation=implementation)),
+        _body("b", _fleet("file:///opt/b", implementation="python")),
+    ]
+    served, _ = routable(members(fleets, NS, "search"))
+    (deployment,) = (o for o in objects(NS, "search", served, IMAGES) if o["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [command]
+
+
 def test_a_change_of_members_rolls_the_pods() -> None:
     before = _objects()["Deployment"]["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
     fewer = [b for b in FLEETS if b["metadata"]["name"] != "ranker"]

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from embedfleet.operator.spec import RUST_TRACING
 from embedfleet.testing.cluster import Cluster
 
 from .helpers import EXAMPLES
@@ -206,16 +205,6 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         "bad",
         _with("gateway.implementation", "go"),
         'spec.gateway.implementation: Unsupported value: "go"',
-    ),
-    (
-        "rust-traced",
-        "bad",
-        _with(
-            "monitoring.tracing.endpoint",
-            "http://otel:4317",
-            _with("gateway.implementation", "rust"),
-        ),
-        RUST_TRACING,
     ),
     ("long-name", "a" * 41, VALID, "at most 40 characters"),
     ("name-digit-first", "1minilm", VALID, "must start with a letter"),

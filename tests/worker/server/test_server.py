@@ -308,8 +308,11 @@ def test_bad_request_gets_its_status_and_the_server_stays_healthy(
     assert served.stub.Embed(embed_request(rand_seqs(8)), timeout=60).count == 1
 
 
-def test_full_queue_refuses_with_resource_exhausted(served: Served) -> None:
-    stub = served.stub
+def test_full_queue_refuses_with_resource_exhausted(paced: WorkerProcess) -> None:
+    """Behind the paced worker (its blocker holds the engine ~2 s): the real engine can finish
+    the blocker before the client has sent the 172 calls, and then the queue never fills (it
+    failed once in six runs of the worker server tests on a quiet Xeon)."""
+    stub = worker_stub(paced.channel())
     first = stub.Embed.future(blocker())
     time.sleep(0.05)
     futures = [stub.Embed.future(embed_request(rand_seqs(8))) for _ in range(QUEUE + 12)]
@@ -318,7 +321,7 @@ def test_full_queue_refuses_with_resource_exhausted(served: Served) -> None:
     assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) >= 1
     assert codes.count(grpc.StatusCode.OK) >= QUEUE - 1
     assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert health_status(served.worker.address) == "SERVING"
+    assert health_status(paced.address) == "SERVING"
 
 
 def test_options_reach_the_engine(served: Served) -> None:

@@ -13,14 +13,18 @@
   cProfile (cpu_profile.py) and the stage tables say where each process's CPU went.
 
 Variants: this tree's gateway as it runs by default and with each option under test switched off
-(`VARIANTS`), the Rust gateway of gateway-rs/ (`RUST`, built or reused by
-hack/build-gateway-rs.sh; `--no-rust` leaves it out), plus `--baseline-src` (a PYTHONPATH of
-another source tree, e.g. main's, unpacked with `git archive`) for a before/after in one run.
+(`VARIANTS`), the Rust gateway of gateway-rs/ likewise (`RUST_VARIANTS`: unary calls, the stream,
+one call in flight; built or reused by hack/build-gateway-rs.sh; `--no-rust` leaves it out) and
+tracing every request to a collector that only counts (`TRACED`), plus `--baseline-src` (a
+PYTHONPATH of another source tree, e.g. main's, unpacked with `git archive`) for a before/after
+in one run. The `gateway's own ms/req` column is a gateway's request time less its time waiting
+on workers (its own histograms, mean over the warm-up and the measured window).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import sys
@@ -44,7 +48,9 @@ from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.gateway.fleet import Fleet
 from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
+from embedfleet.testing.otlp import running_collector
 from embedfleet.testing.procfs import tree_cpu_seconds
+from embedfleet.testing.workers import metric_value, scrape
 
 #: shape name -> (texts per request, tokens per text including [CLS]/[SEP])
 SHAPES: dict[str, tuple[int, int]] = {"1x20": (1, 20), "16x20": (16, 20), "100x512": (100, 512)}
@@ -68,8 +74,16 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-#: the Rust gateway (phase 1 of issue #20), in front of this tree's worker like the variants
-RUST = "rust gateway (phase 1)"
+#: the Rust gateway (issue #20), in front of this tree's worker like the variants
+RUST = "rust gateway"
+#: the Rust gateway exporting a span of every request (to a collector that only counts them)
+TRACED = "rust gateway, traced"
+#: Rust gateway variant -> its extra flags (the same options under test as VARIANTS')
+RUST_VARIANTS: dict[str, list[str]] = {
+    "rust gateway, unary calls": ["--coalesce-stream", "0"],
+    RUST: [],
+    "rust gateway, coalescing past 1 call": ["--coalesce-inflight", "1"],
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ class CpuRow:
     gateway_cpu_us: float
     worker_cpu_us: float
     errors: int
+    #: the gateway's own time per request, ms (mean): its request_seconds less its
+    #: upstream_seconds (the worker calls); NaN for the worker alone
+    gateway_own_ms: float = float("nan")
 
     @property
     def total_cpu_us(self) -> float:
@@ -159,6 +176,29 @@ async def measure(
     return m, g, w
 
 
+Seconds = tuple[float, float, float, float]
+
+
+def gateway_seconds(port: int) -> Seconds:
+    """(requests, request seconds, worker calls, their seconds) a gateway has counted for
+    /v1/embeddings: the same families in both gateways."""
+    text = scrape(port)
+    route = {"route": "/v1/embeddings"}
+    return (
+        metric_value(text, "embedfleet_gateway_request_seconds_count", **route),
+        metric_value(text, "embedfleet_gateway_request_seconds_sum", **route),
+        metric_value(text, "embedfleet_gateway_upstream_seconds_count"),
+        metric_value(text, "embedfleet_gateway_upstream_seconds_sum"),
+    )
+
+
+def own_ms(before: Seconds, after: Seconds) -> float:
+    """Mean ms a request spent in the gateway other than waiting on its worker call; NaN unless
+    each request made exactly one call (several run at once and overlap). Pure."""
+    n, request, calls, upstream = (b - a for a, b in zip(before, after, strict=True))
+    return (request - upstream) / n * 1e3 if n > 0 and calls == n else float("nan")
+
+
 async def measure_together(
     systems: Sequence[tuple[Call, Sequence[int], int]], clients: int, seconds: float
 ) -> list[tuple[Measurement, float, float]]:
@@ -214,19 +254,25 @@ def gateways(
 def gateway_argv(name: str, port: int, workers: str, flags: Sequence[str]) -> list[str]:
     """The command of one system: this tree's Python gateway, or the Rust binary for RUST (the
     same settings by the same flag names)."""
-    if name == RUST:
+    if name in RUST_VARIANTS or name == TRACED:
         argv = [str(gateway_rs_binary()), "--port", str(port)]
     else:
         argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
     return [*argv, "--workers", workers, "--log-level", "warning", *LIMIT, *flags]
 
 
-def systems(baseline_src: str, rust: bool = True) -> dict[str, tuple[list[str], dict[str, str]]]:
+def systems(
+    baseline_src: str, rust: bool = True, collector: str = ""
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The systems of a run; with a `collector` endpoint, also the Rust gateway tracing every
+    request to it (TRACED: what tracing costs the gateway; its workers do not trace)."""
     chosen: dict[str, tuple[list[str], dict[str, str]]] = {
         name: (flags, {}) for name, flags in VARIANTS.items()
     }
     if rust:
-        chosen[RUST] = ([], child_env())
+        chosen.update({name: (flags, child_env()) for name, flags in RUST_VARIANTS.items()})
+        if collector:
+            chosen[TRACED] = (["--tracing-endpoint", collector], child_env())
     if baseline_src:
         chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
     return chosen
@@ -274,11 +320,12 @@ async def run_cpu(
     rows: list[CpuRow] = []
     worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
     (gw_port,) = free_ports(1)
-    chosen = systems(baseline_src, rust)
     with (
+        running_collector(keep=False) as (_, collector),
         Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet,
         baseline_fleet(baseline_src, worker_args, log_dir) as base,
     ):
+        chosen = systems(baseline_src, rust, collector)
         worker = fleet.worker_children[0]
         assert worker.process is not None
         workers = {"": (worker.address, worker.process.pid)}
@@ -313,10 +360,13 @@ async def run_cpu(
                         for name, port in ports.items():
                             wpid = workers.get(name, workers[""])[1]
                             call, conns = http_call([port], clients, data.bodies)
+                            # counted from the warm-up on too: a mean over both windows
+                            before = gateway_seconds(port)
                             m, g, w = await measure(call, clients, seconds, [pids[name]], wpid)
+                            own = own_ms(before, gateway_seconds(port))
                             for c in conns:
                                 c.close()
-                            point.append(_row(name, engine, shape, m, g, w))
+                            point.append(_row(name, engine, shape, m, g, w, own))
                             _print(point[-1])
                         if BASELINE in ports and PAIRED in ports:
                             pair = [BASELINE, PAIRED]
@@ -416,10 +466,12 @@ async def run_profile(
     )
 
 
-def _row(name: str, engine: str, shape: str, m: Measurement, g: float, w: float) -> CpuRow:
+def _row(
+    name: str, engine: str, shape: str, m: Measurement, g: float, w: float, own: float = math.nan
+) -> CpuRow:
     return CpuRow(
         name, engine, shape, m.clients, m.requests, m.requests_per_second,
-        m.p50_ms, m.p99_ms, g, w, m.errors,
+        m.p50_ms, m.p99_ms, g, w, m.errors, own,
     )  # fmt: skip
 
 
@@ -433,14 +485,15 @@ def _print(r: CpuRow) -> None:
 
 def cpu_table(rows: Sequence[CpuRow]) -> str:
     lines = [
-        "| engine | shape | clients | system | req/s | p50 ms | gateway CPU µs/req | "
-        "worker CPU µs/req | total µs/req | req/s per core | errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| engine | shape | clients | system | req/s | p50 ms | gateway's own ms/req | "
+        "gateway CPU µs/req | worker CPU µs/req | total µs/req | req/s per core | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        own = "" if math.isnan(r.gateway_own_ms) else f"{r.gateway_own_ms:.3f}"
         lines.append(
             f"| {r.engine} | {r.shape} | {r.clients} | {r.system} | {r.requests_per_second:.0f} | "
-            f"{r.p50_ms:.2f} | {r.gateway_cpu_us:.0f} | {r.worker_cpu_us:.0f} | "
+            f"{r.p50_ms:.2f} | {own} | {r.gateway_cpu_us:.0f} | {r.worker_cpu_us:.0f} | "
             f"{r.total_cpu_us:.0f} | {r.per_core:.0f} | {r.errors} |"
         )
     ratios = _ratios(rows)

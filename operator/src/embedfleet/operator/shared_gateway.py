@@ -27,6 +27,7 @@ from typing import Any
 from embedfleet.operator.manifests import (
     API_KEYS_FILE,
     CONFIG_HASH,
+    GATEWAY_COMMANDS,
     GATEWAY_PORT,
     GATEWAY_PREFIX,
     GRACE_MARGIN_SECONDS,
@@ -282,7 +283,8 @@ def deployment(namespace: str, shared: str, served: list[Member], images: Images
         "name": "gateway",
         "image": image,
         "imagePullPolicy": gateway.image_pull_policy,
-        "command": ["embedfleet-gateway"],
+        # The first member's, as every process-wide setting: both binaries read the models file.
+        "command": [GATEWAY_COMMANDS[gateway.implementation]],
         "env": [
             {"name": "HOME", "value": "/tmp"},
             # An empty value is each setting's default, and the API server would drop it anyway.

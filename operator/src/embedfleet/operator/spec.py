@@ -159,11 +159,6 @@ class GatewayAuth:
 GATEWAY_IMPLEMENTATIONS = ("python", "rust")
 """gateway.implementation: the Python gateway (the reference) or the Rust one
 (docs/gateway.md, "Rust gateway"); both are in the gateway image."""
-RUST_TRACING = (
-    "gateway.implementation rust does not export traces yet: "
-    "leave monitoring.tracing.endpoint empty or use the python gateway"
-)
-"""The CRD's rule and parse_spec's check say the same."""
 
 
 @dataclass(frozen=True)
@@ -422,7 +417,7 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
         monitor = _obj(_obj(raw, "monitoring"), "serviceMonitor")
         tracing = _obj(_obj(raw, "monitoring"), "tracing")
         d = ServiceMonitor()
-        spec = Spec(
+        return Spec(
             model=_model(_obj(raw, "model")),
             worker=_worker(_obj(raw, "worker")),
             gateway=_gateway(_obj(raw, "gateway")),
@@ -440,9 +435,6 @@ def parse_spec(raw: Mapping[str, Any]) -> Spec:
                 str(item["name"]) for item in raw.get("imagePullSecrets") or () if "name" in item
             ),
         )
-        if spec.gateway.implementation == "rust" and spec.tracing.endpoint:
-            raise SpecError(RUST_TRACING)
-        return spec
     except (TypeError, ValueError) as exc:
         if isinstance(exc, SpecError):
             raise

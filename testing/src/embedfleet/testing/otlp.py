@@ -21,6 +21,14 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from embedfleet.testing.polling import wait_for
+
+#: a request text the tracing tests send: it must never appear in a span
+SECRET_TEXT = "a secret sentence that must never appear in a span"
+#: the trace and span ids of the `traceparent` the tracing tests' client sends
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
 _EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 _EMPTY_REPLY = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
 
@@ -82,6 +90,16 @@ class Collector:
     def snapshot(self) -> list[Span]:
         with self._lock:
             return list(self.spans)
+
+    def trace(self, trace_id: str, want: int, timeout: float = 30.0) -> list[Span]:
+        """The spans of `trace_id` once at least `want` have arrived (exports are batched, so
+        a trace's spans come in over several exports)."""
+
+        def spans() -> list[Span] | None:
+            found = [s for s in self.snapshot() if s.trace_id == trace_id]
+            return found if len(found) >= want else None
+
+        return wait_for(f"{want} spans of trace {trace_id}", spans, timeout=timeout, interval=0.02)
 
 
 def _value(v: Any) -> Any:

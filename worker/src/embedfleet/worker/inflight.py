@@ -9,8 +9,7 @@ buffered: none longer can hold a request the worker would accept.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 #: wire bytes per token at most: an int32 id, a uint8 type id, and an int32 length when every
 #: sequence is one token long
@@ -40,7 +39,6 @@ class Ticket:
         if not self.released:
             self.released = True
             self.budget.held -= self.size
-            self.budget.on_change(self.budget.held)
 
     def __del__(self) -> None:
         # A call cancelled between its message's arrival and its handler never reaches the
@@ -48,25 +46,19 @@ class Ticket:
         self.release()
 
 
-def _ignore(held: int) -> None:
-    return None
-
-
 @dataclass(slots=True)
 class ByteBudget:
-    """Used on the event loop only (gRPC asyncio deserializes there): no lock needed."""
+    """Used on the event loop only (gRPC asyncio deserializes there): no lock needed. The
+    metrics gauge reads `held` at scrape time."""
 
     limit: int
     held: int = 0
-    #: told the new total after each change (the metrics gauge)
-    on_change: Callable[[int], None] = field(default=_ignore)
 
     def take(self, size: int) -> Ticket | None:
         """A ticket for `size` more bytes, or None when they would pass the limit."""
         if self.held + size > self.limit:
             return None
         self.held += size
-        self.on_change(self.held)
         return Ticket(self, size)
 
     def refusal(self, size: int) -> str:

@@ -218,7 +218,9 @@ async def _idle_for(state: WorkerState, seconds: float, patience: float) -> bool
             return False
 
 
-async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health) -> None:
+async def _drain(
+    settings: WorkerSettings, state: WorkerState, servicer: _Health, service: WorkerService
+) -> None:
     state.draining = True
     state.metrics.draining.set(1)
     state.metrics.ready.set(0)
@@ -229,6 +231,8 @@ async def _drain(settings: WorkerSettings, state: WorkerState, servicer: _Health
         await asyncio.sleep(0.01)
     if state.inflight:
         log.warning("drain timed out", extra={"inflight": state.inflight})
+    # Open EmbedStreams end now rather than hold server.stop's grace period.
+    service.close_streams()
     if state.runner is not None:
         state.runner.stop()
         await asyncio.to_thread(state.runner.join, 5.0)
@@ -260,7 +264,8 @@ async def serve(settings: WorkerSettings) -> int:
             ("grpc.max_send_message_length", _MAX_REPLY),
         ],
     )
-    add_to_server(WorkerService(state, settings.max_inflight_bytes), server)
+    service = WorkerService(state, settings.max_inflight_bytes)
+    add_to_server(service, server)
     servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -293,7 +298,7 @@ async def serve(settings: WorkerSettings) -> int:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await startup
     stopping.cancel()
-    await _drain(settings, state, servicer)
+    await _drain(settings, state, servicer, service)
     await server.stop(grace=1.0)
     tracer.shutdown()
     log.info("stopped", extra={"exit_code": code})

@@ -208,6 +208,12 @@ class WorkerMetrics:
             "--max-inflight-bytes.",
             registry=r,
         )
+        self.streams = Gauge(
+            _PREFIX + "embed_streams",
+            "EmbedStream calls open: a gateway's long-lived stream of small Embed calls each "
+            "(their calls count as Embed in the requests counter).",
+            registry=r,
+        )
         self.queued_tokens = Gauge(
             _PREFIX + "queued_tokens", "Tokens waiting in the queue (not yet launched).", registry=r
         )

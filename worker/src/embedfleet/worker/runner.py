@@ -117,6 +117,9 @@ class BatchRunner:
         #: stored whole by the engine thread and read by Info on the event loop.
         self.saturated_rate = 0.0
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        # Read at scrape time (racy by design, as queued()), not written per arrival and batch.
+        metrics.queued_requests.set_function(lambda: len(self._queue))
+        metrics.queued_tokens.set_function(lambda: self._queue.tokens)
 
     def start(self) -> None:
         self._thread.start()
@@ -129,7 +132,6 @@ class BatchRunner:
             self._arrivals += 1
             entry.seq = self._arrivals
             self._queue.push(entry)
-            self._publish_queue()
             self._cond.notify()
         return entry
 
@@ -175,7 +177,6 @@ class BatchRunner:
                     else:
                         self._cond.wait(_POLL_SECONDS)
                     continue
-                self._publish_queue()
                 saturated = len(self._queue) > 0
             self._drop(batch)
             if not batch.items:
@@ -184,10 +185,6 @@ class BatchRunner:
             if prev is not None:
                 self._finish(prev)
             prev = launched
-
-    def _publish_queue(self) -> None:
-        self.metrics.queued_requests.set(len(self._queue))
-        self.metrics.queued_tokens.set(self._queue.tokens)
 
     def _drop(self, batch: Batch[Entry]) -> None:
         if not batch.dropped:

@@ -13,7 +13,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -102,7 +102,6 @@ class WorkerState:
             raise StatusError(Code.UNAVAILABLE, "the engine is still loading")
         entry = self.runner.submit(item, deadline, internal)
         self.inflight += 1
-        self.metrics.inflight.inc()
         if not internal:
             self.requests_inflight += 1
             self.arrived.set()
@@ -114,7 +113,6 @@ class WorkerState:
             raise
         finally:
             self.inflight -= 1
-            self.metrics.inflight.dec()
             if not internal:
                 self.requests_inflight -= 1
         if self.tracer.enabled and not internal:
@@ -187,7 +185,10 @@ def _timed(serialize: Callable[[Any], bytes], stage: Observer) -> Callable[[Any]
 class WorkerService(pb_grpc.WorkerServicer):
     def __init__(self, state: WorkerState, max_inflight_bytes: int) -> None:
         self.state = state
-        self.bytes = ByteBudget(max_inflight_bytes, on_change=state.metrics.request_bytes.set)
+        self.bytes = ByteBudget(max_inflight_bytes)
+        # Gauges of counts the loop keeps anyway are read at scrape time, not written per call.
+        state.metrics.request_bytes.set_function(lambda: self.bytes.held)
+        state.metrics.inflight.set_function(lambda: state.inflight)
         self._stages = state.metrics.stages
         self._malformed_log = LogLimiter(MALFORMED_LOG_SECONDS)
         #: InfoResponse.instance: random, so a restart at the same address and pid still differs
@@ -195,6 +196,8 @@ class WorkerService(pb_grpc.WorkerServicer):
         #: (rpc, code) -> its request counter child, resolved once (a label lookup per call
         #: took a lock and built a key; the series are few: the RPCs times the codes)
         self._counted: dict[tuple[str, grpc.StatusCode], Any] = {}
+        #: the reply queues of the EmbedStream calls open now (close_streams ends them)
+        self._streams: set[asyncio.Queue[Any]] = set()
 
     async def refuse_overload(
         self, rpc: str, request: Refused, context: grpc.aio.ServicerContext[Any, Any]
@@ -221,19 +224,91 @@ class WorkerService(pb_grpc.WorkerServicer):
         request: pb.EmbedRequest,
         context: grpc.aio.ServicerContext[pb.EmbedRequest, pb.EmbedResponse],
     ) -> pb.EmbedResponse:
-        def reply(entry: Entry) -> pb.EmbedResponse:
-            result = entry.future.result()
-            return pb.EmbedResponse(
-                embeddings=pack_floats(result, request.format),
-                count=int(result.shape[0]),
-                dimensions=int(result.shape[1]),
-                format=request.format,
-                prompt_tokens=entry.tokens,
-            )
-
         return await self._serve(
-            "Embed", request.batch, lambda: _embed_options(request), reply, context
+            "Embed",
+            request.batch,
+            lambda: _embed_options(request),
+            lambda entry: _embed_response(request, entry),
+            context,
         )
+
+    async def EmbedStream(  # noqa: N802 - gRPC method names
+        self,
+        calls: AsyncIterator[Admitted[pb.EmbedCall] | Malformed | Refused],
+        context: grpc.aio.ServicerContext[Any, pb.EmbedReply],
+    ) -> AsyncIterator[pb.EmbedReply]:
+        """Embed calls as messages of one stream, each answered by id as it completes (in any
+        order), with the status its unary call would have had. A message that cannot be read
+        (undecodable, or past the byte budget) ends the stream with that status: its id is
+        unknown, so the caller fails every call it has in flight on the stream, as it would if
+        the connection broke. The stream ends when the caller stops writing and every call is
+        answered, or once the worker has drained (`close_streams`)."""
+        replies: asyncio.Queue[pb.EmbedReply | Malformed | Refused | None] = asyncio.Queue()
+        answering: set[asyncio.Task[None]] = set()
+        self._streams.add(replies)
+        self.state.metrics.streams.inc()
+
+        async def answer(call: Admitted[pb.EmbedCall]) -> None:
+            replies.put_nowait(await self._answer_call(call.message))
+
+        async def read() -> None:
+            try:
+                async for call in calls:
+                    if not isinstance(call, Admitted):
+                        replies.put_nowait(call)
+                        return
+                    task = asyncio.create_task(answer(call))
+                    answering.add(task)
+                    task.add_done_callback(answering.discard)
+                    # A callback, not a finally: a task cancelled before its first step runs none.
+                    task.add_done_callback(_releasing(call.ticket))
+                while answering:
+                    await asyncio.wait(set(answering))
+            finally:
+                # However reading ends (the caller done, or the read failing), the replies do.
+                replies.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (reply := await replies.get()) is not None:
+                if isinstance(reply, Malformed):
+                    await self.refuse_malformed("EmbedStream", reply, context)
+                elif isinstance(reply, Refused):
+                    await self.refuse_overload("EmbedStream", reply, context)
+                else:
+                    yield reply
+        finally:
+            self._streams.discard(replies)
+            self.state.metrics.streams.dec()
+            reader.cancel()
+            for task in list(answering):
+                task.cancel()
+
+    def close_streams(self) -> None:
+        """Ends every open EmbedStream once its calls are answered (the drain: the callers
+        then reach other workers; a call on a stream while draining is refused UNAVAILABLE)."""
+        for replies in self._streams:
+            replies.put_nowait(None)
+
+    async def _answer_call(self, call: pb.EmbedCall) -> pb.EmbedReply:
+        """One EmbedStream message's reply: Embed's work, outcome counted as an Embed call."""
+        request = call.request
+        deadline = time.monotonic() + call.timeout_seconds if call.timeout_seconds > 0 else math.inf
+        try:
+            response, _ = await self._answered(
+                "Embed",
+                request.batch,
+                lambda: _embed_options(request),
+                lambda entry: _embed_response(request, entry),
+                deadline,
+                # Cancelled with its stream (the caller gone, or the server stopping), as a
+                # unary call would be when its caller leaves.
+                lambda: Code.CANCELLED,
+            )
+        except StatusError as failure:
+            code: int = failure.code.value[0]
+            return pb.EmbedReply(id=call.id, code=code, message=failure.message)
+        return pb.EmbedReply(id=call.id, response=response)
 
     async def Score(  # noqa: N802 - gRPC method names
         self,
@@ -337,26 +412,53 @@ class WorkerService(pb_grpc.WorkerServicer):
         reply: Callable[[Entry], R],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> R:
-        """Admission, queueing and status mapping shared by Embed and Score; counts outcomes.
+        """A unary call's `_answered`, its failure the call's status and its batch in the
+        trailing metadata."""
+        remaining = context.time_remaining()
+        deadline = math.inf if remaining is None else time.monotonic() + remaining
+        try:
+            answer, entry = await self._answered(
+                rpc, batch, options, reply, deadline, lambda: _cancel_code(context)
+            )
+        except StatusError as failure:
+            await context.abort(failure.code, failure.message)
+            raise AssertionError("unreachable: abort raises") from None
+        context.set_trailing_metadata(
+            (("embedfleet-batch", str(entry.batch_no)), ("embedfleet-arrival", str(entry.seq)))
+        )
+        return answer
+
+    async def _answered(
+        self,
+        rpc: str,
+        batch: pb.TokenBatch,
+        options: Callable[[], Options],
+        reply: Callable[[Entry], R],
+        deadline: float,
+        cancel_code: Callable[[], grpc.StatusCode] | None,
+    ) -> tuple[R, Entry]:
+        """Admission, queueing and the reply, shared by every RPC and EmbedStream's calls;
+        counts the outcome (a failure is raised as StatusError; a cancellation is counted with
+        `cancel_code()` when given).
 
         Each outcome is counted before the client can see it, so a client that reads the metrics
         right after its answer finds its own call counted."""
         started = time.perf_counter()
         try:
             self._check_task(_TASKS[rpc])
-            entry = await self._run(batch, options(), context)
+            entry = await self._run(batch, options(), deadline)
             replying = time.perf_counter_ns()
             answer = reply(entry)
             self._stages["reply"].observe((time.perf_counter_ns() - replying) * 1e-9)
         except StatusError as failure:
             self._record(rpc, failure.code, started)
-            await context.abort(failure.code, failure.message)
-            raise AssertionError("unreachable: abort raises") from None
+            raise
         except asyncio.CancelledError:
-            self._record(rpc, _cancel_code(context), started)
+            if cancel_code is not None:
+                self._record(rpc, cancel_code(), started)
             raise
         self._record(rpc, Code.OK, started)
-        return answer
+        return answer, entry
 
     def _check_task(self, task: str) -> None:
         if self.state.model.task != task:
@@ -365,12 +467,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 f"this worker serves a {self.state.model.task} model; it cannot {task}",
             )
 
-    async def _run(
-        self,
-        batch: pb.TokenBatch,
-        options: Options,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> Entry:
+    async def _run(self, batch: pb.TokenBatch, options: Options, deadline: float) -> Entry:
         validating = time.perf_counter_ns()
         state = self.state
         if state.draining:
@@ -397,8 +494,6 @@ class WorkerService(pb_grpc.WorkerServicer):
             state.engine.validate(item)
         except InvalidInputError as exc:
             raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
-        remaining = context.time_remaining()
-        deadline = math.inf if remaining is None else time.monotonic() + remaining
         self._stages["validate"].observe((time.perf_counter_ns() - validating) * 1e-9)
         try:
             entry = await state.compute(item, deadline)
@@ -412,9 +507,6 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise StatusError(Code.CANCELLED, "cancelled while queued") from None
         except EngineError as exc:
             raise StatusError(Code.INTERNAL, f"the engine failed: {exc}") from None
-        context.set_trailing_metadata(
-            (("embedfleet-batch", str(entry.batch_no)), ("embedfleet-arrival", str(entry.seq)))
-        )
         return entry
 
     def _record(self, rpc: str, code: grpc.StatusCode, started: float | None) -> None:
@@ -437,6 +529,24 @@ def _embed_options(request: pb.EmbedRequest) -> Options:
         normalize=request.normalize if request.HasField("normalize") else None,
         dimensions=int(request.dimensions),
     )
+
+
+def _embed_response(request: pb.EmbedRequest, entry: Entry) -> pb.EmbedResponse:
+    result = entry.future.result()
+    return pb.EmbedResponse(
+        embeddings=pack_floats(result, request.format),
+        count=int(result.shape[0]),
+        dimensions=int(result.shape[1]),
+        format=request.format,
+        prompt_tokens=entry.tokens,
+    )
+
+
+def _releasing(ticket: Ticket) -> Callable[[object], None]:
+    def release(_: object) -> None:
+        ticket.release()
+
+    return release
 
 
 def _cancel_code(context: grpc.aio.ServicerContext[Any, Any]) -> grpc.StatusCode:
@@ -488,7 +598,7 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
     def stage(name: str, rpc: str) -> Observer:
         return _UNOBSERVED if rpc == "Info" else stages[name]
 
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(
             _guarded(service, name, method),
             request_deserializer=_admitting(parse, service.bytes, stage("parse", name)),
@@ -496,6 +606,11 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
         )
         for name, (method, parse, serialize) in methods.items()
     }
+    handlers["EmbedStream"] = grpc.stream_stream_rpc_method_handler(
+        service.EmbedStream,
+        request_deserializer=_admitting(pb.EmbedCall.FromString, service.bytes, stages["parse"]),
+        response_serializer=_timed(pb.EmbedReply.SerializeToString, stages["serialize"]),
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 

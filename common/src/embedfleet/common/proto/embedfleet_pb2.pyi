@@ -167,3 +167,25 @@ class SparseEmbedResponse(_message.Message):
     dimensions: int
     prompt_tokens: int
     def __init__(self, offsets: _Optional[bytes] = ..., indices: _Optional[bytes] = ..., values: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class EmbedCall(_message.Message):
+    __slots__ = ("id", "request", "timeout_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: EmbedRequest
+    timeout_seconds: float
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[EmbedRequest, _Mapping]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class EmbedReply(_message.Message):
+    __slots__ = ("id", "code", "message", "response")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    code: int
+    message: str
+    response: EmbedResponse
+    def __init__(self, id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., response: _Optional[_Union[EmbedResponse, _Mapping]] = ...) -> None: ...

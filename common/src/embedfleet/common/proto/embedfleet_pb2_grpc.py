@@ -59,6 +59,11 @@ class WorkerStub:
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
                 response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
                 _registered_method=True)
+        self.EmbedStream = channel.stream_stream(
+                '/embedfleet.v1.Worker/EmbedStream',
+                request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedCall.SerializeToString,
+                response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -100,6 +105,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmbedStream(self, request_iterator, context):
+        """Embed calls as messages of one long-lived stream, answered by id in any order: the Rust
+        gateway's small (coalesced) calls. A message costs the worker's front a fraction of a unary
+        call's set-up, status and metadata. A gateway falls back to Embed where this is UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +141,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.SparseEmbed,
                     request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.FromString,
                     response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.SerializeToString,
+            ),
+            'EmbedStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.EmbedStream,
+                    request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedCall.FromString,
+                    response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +283,33 @@ class Worker:
             '/embedfleet.v1.Worker/SparseEmbed',
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmbedStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/embedfleet.v1.Worker/EmbedStream',
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedCall.SerializeToString,
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedReply.FromString,
             options,
             channel_credentials,
             insecure,
