@@ -18,6 +18,7 @@ _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
 _F16 = np.dtype("<f2")
 _U8 = np.dtype("u1")
+_U32 = np.dtype("<u4")
 
 FLOAT_DTYPES: dict[int, np.dtype[np.floating]] = {
     pb.FLOAT_FORMAT_FLOAT32: _F32,
@@ -74,9 +75,11 @@ def unpack_tokens(batch: pb.TokenBatch) -> Tokens:
         raise CodecError("token_ids and lengths must be whole little-endian int32 arrays")
     ids = np.frombuffer(batch.token_ids, dtype=_I32)
     lengths = np.frombuffer(batch.lengths, dtype=_I32)
-    if lengths.size and int(lengths.min()) < 0:
-        raise CodecError("sequence lengths must not be negative")
-    if int(lengths.sum(dtype=np.int64)) != ids.size:
+    # One reduction for both checks on the hot path: read unsigned, a negative length is past
+    # 2**31, so no sum holding one can match the count of ids a message can carry.
+    if int(lengths.view(_U32).sum(dtype=np.uint64)) != ids.size:
+        if lengths.size and int(lengths.min()) < 0:
+            raise CodecError("sequence lengths must not be negative")
         raise CodecError(f"lengths sum to {int(lengths.sum())} but {ids.size} token ids were sent")
     type_ids = None
     if batch.token_type_ids:
