@@ -6,8 +6,13 @@
 //! flight a chunk goes at once, alone; larger chunks always go at once and are not counted.
 //! A merged call's failure reaches every chunk in it as its own; INVALID_ARGUMENT (one bad chunk
 //! could cause it for all) sends each chunk again alone.
+//!
+//! Unless `--coalesce-inflight` says, the slots follow the device the worker's Info reports:
+//! one for a worker computing on its CPU, two for one on an accelerator (`inflight_for`, as the
+//! Python gateway's; docs/gateway.md, "Coalescing", says why).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +25,25 @@ use crate::proto::{EmbedRequest, TokenBatch};
 use crate::stream::EmbedStream;
 
 const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+
+/// Calls in flight to a worker that computes on its CPU, and to one on an accelerator.
+pub const CPU_INFLIGHT: usize = 1;
+pub const ACCELERATOR_INFLIGHT: usize = 2;
+/// Device types (InfoResponse.device, before any ":index") that compute on the worker's CPU.
+const CPU_DEVICES: [&str; 3] = ["", "cpu", "null"];
+
+/// Small calls in flight to a worker whose Info reports `device` (one engine's, or several
+/// comma-separated) when `--coalesce-inflight` is unset. Pure.
+pub fn inflight_for(device: &str) -> usize {
+    let on_cpu = device
+        .split(',')
+        .all(|part| CPU_DEVICES.contains(&part.trim().split(':').next().unwrap_or("")));
+    if on_cpu {
+        CPU_INFLIGHT
+    } else {
+        ACCELERATOR_INFLIGHT
+    }
+}
 
 /// Rows (row-major float32) for one chunk, or why not; `Alone` asks it to go again by itself.
 enum Share {
@@ -64,7 +88,10 @@ struct State {
 
 pub struct Coalescer {
     channel: Channel,
-    max_inflight: usize,
+    /// read under `state`'s lock; stored by the probe when it follows the device
+    max_inflight: AtomicUsize,
+    /// the limit follows the worker's device (its Info), not the setting
+    by_device: bool,
     max_tokens: usize,
     max_sequences: usize,
     small_tokens: usize,
@@ -93,7 +120,7 @@ pub fn cut(rows: &[f32], counts: &[usize], dims: usize) -> Vec<Vec<f32>> {
 impl Coalescer {
     pub fn new(
         channel: Channel,
-        max_inflight: usize,
+        max_inflight: Option<usize>,
         max_tokens: usize,
         max_sequences: usize,
         small_tokens: usize,
@@ -102,7 +129,9 @@ impl Coalescer {
         Arc::new(Coalescer {
             stream: stream.then(|| EmbedStream::new(client(&channel))),
             channel,
-            max_inflight,
+            // Until its first Info answers, the worker takes no calls: a placeholder.
+            max_inflight: AtomicUsize::new(max_inflight.unwrap_or(CPU_INFLIGHT)),
+            by_device: max_inflight.is_none(),
             max_tokens,
             max_sequences,
             small_tokens,
@@ -112,6 +141,18 @@ impl Coalescer {
 
     pub fn client(&self) -> WorkerClient<Channel> {
         client(&self.channel)
+    }
+
+    /// What the worker's Info said it computes on: the slots, where they follow the device.
+    pub fn learn_device(&self, device: &str) {
+        if self.by_device {
+            self.max_inflight
+                .store(inflight_for(device), Ordering::Relaxed);
+        }
+    }
+
+    fn max_inflight(&self) -> usize {
+        self.max_inflight.load(Ordering::Relaxed)
     }
 
     /// A small (coalesced) call: a message of the worker's EmbedStream where it has one.
@@ -166,7 +207,7 @@ impl Coalescer {
         timeout: Duration,
     ) -> Result<Vec<f32>, Status> {
         let tokens = batch.token_ids.len() / 4;
-        if self.max_inflight == 0 || tokens >= self.small_tokens || normalize.is_some() {
+        if self.max_inflight() == 0 || tokens >= self.small_tokens || normalize.is_some() {
             // A chunk this large carries its own framing well, and a large request's chunks
             // must reach the workers together: it never waits, nor holds small ones up. The
             // windows of a split input (unnormalized) are rare and travel on their own.
@@ -178,7 +219,7 @@ impl Coalescer {
         let (tx, rx) = oneshot::channel();
         let now = {
             let mut state = self.state.lock().expect("coalescer lock");
-            if state.inflight < self.max_inflight && state.waiting.is_empty() {
+            if state.inflight < self.max_inflight() && state.waiting.is_empty() {
                 state.inflight += 1;
                 true
             } else {
@@ -265,7 +306,7 @@ impl Coalescer {
 
     /// Sends waiting messages while slots are free (those whose chunks' callers left: dropped).
     fn next(self: &Arc<Self>, state: &mut State) {
-        while state.inflight < self.max_inflight {
+        while state.inflight < self.max_inflight() {
             let Some(id) = state.waiting.pop_front() else {
                 return;
             };
@@ -347,6 +388,20 @@ impl Coalescer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_sets_the_calls_in_flight() {
+        for cpu in ["", "cpu", "null", "cpu,cpu"] {
+            assert_eq!(inflight_for(cpu), CPU_INFLIGHT, "{cpu}");
+        }
+        for accelerator in ["cuda", "cuda:0", "cuda:0,cuda:1", "cpu,cuda:1", "mps"] {
+            assert_eq!(
+                inflight_for(accelerator),
+                ACCELERATOR_INFLIGHT,
+                "{accelerator}"
+            );
+        }
+    }
 
     #[test]
     fn cut_gives_each_chunk_its_rows() {

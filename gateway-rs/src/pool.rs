@@ -23,10 +23,11 @@ use prost::Message as _;
 
 const ATTEMPTS: usize = 2;
 
-/// When Embed calls to a worker are merged (coalescing.rs); `max_inflight` 0: never.
+/// When Embed calls to a worker are merged (coalescing.rs); `max_inflight` 0: never; None: as
+/// many as the worker's device wants (coalescing::inflight_for, learned from its Info).
 #[derive(Debug, Clone, Copy)]
 pub struct Coalescing {
-    pub max_inflight: usize,
+    pub max_inflight: Option<usize>,
     pub max_tokens: usize,
     pub max_sequences: usize,
     pub small_tokens: usize,
@@ -473,6 +474,7 @@ impl Pool {
                 return false;
             }
         };
+        worker.learn_device(&info.device);
         let was = e.ready;
         e.ready = info.ready && !info.draining;
         e.queued_elsewhere = (info.queued_tokens as usize).saturating_sub(e.outstanding_tokens);

@@ -30,7 +30,8 @@ pub struct Settings {
     pub min_chunk_tokens: usize,
     pub chunk_sequences: usize,
     pub chunk_seconds: f64,
-    pub coalesce_inflight: usize,
+    /// None: by the device each worker reports (coalescing::inflight_for)
+    pub coalesce_inflight: Option<usize>,
     /// small calls as messages of one EmbedStream per worker (Rust only; stream.rs)
     pub coalesce_stream: bool,
     pub max_queue_seconds: f64,
@@ -82,7 +83,7 @@ impl Default for Settings {
             min_chunk_tokens: 512,
             chunk_sequences: 256,
             chunk_seconds: 1.0,
-            coalesce_inflight: 2,
+            coalesce_inflight: None,
             coalesce_stream: true,
             max_queue_seconds: 30.0,
             hold_requests: 0,
@@ -173,7 +174,12 @@ pub fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "min_chunk_tokens" => s.min_chunk_tokens = number(name, raw)?,
         "chunk_sequences" => s.chunk_sequences = number(name, raw)?,
         "chunk_seconds" => s.chunk_seconds = number(name, raw)?,
-        "coalesce_inflight" => s.coalesce_inflight = number(name, raw)?,
+        "coalesce_inflight" => {
+            s.coalesce_inflight = match raw.trim() {
+                "" => None,
+                _ => Some(number(name, raw)?),
+            }
+        }
         "coalesce_stream" => s.coalesce_stream = boolean(name, raw)?,
         "max_queue_seconds" => s.max_queue_seconds = seconds(name, raw)?,
         "hold_requests" => s.hold_requests = number(name, raw)?,

@@ -60,6 +60,11 @@ class FakeWorker(pb_grpc.WorkerServicer):
     capacity: float = 0.0
     saturated: float = 0.0
     ready: bool = True
+    #: the device its Info reports (the gateways size coalescing's calls in flight by it)
+    device: str = "cpu"
+    #: Embed calls being answered now, and the most at once so far
+    running: int = 0
+    most_running: int = 0
     _server: grpc.Server | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,12 +78,19 @@ class FakeWorker(pb_grpc.WorkerServicer):
             context.abort(self.fail_code, "fake failure")
         tokens = unpack_tokens(request.batch)
         self.calls.append(tokens.count)
-        end = time.monotonic() + self.delay
-        while time.monotonic() < end:
-            if not context.is_active():
-                self.cancelled += 1
-                context.abort(grpc.StatusCode.CANCELLED, "client went away")
-            time.sleep(0.01)
+        with self._lock:
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+        try:
+            end = time.monotonic() + self.delay
+            while time.monotonic() < end:
+                if not context.is_active():
+                    self.cancelled += 1
+                    context.abort(grpc.StatusCode.CANCELLED, "client went away")
+                time.sleep(0.01)
+        finally:
+            with self._lock:
+                self.running -= 1
         rows = _rows(tokens, self.number)
         return pb.EmbedResponse(
             embeddings=pack_floats(rows),
@@ -101,6 +113,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             task="embed",
             dimensions=DIMS,
             max_input_tokens=256,
+            device=self.device,
             ready=self.ready,
             queued_tokens=self.queued_tokens,
             capacity_tokens_per_second=self.capacity,

@@ -15,7 +15,7 @@ from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import pack_tokens, unpack_tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.coalescing import Coalescer, cut
+from embedfleet.gateway.coalescing import Coalescer, cut, inflight_for
 from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.gateway.upstream import UpstreamError
 
@@ -198,6 +198,15 @@ async def test_close_fails_waiting_chunks_retryably() -> None:
         await waiting
     assert err.value.retryable
     first.cancel()
+
+
+@pytest.mark.parametrize(
+    ("device", "inflight"),
+    [("", 1), ("cpu", 1), ("null", 1), ("cpu,cpu", 1), ("cuda", 2), ("cuda:0", 2),
+     ("cuda:0,cuda:1", 2), ("cpu,cuda:1", 2), ("mps", 2)],
+)  # fmt: skip
+def test_the_device_sets_the_calls_in_flight(device: str, inflight: int) -> None:
+    assert inflight_for(device) == inflight
 
 
 # --- through the real gateway, in front of a fake gRPC worker ------------------------------------

@@ -95,11 +95,11 @@ class Pair:
         headers = {k.lower(): v for k, v in reply.headers.items()}
         return Answer(reply.status_code, headers, reply.content)
 
-    def python(self) -> _One:
-        return _One(self, 0)
+    def python(self) -> One:
+        return One(self, 0)
 
-    def rust(self) -> _One:
-        return _One(self, 1)
+    def rust(self) -> One:
+        return One(self, 1)
 
     def both(self, method: str, path: str, **kw: Any) -> tuple[Answer, Answer]:
         return self.python().request(method, path, **kw), self.rust().request(method, path, **kw)
@@ -181,7 +181,9 @@ class Pair:
 
 
 @dataclass
-class _One:
+class One:
+    """One gateway of a Pair: 0 the Python one, 1 the Rust one."""
+
     pair: Pair
     which: int
 

@@ -14,7 +14,7 @@
 
 Variants: this tree's gateway as it runs by default and with each option under test switched off
 (`VARIANTS`), the Rust gateway of gateway-rs/ likewise (`RUST_VARIANTS`: unary calls, the stream,
-one call in flight; built or reused by hack/build-gateway-rs.sh; `--no-rust` leaves it out) and
+two calls in flight; built or reused by hack/build-gateway-rs.sh; `--no-rust` leaves it out) and
 tracing every request to a collector that only counts (`TRACED`), plus `--baseline-src` (a
 PYTHONPATH of another source tree, e.g. main's, unpacked with `git archive`) for a before/after
 in one run. The `gateway's own ms/req` column is a gateway's request time less its time waiting
@@ -70,7 +70,8 @@ POOL = 32
 VARIANTS: dict[str, list[str]] = {
     "gateway, no coalescing": ["--coalesce-inflight", "0"],
     "gateway (default)": [],
-    "gateway, coalescing past 1 call": ["--coalesce-inflight", "1"],
+    # The default before calls in flight followed the worker's device (one for a CPU worker).
+    "gateway, 2 calls in flight": ["--coalesce-inflight", "2"],
 }
 
 
@@ -82,7 +83,7 @@ TRACED = "rust gateway, traced"
 RUST_VARIANTS: dict[str, list[str]] = {
     "rust gateway, unary calls": ["--coalesce-stream", "0"],
     RUST: [],
-    "rust gateway, coalescing past 1 call": ["--coalesce-inflight", "1"],
+    "rust gateway, 2 calls in flight": ["--coalesce-inflight", "2"],
 }
 
 

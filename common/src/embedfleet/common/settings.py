@@ -140,7 +140,7 @@ def from_namespace(
         if choices and value not in choices:
             raise SettingsError(f"{where}: {value!r} is not one of {list(choices)}")
         minimum = f.metadata.get(_MINIMUM)
-        if minimum is not None and value < minimum:
+        if minimum is not None and value is not None and value < minimum:
             raise SettingsError(f"{where}: {value!r} is below the minimum, {minimum:g}")
         values[f.name] = value
     return cls(**values)
@@ -178,7 +178,8 @@ def markdown_table(cls: type[Any], prefix: str) -> str:
         minimum = f.metadata.get(_MINIMUM)
         if minimum is not None:
             help_text += f" At least {minimum:g}."
+        cell = "unset" if default is None else f"`{shown}`"
         rows.append(
-            f"| `{flag_name(f.name)}` | `{env_name(prefix, f.name)}` | `{shown}` | {help_text} |"
+            f"| `{flag_name(f.name)}` | `{env_name(prefix, f.name)}` | {cell} | {help_text} |"
         )
     return "\n".join(rows) + "\n"

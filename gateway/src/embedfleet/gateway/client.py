@@ -16,7 +16,7 @@ from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import SparseVector, unpack_floats, unpack_sparse
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
-from embedfleet.gateway.coalescing import Coalescer
+from embedfleet.gateway.coalescing import CPU_INFLIGHT, Coalescer, inflight_for
 from embedfleet.gateway.upstream import UpstreamError
 
 T = TypeVar("T")
@@ -52,9 +52,10 @@ async def _call(call: Awaitable[T]) -> T:
 
 @dataclass(frozen=True)
 class Coalescing:
-    """When Embed calls to a worker are merged (coalescing.py); `max_inflight` 0: never."""
+    """When Embed calls to a worker are merged (coalescing.py); `max_inflight` 0: never; None:
+    as many as the worker's device wants (coalescing.inflight_for, learned from its Info)."""
 
-    max_inflight: int = 0
+    max_inflight: int | None = 0
     max_tokens: int = 8192
     max_sequences: int = 256
     #: chunks of at least this many tokens are never merged
@@ -75,9 +76,13 @@ class WorkerClient:
         )
         self._stub = pb_grpc.WorkerStub(self._channel)  # type: ignore[no-untyped-call]
         c = coalescing
+        #: the limit follows the worker's device (its Info), not the setting
+        self._by_device = c.max_inflight is None
+        # Until its first Info answers, the worker takes no calls: the CPU limit is a placeholder.
+        inflight = CPU_INFLIGHT if c.max_inflight is None else c.max_inflight
         self._coalescer = (
-            Coalescer(self._embed, c.max_inflight, c.max_tokens, c.max_sequences, c.small_tokens)
-            if c.max_inflight > 0
+            Coalescer(self._embed, inflight, c.max_tokens, c.max_sequences, c.small_tokens)
+            if inflight > 0
             else None
         )
 
@@ -126,4 +131,6 @@ class WorkerClient:
 
     async def info(self, timeout: float) -> pb.InfoResponse:
         reply: pb.InfoResponse = await _call(self._stub.Info(pb.InfoRequest(), timeout=timeout))
+        if self._by_device and self._coalescer is not None:
+            self._coalescer.max_inflight = inflight_for(reply.device)
         return reply

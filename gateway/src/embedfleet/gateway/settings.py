@@ -142,13 +142,16 @@ class GatewaySettings:
         "A worker whose call failed with UNAVAILABLE or a broken connection is skipped this long.",
     )
     upstream_timeout_seconds: float = setting(60.0, "Deadline of one chunk's call to a worker.")
-    coalesce_inflight: int = setting(
-        2,
+    coalesce_inflight: int | None = setting(
+        None,
         "Embed calls of small chunks (under --min-chunk-tokens) in flight to one worker before "
         "the next small chunks wait and travel merged into one message (up to --chunk-tokens and "
         "--chunk-sequences), so under load short queries pay gRPC's per-call CPU once per "
         'message, not once each (docs/gateway.md, "Coalescing"). Below it a chunk is sent at '
-        "once; larger chunks always are. 0: every chunk is its own call.",
+        "once; larger chunks always are. 0: every chunk is its own call. Unset: by the device "
+        "the worker reports, 1 for a CPU, 2 for an accelerator (whose worker packs the next "
+        "batch while the device runs one).",
+        minimum=0,
     )
     probe_seconds: float = setting(
         2.0, "How often each worker's Info (readiness, queue, model facts) is polled."
