@@ -206,6 +206,8 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
     );
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
+    // Set once a stop is asked: each connection finishes the request it is serving, then closes.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -218,8 +220,8 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
                     continue;
                 }
             },
-            _ = terminate.recv() => return Ok(()),
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = terminate.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
         };
         if open.fetch_add(1, Ordering::AcqRel) >= cap {
             // Refused before any work: a write the socket's empty buffer takes whole, then close.
@@ -232,6 +234,7 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
         let open = Opened(Arc::clone(&open));
         let bounds =
             connection::Bounds::drawn(s.header_timeout_seconds, s.keep_alive_seconds, rng.unit());
+        let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let _open = open;
             let watch = connection::Watch::new();
@@ -250,9 +253,38 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
             let conn = http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(io, handler);
-            watch.guard(bounds, conn).await;
+            let served = async move {
+                tokio::pin!(conn);
+                // The flag's read guard is not Send: dropped before the connection is awaited on.
+                let stop_asked = async move {
+                    let _ = stopping.wait_for(|stop| *stop).await.is_ok();
+                };
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = stop_asked => {
+                        // An idle connection closes now; a busy one after its response.
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            };
+            watch.guard(bounds, served).await;
         });
     }
+    // As the Python gateway (uvicorn's graceful shutdown): no new connections, and the requests
+    // in flight get up to a call's deadline to be answered; a pod's grace period covers it.
+    drop(listener);
+    let _ = stop.send(true);
+    let grace = std::time::Duration::from_secs_f64(s.upstream_timeout_seconds.ceil());
+    let deadline = tokio::time::Instant::now() + grace;
+    let left = open.load(Ordering::Acquire);
+    if left > 0 {
+        crate::log!(Info, "stopping: open connections finish their requests", "connections" => left);
+    }
+    while open.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// One open connection, counted against --max-connections until its task ends.

@@ -190,6 +190,10 @@ class One:
     def request(self, method: str, path: str, **kw: Any) -> Answer:
         return self.pair._send(self.pair._clients[self.which], method, path, **kw)
 
+    def url(self) -> str:
+        """This gateway's base URL (for a client of the test's own)."""
+        return (self.pair.python_url, self.pair.rust_url)[self.which]
+
 
 @contextlib.contextmanager
 def gateways(

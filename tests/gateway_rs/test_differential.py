@@ -101,6 +101,8 @@ ERRORS: dict[str, Any] = {
     "too many tokens": {"input": [LONG] * 60, "truncate": True},
     "model not a string": {"input": "x", "model": 3},
     "truncate not a bool": {"input": "x", "truncate": "yes"},
+    "truncate a number": {"input": "x", "truncate": 1},
+    "texts and ids mixed": {"input": [[1, 2], "a"]},
     "truncate null": {"input": "x", "truncate": None},
     "truncation side": {"input": "x", "truncation_side": "middle"},
     "encoding format": {"input": "x", "encoding_format": "float16"},
@@ -169,6 +171,7 @@ PAIRS: dict[str, tuple[str, Any]] = {
     "rerank query not a string": ("/v1/rerank", {"query": 1, "documents": ["d"]}),
     "rerank empty query": ("/v1/rerank", {"query": "", "documents": ["d"]}),
     "rerank without documents": ("/v1/rerank", {"query": "q"}),
+    "rerank a document a number": ("/v1/rerank", {"query": "q", "documents": ["d", 3]}),
     "rerank documents not a list": ("/v1/rerank", {"query": "q", "documents": "d"}),
     "rerank a document without text": ("/v1/rerank", {"query": "q", "documents": [{"t": "d"}]}),
     "rerank an empty document": ("/v1/rerank", {"query": "q", "documents": ["d", ""]}),
@@ -190,6 +193,7 @@ PAIRS: dict[str, tuple[str, Any]] = {
     "score lists of different lengths": ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c"]}),
     "score without text_2": ("/v1/score", {"text_1": "a"}),
     "score text_1 a number": ("/v1/score", {"text_1": 1, "text_2": "b"}),
+    "score truncate not a bool": ("/v1/score", {"text_1": "a", "text_2": "b", "truncate": "true"}),
     "score an empty text": ("/v1/score", {"text_1": "a", "text_2": ["b", ""]}),
     "score no pairs": ("/v1/score", {"text_1": "a", "text_2": []}),
     "classify on a model of another task": ("/v1/classify", {"input": ["a", "b"]}),
@@ -257,6 +261,19 @@ def _raw(pair: Pair, method: str, path: str, **kw: Any) -> Any:
             "POST",
             "/v1/embeddings",
             {"content": b'{"input": "x"}', "headers": {"content-type": "application/x+json"}},
+        ),
+        *(
+            (
+                "POST",
+                "/v1/embeddings",
+                {"content": b'{"input": "x"}', "headers": {"content-type": t}},
+            )
+            for t in (
+                "text/json",
+                "application/x-www-form-urlencoded",
+                "application/json; charset=utf-8",
+                "Application/JSON",
+            )
         ),
         ("POST", "/v1/embeddings", {"content": b'{"input": "x"}', "headers": {}}),
         ("POST", "/v1/embeddings", {"content": b"x" * 400_001}),

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -85,6 +86,15 @@ def test_held_requests_are_answered_once_a_worker_is_ready(held_pair: Pair) -> N
             "No worker is ready yet (the fleet is starting); 2 requests are already waiting for "
             "it. Retry later."
         )
+        refused = [
+            metric_value(
+                one.request("GET", "/metrics").body.decode(),
+                "embedfleet_gateway_hold_refused_total",
+                reason="full",
+            )
+            for one in (pair.python(), pair.rust())
+        ]
+        assert refused == [1, 1]
         _workers(pair, True)
         answers = [f.result(timeout=10) for f in first + second]
     assert [a.status for a in answers] == [200] * 4
@@ -113,3 +123,43 @@ def test_a_hold_that_times_out_is_refused_alike(held_pair: Pair) -> None:
         for one in (pair.python(), pair.rust())
     ]
     assert refused == [1, 1]
+
+
+def test_scores_are_held_and_a_client_that_leaves_frees_its_place(held_pair: Pair) -> None:
+    pair = held_pair
+    for one in (pair.python(), pair.rust()):
+        # A client that gives up while held: its place and tokens are released.
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(one.url() + "/v1/embeddings", json={"input": "gone"}, timeout=0.5)
+    wait_until(
+        "the held gauges back to zero",
+        lambda: (
+            _gauges(pair, "embedfleet_gateway_held_requests") == [0, 0]
+            and _gauges(pair, "embedfleet_gateway_held_tokens") == [0, 0]
+        ),
+    )
+    # Dropped when its client left, not held on to its time bound and refused then.
+    time.sleep(float(HOLD["hold_seconds"]))
+    timed_out = [
+        metric_value(
+            one.request("GET", "/metrics").body.decode(),
+            "embedfleet_gateway_hold_refused_total",
+            reason="timeout",
+        )
+        for one in (pair.python(), pair.rust())
+    ]
+    assert timed_out == [0, 0]
+    score = orjson.dumps({"text_1": "a question", "text_2": ["an answer", "another"]})
+    with ThreadPoolExecutor(2) as pool:
+        replies = [
+            pool.submit(one.request, "POST", "/v1/score", content=score)
+            for one in (pair.python(), pair.rust())
+        ]
+        wait_until(
+            "a score request held by each",
+            lambda: _gauges(pair, "embedfleet_gateway_held_requests") == [1, 1],
+        )
+        _workers(pair, True)
+        answers = [r.result(timeout=10) for r in replies]
+    assert [a.status for a in answers] == [200, 200]
+    assert answers[0].json() == answers[1].json()
