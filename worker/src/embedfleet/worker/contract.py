@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import Activation, ModelDir, Pooling, Task
@@ -62,6 +64,28 @@ class EngineInfo:
     default_normalize: bool
     #: classify: how `Options.activate` turns logits into scores
     activation: Activation = "sigmoid"
+
+
+def check_tokens(tokens: Tokens, max_tokens: int, vocab_size: int, type_vocab_size: int) -> None:
+    """The input checks every engine makes, one reduction each: not empty, no empty sequence,
+    none past the length limit, ids inside the vocabulary and segment ids inside the model's."""
+    if tokens.count == 0:
+        raise InvalidInputError("no sequences to run")
+    lengths = tokens.lengths
+    if int(lengths.min()) <= 0:
+        raise InvalidInputError(f"sequence {int(np.argmin(lengths))} is empty")
+    longest = int(lengths.max())
+    if longest > max_tokens:
+        raise InvalidInputError(
+            f"sequence of {longest} tokens exceeds the limit of {max_tokens} tokens"
+        )
+    ids = tokens.ids
+    # Read unsigned, a negative id is past any vocabulary: one reduction instead of two.
+    if ids.size and int(ids.view(np.uint32).max()) >= vocab_size:
+        raise InvalidInputError(f"token id outside the vocabulary [0, {vocab_size})")
+    types = tokens.type_ids
+    if types is not None and types.size and int(types.max()) >= type_vocab_size:
+        raise InvalidInputError(f"token type id outside [0, {type_vocab_size}) for this model")
 
 
 def output_dimensions(model: ModelDir) -> int:

@@ -22,25 +22,9 @@ from embedfleet.worker.contract import (
     InvalidInputError,
     Pending,
     WorkItem,
+    check_tokens,
     output_dimensions,
 )
-
-
-def check_tokens(item: WorkItem, max_input_tokens: int, vocab_size: int) -> None:
-    """The input checks every engine makes: non-empty, within the length limit, ids in vocab."""
-    tokens = item.tokens
-    if tokens.count == 0:
-        raise InvalidInputError("the batch holds no sequences")
-    if int(tokens.lengths.min()) == 0:
-        raise InvalidInputError("empty sequence")
-    longest = int(tokens.lengths.max())
-    if longest > max_input_tokens:
-        raise InvalidInputError(f"a sequence has {longest} tokens; the limit is {max_input_tokens}")
-    # Read unsigned, a negative id is past any vocabulary: one reduction instead of two.
-    if tokens.ids.size and int(tokens.ids.view(np.uint32).max()) >= vocab_size:
-        raise InvalidInputError(f"token id outside the vocabulary [0, {vocab_size})")
-    if tokens.type_ids is not None and tokens.type_ids.size and int(tokens.type_ids.max()) > 1:
-        raise InvalidInputError("token type ids must be 0 or 1")
 
 
 class NullEngine:
@@ -76,7 +60,8 @@ class NullEngine:
         return self._info
 
     def validate(self, item: WorkItem) -> None:
-        check_tokens(item, self._info.max_input_tokens, self._info.vocab_size)
+        # Segment ids 0 and 1: the BERT-style type vocabulary every packaged model has.
+        check_tokens(item.tokens, self._info.max_input_tokens, self._info.vocab_size, 2)
         dims = item.options.dimensions
         if dims > self._info.dimensions:
             raise InvalidInputError(

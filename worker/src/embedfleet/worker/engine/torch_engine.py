@@ -27,6 +27,7 @@ from embedfleet.worker.contract import (
     InvalidInputError,
     Pending,
     WorkItem,
+    check_tokens,
     output_dimensions,
 )
 from embedfleet.worker.engine.attention import (
@@ -197,26 +198,9 @@ class TorchEngine:
         return self._info
 
     def validate(self, item: WorkItem) -> None:
-        tokens = item.tokens
-        if tokens.count == 0:
-            raise InvalidInputError("no sequences to run")
-        lengths = tokens.lengths
-        if int(lengths.min()) <= 0:
-            raise InvalidInputError(f"sequence {int(np.argmin(lengths))} is empty")
-        longest = int(lengths.max())
-        if longest > self.max_tokens:
-            raise InvalidInputError(
-                f"sequence of {longest} tokens exceeds the limit of {self.max_tokens} tokens"
-            )
-        ids = tokens.ids
-        # Read unsigned, a negative id is past any vocabulary: one reduction instead of two.
-        if ids.size and int(ids.view(np.uint32).max()) >= self.shape.vocab_size:
-            raise InvalidInputError(f"token id outside the vocabulary [0, {self.shape.vocab_size})")
-        types = tokens.type_ids
-        if types is not None and types.size and int(types.max()) >= self.shape.type_vocab_size:
-            raise InvalidInputError(
-                f"token type id outside [0, {self.shape.type_vocab_size}) for this model"
-            )
+        check_tokens(
+            item.tokens, self.max_tokens, self.shape.vocab_size, self.shape.type_vocab_size
+        )
         dims = item.options.dimensions
         if self.model_dir.task == "embed" and not 0 <= dims <= self.shape.hidden_size:
             raise InvalidInputError(
