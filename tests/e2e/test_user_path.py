@@ -288,13 +288,20 @@ def test_a_killed_gateway_pod_fails_only_what_it_held(applied: Applied) -> None:
     assert fleet.forbidden_lines() == []
 
 
-def test_switching_to_the_rust_gateway_loses_no_request(applied: Applied, reference: Any) -> None:
-    """gateway.implementation: rust rolls the gateway pods to the image's other binary under load:
-    it starts from the operator's env, finds the workers from inside the pod (its service
-    account's token and CA, the EndpointSlices its Role allows) and answers what Python did."""
+def test_switching_to_the_python_gateway_loses_no_request(applied: Applied, reference: Any) -> None:
+    """The gateways ran the Rust binary (the default) so far; gateway.implementation: python rolls
+    them to the image's other binary, the reference, under load: it starts from the operator's
+    env, finds the workers from inside the pod (its service account's token and CA, the
+    EndpointSlices its Role allows) and answers what the Rust gateway did."""
     fleet = applied.fleet
-    before = {p["metadata"]["uid"] for p in fleet.pods("gateway")}
-    assert len(before) == 2  # left by the gateway-kill test
+    pods = fleet.pods("gateway")
+    assert len(pods) == 2  # left by the gateway-kill test
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["command"] == ["embedfleet-gateway-rs"]
+        log = fleet.logs(NAMESPACE, pod["metadata"]["name"])
+        assert "embedfleet-gateway-rs listening on http://0.0.0.0:8080" in log, log[-2000:]
+    before = {p["metadata"]["uid"] for p in pods}
 
     def rolled() -> bool:
         pods = fleet.pods("gateway")
@@ -304,25 +311,25 @@ def test_switching_to_the_rust_gateway_loses_no_request(applied: Applied, refere
             and all(is_ready(p) for p in pods)
         )
 
-    with fleet.load("rust-gateway", streams=3) as load:
+    with fleet.load("python-gateway", streams=3) as load:
         load.wait_running(4)
         started = time.monotonic()
-        _patch(fleet, {"gateway": {"implementation": "rust"}})
-        fleet.wait("the gateways rolled to the Rust binary", rolled, timeout=240)
-        FIGURES["gateway rolled to rust, 2 pods (s)"] = round(time.monotonic() - started, 1)
+        _patch(fleet, {"gateway": {"implementation": "python"}})
+        fleet.wait("the gateways rolled to the Python binary", rolled, timeout=240)
+        FIGURES["gateway rolled to python, 2 pods (s)"] = round(time.monotonic() - started, 1)
         load.wait_running(4)
-    _lossless(fleet, "switch to the rust gateway", load.finish())
+    _lossless(fleet, "switch to the python gateway", load.finish())
     pods = fleet.pods("gateway")
     # kube-proxy picks a backend per connection and the load's clients keep theirs alive, so
     # the three streams may all have settled on one new pod during the roll and stayed there:
-    # the load must have reached the Rust gateways, not necessarily each of them.
-    assert sum(_answered(pod) for pod in pods) > 0, "the load never reached the Rust gateways"
+    # the load must have reached the new gateways, not necessarily each of them.
+    assert sum(_answered(pod) for pod in pods) > 0, "the load never reached the Python gateways"
     reference_vectors = reference.encode(TEXTS)
     for pod in pods:
         (container,) = pod["spec"]["containers"]
-        assert container["command"] == ["embedfleet-gateway-rs"]
+        assert container["command"] == ["embedfleet-gateway"]
         log = fleet.logs(NAMESPACE, pod["metadata"]["name"])
-        assert "embedfleet-gateway-rs listening on http://0.0.0.0:8080" in log, log[-2000:]
+        assert _logged(log, "gateway listening", port=8080), log[-2000:]
         workers = {p["status"]["podIP"] for p in fleet.ready_pods("worker")}
         assert any(ip in log for ip in workers), log[-2000:]  # discovered in-cluster
         answered = _answered(pod)
@@ -332,6 +339,22 @@ def test_switching_to_the_rust_gateway_loses_no_request(applied: Applied, refere
     got = fleet.embed_in_node(f"http://{fleet.cluster_ip()}/v1", TEXTS)
     assert min(_cosines(got, reference_vectors)) >= MIN_COSINE
     assert fleet.forbidden_lines() == []
+
+
+def _logged(log: str, msg: str, **fields: object) -> bool:
+    """Whether a JSON line of `log` has the message `msg` and the given field values."""
+    for line in log.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(record, dict)
+            and record.get("msg") == msg
+            and all(record.get(k) == v for k, v in fields.items())
+        ):
+            return True
+    return False
 
 
 def _answered(pod: dict[str, Any]) -> float:

@@ -400,7 +400,7 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
 @pytest.mark.parametrize(
     ("implementation", "command"),
     [
-        (None, "embedfleet-gateway"),
+        (None, "embedfleet-gateway-rs"),
         ("python", "embedfleet-gateway"),
         ("rust", "embedfleet-gateway-rs"),
     ],

@@ -284,7 +284,7 @@ def test_gateway_auth_is_accepted_with_its_defaults(
     assert got["splitLongInputs"] is False
     assert got["splitOverlapTokens"] == 32
     assert got["maxQueueSeconds"] == 30
-    assert got["implementation"] == "python"
+    assert got["implementation"] == "rust"
 
 
 def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namespace: str) -> None:
