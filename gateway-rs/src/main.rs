@@ -198,7 +198,7 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
             "open_files" => open_files,
         );
     }
-    let open = Arc::new(AtomicU64::new(0));
+    let open = Arc::new(Connections::default());
     let mut rng = balancer::Rng::seeded();
     crate::log!(
         Info,
@@ -223,9 +223,9 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
             _ = terminate.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         };
-        if open.fetch_add(1, Ordering::AcqRel) >= cap {
+        if open.count.fetch_add(1, Ordering::AcqRel) >= cap {
             // Refused before any work: a write the socket's empty buffer takes whole, then close.
-            open.fetch_sub(1, Ordering::AcqRel);
+            open.count.fetch_sub(1, Ordering::AcqRel);
             let _ = stream.try_write(connection::too_many());
             continue;
         }
@@ -276,23 +276,35 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
     drop(listener);
     let _ = stop.send(true);
     let grace = std::time::Duration::from_secs_f64(s.upstream_timeout_seconds.ceil());
-    let deadline = tokio::time::Instant::now() + grace;
-    let left = open.load(Ordering::Acquire);
+    let left = open.count.load(Ordering::Acquire);
     if left > 0 {
         crate::log!(Info, "stopping: open connections finish their requests", "connections" => left);
     }
-    while open.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let drained = async {
+        while open.count.load(Ordering::Acquire) > 0 {
+            open.closed.notified().await;
+        }
+    };
+    let _ = tokio::time::timeout(grace, drained).await;
     Ok(())
 }
 
-/// One open connection, counted against --max-connections until its task ends.
-struct Opened(Arc<AtomicU64>);
+/// The open connections, counted against --max-connections; `closed` wakes the stop's wait
+/// when the last one ends (a permit kept if nobody waits yet, so the wake is never lost).
+#[derive(Default)]
+struct Connections {
+    count: AtomicU64,
+    closed: tokio::sync::Notify,
+}
+
+/// One open connection, counted in Connections until its task ends.
+struct Opened(Arc<Connections>);
 
 impl Drop for Opened {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed.notify_one();
+        }
     }
 }
 

@@ -61,14 +61,20 @@ impl Histogram {
                 number(cumulative as f64)
             );
         }
-        let bare = labels.trim_end_matches(',');
         let _ = writeln!(
             out,
             "{name}_bucket{{{labels}le=\"+Inf\"}} {}",
             number(self.count as f64)
         );
-        let _ = writeln!(out, "{name}_count{{{bare}}} {}", number(self.count as f64));
-        let _ = writeln!(out, "{name}_sum{{{bare}}} {}", self.sum);
+        // As prometheus_client writes them: no braces without labels, the sum as a float.
+        let bare = labels.trim_end_matches(',');
+        let braced = if bare.is_empty() {
+            String::new()
+        } else {
+            format!("{{{bare}}}")
+        };
+        let _ = writeln!(out, "{name}_count{braced} {}", number(self.count as f64));
+        let _ = writeln!(out, "{name}_sum{braced} {}", number(self.sum));
     }
 }
 

@@ -316,6 +316,11 @@ impl Pool {
             .cloned()
             .collect();
         let mut b = self.balancer.lock().expect("balancer lock");
+        let before: Vec<(u64, String)> = b
+            .endpoints
+            .iter()
+            .map(|e| (e.id, e.address.clone()))
+            .collect();
         let (added, removed) = b.set_addresses(&valid);
         let mut workers = self.workers.lock().expect("workers lock");
         for id in &removed {
@@ -358,12 +363,19 @@ impl Pool {
         drop(b);
         self.sync_ready();
         if !added.is_empty() || !removed.is_empty() {
+            // The Python gateway's line, field for field: log queries read either gateway.
             let names: Vec<&str> = added.iter().map(|e| e.address.as_str()).collect();
+            let mut gone: Vec<&str> = before
+                .iter()
+                .filter(|(id, _)| removed.contains(id))
+                .map(|(_, address)| address.as_str())
+                .collect();
+            gone.sort_unstable();
             crate::log!(
                 Info,
-                format!("workers changed: added {names:?}"),
+                "workers changed",
                 "added" => names,
-                "removed" => removed.len(),
+                "removed" => gone,
                 "workers" => count,
             );
         }
@@ -491,8 +503,11 @@ impl Pool {
             // A worker that passed its start-up checks again is a fresh process.
             e.ejected_until = None;
         }
-        if ready != was {
-            crate::log!(Info, "worker readiness changed", "worker" => e.address, "ready" => ready);
+        // The Python gateway's two lines: a new process behind the address, or a change.
+        if restarted {
+            crate::log!(Info, "worker restarted", "worker" => e.address, "ready" => ready);
+        } else if ready != was {
+            crate::log!(Info, "worker readiness", "worker" => e.address, "ready" => ready);
         }
         match known {
             Some(k) => infos[k].1 = info,

@@ -142,7 +142,52 @@ fn boolean(name: &str, raw: &str) -> Result<bool, String> {
     }
 }
 
+/// The least value of each numeric setting, the Python gateway's `minimum=` (gateway/settings.py)
+/// one for one: below it (or NaN) a start is refused with the Python message, never a process
+/// that panics on a zero interval or runs every call past a negative deadline.
+const MINIMUMS: &[(&str, f64)] = &[
+    ("split_overlap_tokens", 0.0),
+    ("api_keys_reload_seconds", 0.01),
+    ("max_client_batch", 1.0),
+    ("max_request_tokens", 1.0),
+    ("max_body_bytes", 1.0),
+    ("chunk_tokens", 1.0),
+    ("min_chunk_tokens", 1.0),
+    ("chunk_sequences", 1.0),
+    ("chunk_seconds", 0.0),
+    ("coalesce_inflight", 0.0),
+    ("max_queue_seconds", 0.0),
+    ("retry_after_seconds", 0.0),
+    ("hold_requests", 0.0),
+    ("hold_seconds", 0.0),
+    ("eject_seconds", 0.0),
+    ("upstream_timeout_seconds", 0.01),
+    ("probe_seconds", 0.01),
+    ("tokenize_threads", 1.0),
+    ("tokenize_inline_chars", 0.0),
+    ("tokenize_large_chars", 0.0),
+    ("header_timeout_seconds", 0.0),
+    ("body_timeout_seconds", 0.0),
+    ("keep_alive_seconds", 0.0),
+    ("max_connections", 0.0),
+];
+
+/// The minimum of `name`, when it has one.
+pub fn minimum(name: &str) -> Option<f64> {
+    MINIMUMS.iter().find(|(n, _)| *n == name).map(|(_, m)| *m)
+}
+
 pub fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
+    if let (Some(least), Ok(value)) = (minimum(name), raw.trim().parse::<f64>()) {
+        // Written so NaN fails too: it compares false with anything.
+        if !(value >= least) {
+            return Err(format!(
+                "--{}: {} is below the minimum, {least}",
+                name.replace('_', "-"),
+                raw.trim()
+            ));
+        }
+    }
     match name {
         "model" => s.model = raw.into(),
         "task" => s.task = raw.into(),
@@ -325,6 +370,36 @@ mod tests {
             std::iter::empty(),
         );
         assert!(bad.unwrap_err().contains("--api-key-metrics"));
+    }
+
+    #[test]
+    fn below_a_minimum_or_nan_is_refused_and_the_minimum_taken() {
+        let refused = |flag: &str, value: &str| {
+            load(
+                &args(&["--workers", "a:1", flag, value]),
+                std::iter::empty(),
+            )
+            .unwrap_err()
+        };
+        assert_eq!(
+            refused("--probe-seconds", "0"),
+            "--probe-seconds: 0 is below the minimum, 0.01"
+        );
+        assert!(refused("--upstream-timeout-seconds", "NaN").contains("below the minimum"));
+        assert!(refused("--chunk-tokens", "0").contains("below the minimum, 1"));
+        let s = load(
+            &args(&[
+                "--workers",
+                "a:1",
+                "--probe-seconds",
+                "0.01",
+                "--chunk-tokens",
+                "1",
+            ]),
+            std::iter::empty(),
+        )
+        .unwrap();
+        assert_eq!((s.probe_seconds, s.chunk_tokens), (0.01, 1));
     }
 
     #[test]

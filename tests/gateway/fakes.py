@@ -62,6 +62,9 @@ class FakeWorker(pb_grpc.WorkerServicer):
     ready: bool = True
     #: the device its Info reports (the gateways size coalescing's calls in flight by it)
     device: str = "cpu"
+    #: while an unset Event, Embed calls wait for it to be set (still seeing cancellation), so
+    #: a test holds admitted requests at the worker for as long as it needs, not for a delay
+    gate: threading.Event | None = None
     #: Embed calls being answered now, and the most at once so far
     running: int = 0
     most_running: int = 0
@@ -83,7 +86,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
             self.most_running = max(self.most_running, self.running)
         try:
             end = time.monotonic() + self.delay
-            while time.monotonic() < end:
+            while time.monotonic() < end or (self.gate is not None and not self.gate.is_set()):
                 if not context.is_active():
                     self.cancelled += 1
                     context.abort(grpc.StatusCode.CANCELLED, "client went away")

@@ -7,11 +7,13 @@ validation does not)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from embedfleet.common.modeldir import ModelDir
@@ -21,6 +23,8 @@ from .fakes import FakeWorker
 from .helpers import GatewayThread, wait_until
 
 KEY = "sk-fuzz-0123456789"
+#: a generated case, of whichever operation
+Case = schemathesis.Case[Any]
 
 
 @pytest.fixture(scope="module")
@@ -39,25 +43,42 @@ OPERATIONS = [
 ]
 
 
-@pytest.mark.parametrize(("method", "path"), OPERATIONS)
-def test_the_gateway_keeps_its_own_contract(gateway: GatewayThread, method: str, path: str) -> None:
-    api = schemathesis.openapi.from_url(gateway.url + "/openapi.json")
-    operation = api[path][method]
-    seen: list[int] = []
+def fuzz(
+    url: str,
+    method: str,
+    path: str,
+    examples: int,
+    check: Callable[[Case], None],
+    mode: GenerationMode = GenerationMode.POSITIVE,
+) -> None:
+    """`check` on `examples` seeded cases (`mode`: schema-valid or not) of `method path` in the
+    document the gateway at `url` serves (the same cases each run: a failure found recurs)."""
+    operation = schemathesis.openapi.from_url(url + "/openapi.json")[path][method]
 
-    @given(case=operation.as_strategy())
+    @given(case=operation.as_strategy(mode))
     @settings(
-        max_examples=40,
+        max_examples=examples,
         derandomize=True,
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
-    def check(case: schemathesis.Case) -> None:
-        response = case.call_and_validate(excluded_checks=[positive_data_acceptance])
-        seen.append(response.status_code)
+    def each(case: Case) -> None:
+        check(case)
 
-    check()
+    each()
+
+
+def validated(case: Case, **kw: Any) -> schemathesis.Response:
+    """The case sent (to the document's gateway, unless `kw` names a base_url) and its answer
+    checked against the document (every check but positive_data_acceptance: see the top)."""
+    return case.call_and_validate(excluded_checks=[positive_data_acceptance], **kw)
+
+
+@pytest.mark.parametrize(("method", "path"), OPERATIONS)
+def test_the_gateway_keeps_its_own_contract(gateway: GatewayThread, method: str, path: str) -> None:
+    seen: list[int] = []
+    fuzz(gateway.url, method, path, 40, lambda case: seen.append(validated(case).status_code))
     assert seen  # examples were generated and answered
 
 
@@ -80,31 +101,36 @@ def keyed_gateway(minilm: ModelDir, tmp_path_factory: pytest.TempPathFactory) ->
             w.stop()
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/embeddings"), ("GET", "/v1/models")])
-def test_with_keys_the_contract_holds_with_and_without_one(
-    keyed_gateway: str, method: str, path: str
+#: the operations fuzzed with and without the key: one served per request, one listing
+KEYED_OPERATIONS = [("POST", "/v1/embeddings"), ("GET", "/v1/models")]
+
+
+def assert_keys_hold(
+    url: str, method: str, path: str, send: Callable[[Case, dict[str, str]], int]
 ) -> None:
-    api = schemathesis.openapi.from_url(keyed_gateway + "/openapi.json")
-    operation = api[path][method]
+    """Each case sent (`send`, with the headers to add; it returns the status) with KEY and
+    without it (then with no Authorization, or a bearer schemathesis made up from the document's
+    scheme): without KEY it is refused (401 or 405), with it never 401."""
     seen: dict[bool, list[int]] = {True: [], False: []}
 
-    @given(case=operation.as_strategy())
-    @settings(
-        max_examples=20,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    def check(case: schemathesis.Case) -> None:
+    def check(case: Case) -> None:
         for keyed in (True, False):
             headers = {"Authorization": f"Bearer {KEY}"} if keyed else {}
-            response = case.call_and_validate(
-                headers=headers, excluded_checks=[positive_data_acceptance]
-            )
-            seen[keyed].append(response.status_code)
+            seen[keyed].append(send(case, headers))
 
-    check()
+    fuzz(url, method, path, 20, check)
     assert set(seen[False]) <= {401, 405}, seen[False]
     assert 401 in seen[False]
     assert 401 not in seen[True]
+
+
+@pytest.mark.parametrize(("method", "path"), KEYED_OPERATIONS)
+def test_with_keys_the_contract_holds_with_and_without_one(
+    keyed_gateway: str, method: str, path: str
+) -> None:
+    assert_keys_hold(
+        keyed_gateway,
+        method,
+        path,
+        lambda case, headers: validated(case, headers=headers).status_code,
+    )

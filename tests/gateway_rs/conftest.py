@@ -53,13 +53,15 @@ SMALL_CHUNKS = {**LIMITS, "chunk_tokens": 64, "min_chunk_tokens": 16}
 
 
 @contextlib.contextmanager
-def behind_null_worker(
-    path: Path, workdir: Path, extra: dict[str, object] | None = None
+def behind_worker(
+    path: Path, workdir: Path, extra: dict[str, object] | None = None, engine: str = "null"
 ) -> Iterator[Pair]:
     """Both gateways serving the model directory `path` (SMALL_CHUNKS and `extra`, which the
-    worker gets too) in front of one real worker process with the null engine."""
+    worker gets too) in front of one real worker process: the null engine, or with "torch"
+    one computing real numbers (one thread)."""
     extra = extra or {}
-    argv = ("--engine", "null", "--warmup-seconds", "0.2", "--model", str(path), *flags(extra))
+    own = ("--engine", "null") if engine == "null" else ("--threads", "1")
+    argv = (*own, "--warmup-seconds", "0.2", "--model", str(path), *flags(extra))
     with running_worker(workdir, *argv) as worker:
         settings = GatewaySettings(
             model=str(path), workers=(worker.address,), **SMALL_CHUNKS, **extra
@@ -71,7 +73,9 @@ def behind_null_worker(
             worker.address,
             *flags({**SMALL_CHUNKS, **extra}),
         ]
-        with gateways(load_model_dir(path), settings, rust, workdir / "gateway-rs.log") as pair:
+        # The Python gateway serves the ModelDir it is handed, so that carries the task.
+        model = load_model_dir(path, str(extra.get("task", "")))
+        with gateways(model, settings, rust, workdir / "gateway-rs.log") as pair:
             wait_until("worker ready", lambda: pair.worker_counts() == [(1, 1)] * 2)
             yield pair
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+import pytest
 
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.gateway.settings import GatewaySettings
@@ -168,6 +170,56 @@ class Pair:
             assert reply.status == 200, reply.body
             out.append({int(d["embedding"][3]) for d in reply.json()["data"]})
         return out
+
+    def scrape(self) -> list[str]:
+        """Each gateway's /metrics text."""
+        out = []
+        for one in (self.python(), self.rust()):
+            reply = one.request("GET", "/metrics")
+            assert reply.status == 200
+            out.append(reply.body.decode())
+        return out
+
+    def set_workers(self, **fields: Any) -> None:
+        """Each FAKE worker of both gateways takes `fields` (what its Info reports, say)."""
+        for w in self.python_workers + self.rust_workers:
+            for name, value in fields.items():
+                setattr(w, name, value)
+
+    def shed_alike(self, path: str, body: Any) -> tuple[str, str]:
+        """The request sent to both until both shed it (their probes pick a worker's new Info
+        up within --probe-seconds); asserts equal 429s; returns the message and Retry-After."""
+        deadline = time.monotonic() + 5
+        while True:
+            py, rs = self.both("POST", path, content=orjson.dumps(body))
+            if py.status == rs.status == 429 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert py.status == rs.status == 429, (py.body, rs.body)
+        assert py.headers["retry-after"] == rs.headers["retry-after"]
+        assert py.json() == rs.json()
+        return py.json()["error"]["message"], py.headers["retry-after"]
+
+    def served_alike(self) -> None:
+        """A one-text request answered 200 by both, once their probes see the workers' Info."""
+        deadline = time.monotonic() + 5
+        while True:
+            py, rs = self.both("POST", "/v1/embeddings", content=b'{"input":"x"}')
+            if py.status == rs.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert py.status == rs.status == 200, (py.body, rs.body)
+
+    def queued_seconds_are(self, want: float) -> None:
+        """Both gateways' queued-work gauges read `want` (their probes read the workers' Info)."""
+        deadline = time.monotonic() + 5
+        name = "embedfleet_gateway_queued_work_seconds"
+        while True:
+            gauges = [metric_value(t, name) for t in self.scrape()]
+            if gauges == pytest.approx([want, want]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert gauges == pytest.approx([want, want])
 
     def calls(self) -> tuple[list[int], list[int]]:
         """Sequences per Embed call each gateway's fakes saw, sorted, and forgets them."""

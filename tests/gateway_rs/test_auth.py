@@ -1,9 +1,12 @@
 """API keys in the Rust gateway, against the Python gateway reading the same keys file: the same
 401s (missing, wrong, stale key), the same open routes, the same answers with a good key, the
-same reload when the file changes, and per-key counters labelled by digest, never the key."""
+same reload when the file changes (also as the kubelet rotates a mounted Secret, by re-pointing
+its `..data` symlink), and per-key counters labelled by digest, never the key."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +20,9 @@ from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.testing.gateway_rs import running_gateway_rs
 from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import GatewayThread, wait_until
+from tests.gateway.test_auth import KEY_A, KEY_B, SecretDir
 
-from .conftest import LIMITS, flags, run_binary
+from .conftest import LIMITS, fake_gateways, flags, run_binary
 from .pair import STALE, Pair
 
 KEYS = "# the team's keys\nkey-one\n\n  key-two  \n"
@@ -133,6 +137,41 @@ def test_a_changed_file_is_reloaded_and_a_vanished_one_keeps_its_keys(
     finally:
         keys_file.write_text(KEYS)
     wait_until("the keys restored", lambda: status("key-one") == (200, 200))
+
+
+def test_a_secret_rotated_by_its_data_symlink_swaps_the_keys_and_never_shows_them(
+    minilm: ModelDir, rust_binary: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # the Python gateway's records, from its thread
+    secret = SecretDir(tmp_path / "secret")
+    secret.root.mkdir()
+    secret.write(f"# rotated by the test\n{KEY_A}\n")
+    # debug: every line either gateway could log is one the keys must stay out of
+    settings = {**LIMITS, **AUTH, "api_keys_file": str(secret.file), "log_level": "debug"}
+    log = tmp_path / "gateway-rs.log"
+    body = orjson.dumps({"input": "q"})
+    with fake_gateways(minilm, settings, log) as pair:
+
+        def status(key: str) -> tuple[int, int]:
+            py, rs = pair.both("POST", "/v1/embeddings", content=body, headers=bearer(key))
+            return py.status, rs.status
+
+        assert status(KEY_A) == (200, 200)
+        assert status(KEY_B) == (401, 401)
+        old = (secret.root / "..data").resolve()
+        secret.write(f"{KEY_B}\n")
+        # as the kubelet does after the swap: a gateway holding the old target finds nothing
+        shutil.rmtree(old)
+        wait_until("the new key accepted", lambda: status(KEY_B) == (200, 200))
+        error = pair.compare("POST", "/v1/embeddings", content=body, headers=bearer(KEY_A))
+        assert error["error"]["code"] == "invalid_api_key"
+        metrics = pair.rust().request("GET", "/metrics").body.decode()
+    text = log.read_text()
+    assert "api keys reloaded" in text
+    assert "api keys reloaded" in caplog.messages
+    records = " ".join(str(r.__dict__) for r in caplog.records)
+    for key in (KEY_A, KEY_B):
+        assert key not in text + metrics + records
 
 
 def test_an_unreadable_keys_file_refuses_to_start(rust_binary: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.testing.families import TEXTS, FamilyDirs
 
-from .conftest import behind_null_worker
+from .conftest import behind_worker
 from .pair import Pair
 
 FAMILIES = ("finbert", "go_emotions")
@@ -88,7 +88,7 @@ def classifier(
 ) -> Iterator[Classifier]:
     """Both gateways in front of one null-engine worker serving the classifier."""
     path = family_dirs.get(request.param)
-    with behind_null_worker(path, tmp_path_factory.mktemp("classifier")) as pair:
+    with behind_worker(path, tmp_path_factory.mktemp("classifier")) as pair:
         yield Classifier(pair, load_model_dir(path).labels)
 
 

@@ -361,20 +361,11 @@ def test_one_failure_is_retried_on_the_other_worker(fake_pair: Pair, code: grpc.
         fake_pair.calls()
 
 
-def _scrape(pair: Pair) -> list[str]:
-    out = []
-    for one in (pair.python(), pair.rust()):
-        reply = one.request("GET", "/metrics")
-        assert reply.status == 200
-        out.append(reply.body.decode())
-    return out
-
-
 def test_request_metrics_count_alike(fake_pair: Pair) -> None:
     """The same requests move the same series by the same amounts, under the same names."""
 
     def scrape() -> list[str]:
-        return _scrape(fake_pair)
+        return fake_pair.scrape()
 
     def values(texts: list[str]) -> list[tuple[float, ...]]:
         series = [
@@ -423,7 +414,7 @@ def _buckets(text: str, family: str) -> dict[str, list[str]]:
 
 
 def test_stage_histograms_have_the_same_series_and_buckets(fake_pair: Pair) -> None:
-    texts = _scrape(fake_pair)
+    texts = fake_pair.scrape()
     stages = [_buckets(t, "embedfleet_gateway_stage_seconds") for t in texts]
     assert sorted(stages[0]) == ["stage=parse", "stage=respond"]
     assert stages[0] == stages[1]
@@ -538,7 +529,7 @@ def test_dispatch_metrics_count_alike(fake_pair: Pair) -> None:
 
     def values() -> list[tuple[float, ...]]:
         return [
-            tuple(metric_value(t, n, **labels) for n, labels in series) for t in _scrape(fake_pair)
+            tuple(metric_value(t, n, **labels) for n, labels in series) for t in fake_pair.scrape()
         ]
 
     before = values()
@@ -551,7 +542,7 @@ def test_dispatch_metrics_count_alike(fake_pair: Pair) -> None:
         tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
     ]
     assert deltas[0] == deltas[1] == (2, 4, 3, 4, 2, 1, 0, 0)
-    texts = _scrape(fake_pair)
+    texts = fake_pair.scrape()
     for text, workers in zip(
         texts, (fake_pair.python_workers, fake_pair.rust_workers), strict=True
     ):
@@ -561,37 +552,6 @@ def test_dispatch_metrics_count_alike(fake_pair: Pair) -> None:
             assert f'outstanding_tokens{{worker="{worker.address}"}} 0.0' in text
 
 
-def _set_workers(pair: Pair, **fields: Any) -> None:
-    for w in pair.python_workers + pair.rust_workers:
-        for name, value in fields.items():
-            setattr(w, name, value)
-
-
-def _shed_alike(pair: Pair, path: str, body: Any) -> tuple[str, str]:
-    """The request sent to both until both shed it (their probes pick a worker's new Info up
-    within --probe-seconds); asserts equal 429s; returns the message and Retry-After."""
-    deadline = time.monotonic() + 5
-    while True:
-        py, rs = pair.both("POST", path, content=orjson.dumps(body))
-        if py.status == rs.status == 429 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert py.status == rs.status == 429, (py.body, rs.body)
-    assert py.headers["retry-after"] == rs.headers["retry-after"]
-    assert py.json() == rs.json()
-    return py.json()["error"]["message"], py.headers["retry-after"]
-
-
-def _served_alike(pair: Pair) -> None:
-    deadline = time.monotonic() + 5
-    while True:
-        py, rs = pair.both("POST", "/v1/embeddings", content=b'{"input":"x"}')
-        if py.status == rs.status == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert py.status == rs.status == 200, (py.body, rs.body)
-
-
 def test_work_other_gateways_queued_sheds_alike(fake_pair: Pair) -> None:
     """Admission: the workers report 50,000 tokens queued each (other gateways' work) at 1,000
     tokens/s each, 50 s of work against the default 30 s bound: every route is shed before
@@ -599,9 +559,9 @@ def test_work_other_gateways_queued_sheds_alike(fake_pair: Pair) -> None:
 
     def shed_count() -> list[float]:
         name = "embedfleet_gateway_shed_requests_total"
-        return [metric_value(t, name) for t in _scrape(fake_pair)]
+        return [metric_value(t, name) for t in fake_pair.scrape()]
 
-    _set_workers(fake_pair, queued_tokens=50_000, capacity=1000.0)
+    fake_pair.set_workers(queued_tokens=50_000, capacity=1000.0)
     try:
         requests = [
             ("/v1/embeddings", {"input": ["a", "b"]}),
@@ -612,7 +572,7 @@ def test_work_other_gateways_queued_sheds_alike(fake_pair: Pair) -> None:
         ]
         before: list[float] = []
         for path, body in requests:
-            message, retry_after = _shed_alike(fake_pair, path, body)
+            message, retry_after = fake_pair.shed_alike(path, body)
             # Counted from the first request both shed (until then one may have shed alone).
             before = before or shed_count()
             assert message == (
@@ -620,12 +580,12 @@ def test_work_other_gateways_queued_sheds_alike(fake_pair: Pair) -> None:
                 "retry later."
             )
             assert retry_after == "20"
-        _queued_seconds_are(fake_pair, 50.0)
+        fake_pair.queued_seconds_are(50.0)
         after = shed_count()
         assert after[0] - before[0] == after[1] - before[1] == len(requests) - 1
     finally:
-        _set_workers(fake_pair, queued_tokens=0, capacity=0.0)
-    _served_alike(fake_pair)
+        fake_pair.set_workers(queued_tokens=0, capacity=0.0)
+    fake_pair.served_alike()
 
 
 def test_work_this_gateway_admitted_counts_until_answered(fake_pair: Pair) -> None:
@@ -636,10 +596,10 @@ def test_work_this_gateway_admitted_counts_until_answered(fake_pair: Pair) -> No
     try:
         # One token queued elsewhere at each worker shows the probes have read the capacity
         # (0.1 s of work); then none, so that only the admitted request is ahead.
-        _set_workers(fake_pair, capacity=10.0, queued_tokens=1, delay=1.5)
-        _queued_seconds_are(fake_pair, 0.1)
-        _set_workers(fake_pair, queued_tokens=0)
-        _queued_seconds_are(fake_pair, 0.0)
+        fake_pair.set_workers(capacity=10.0, queued_tokens=1, delay=1.5)
+        fake_pair.queued_seconds_are(0.1)
+        fake_pair.set_workers(queued_tokens=0)
+        fake_pair.queued_seconds_are(0.0)
         with ThreadPoolExecutor(2) as pool:
             first = [
                 pool.submit(one.request, "POST", "/v1/embeddings", content=orjson.dumps(big))
@@ -654,20 +614,9 @@ def test_work_this_gateway_admitted_counts_until_answered(fake_pair: Pair) -> No
         assert py.headers["retry-after"] == rs.headers["retry-after"] == "5"
         assert "35.0s of work queued" in py.json()["error"]["message"]
     finally:
-        _set_workers(fake_pair, capacity=0.0, queued_tokens=0, delay=0.0)
-    _served_alike(fake_pair)
+        fake_pair.set_workers(capacity=0.0, queued_tokens=0, delay=0.0)
+    fake_pair.served_alike()
     fake_pair.calls()
-
-
-def _queued_seconds_are(pair: Pair, want: float) -> None:
-    """Both gateways' queued-work gauges read `want` (their probes read the workers' Info)."""
-    deadline = time.monotonic() + 5
-    while True:
-        gauges = [metric_value(t, "embedfleet_gateway_queued_work_seconds") for t in _scrape(pair)]
-        if gauges == pytest.approx([want, want]) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert gauges == pytest.approx([want, want])
 
 
 def test_a_client_that_leaves_cancels_its_calls_alike(fake_pair: Pair) -> None:
@@ -679,10 +628,10 @@ def test_a_client_that_leaves_cancels_its_calls_alike(fake_pair: Pair) -> None:
     )
 
     def counts() -> list[tuple[float, ...]]:
-        return [tuple(metric_value(t, n) for n in names) for t in _scrape(fake_pair)]
+        return [tuple(metric_value(t, n) for n in names) for t in fake_pair.scrape()]
 
     before = counts()
-    _set_workers(fake_pair, delay=3.0)
+    fake_pair.set_workers(delay=3.0)
     try:
         for url in (fake_pair.python_url, fake_pair.rust_url):
             with pytest.raises(httpx.ReadTimeout):
@@ -703,6 +652,6 @@ def test_a_client_that_leaves_cancels_its_calls_alike(fake_pair: Pair) -> None:
         )
         assert cancelled() == [1, 1]
     finally:
-        _set_workers(fake_pair, delay=0.0)
-    _served_alike(fake_pair)
+        fake_pair.set_workers(delay=0.0)
+    fake_pair.served_alike()
     fake_pair.calls()

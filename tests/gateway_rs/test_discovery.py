@@ -5,6 +5,7 @@ file it cannot read."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,6 +83,19 @@ def test_workers_are_added_and_removed_as_the_file_changes(
     wait_until("no workers", lambda: pair.worker_counts() == [(0, 0), (0, 0)])
     doc = pair.embed({"input": "x"})
     assert doc["error"]["code"] == "no_workers"
+    # Each change logged as the Python gateway logs it (gateway/pool.py): addresses, sorted.
+    addresses = [w.address for w in pair.rust_workers]
+    changes = [
+        (r["added"], r["removed"])
+        for r in map(json.loads, (paths[0].parent / "gateway-rs.log").read_text().splitlines())
+        if r["msg"] == "workers changed"
+    ]
+    assert changes == [
+        ([addresses[0]], []),
+        ([addresses[1]], []),
+        ([], [addresses[0]]),
+        ([], [addresses[1]]),
+    ]
 
 
 def _write(pair: Pair, files: tuple[Path, Path], lines: list[str | int]) -> None:

@@ -22,7 +22,14 @@ from tests.gateway.helpers import wait_until
 from .conftest import LIMITS, flags
 from .pair import Answer, Pair, gateways
 
-HOLD = {**LIMITS, "hold_requests": 2, "hold_seconds": 1.5}
+HOLD_SECONDS = 1.5
+#: Retry-After 7, not the default 1: the hold's 503s carry the setting
+HOLD: dict[str, object] = {
+    **LIMITS,
+    "hold_requests": 2,
+    "hold_seconds": HOLD_SECONDS,
+    "retry_after_seconds": 7,
+}
 BODY = orjson.dumps({"input": ["held one", "held two"]})
 
 
@@ -44,18 +51,47 @@ def held_pair(minilm: ModelDir, tmp_path: Path) -> Iterator[Pair]:
             w.stop()
 
 
-def _gauges(pair: Pair, name: str) -> list[float]:
+def _gauges(pair: Pair, name: str, **labels: str) -> list[float]:
     return [
-        metric_value(one.request("GET", "/metrics").body.decode(), name)
+        metric_value(one.request("GET", "/metrics").body.decode(), name, **labels)
         for one in (pair.python(), pair.rust())
     ]
 
 
-def _send(pool: ThreadPoolExecutor, pair: Pair) -> list[Future[Answer]]:
-    return [
-        pool.submit(one.request, "POST", "/v1/embeddings", content=BODY)
-        for one in (pair.python(), pair.rust())
+def _refused(pair: Pair, reason: str) -> list[float]:
+    """Each gateway's count of held requests refused for `reason` ("full", "timeout")."""
+    return _gauges(pair, "embedfleet_gateway_hold_refused_total", reason=reason)
+
+
+def _refusal(pair: Pair) -> str:
+    """A request that both gateways refuse alike, with the 503 and Retry-After of HOLD; its
+    message."""
+    py, rs = pair.both("POST", "/v1/embeddings", content=BODY)
+    assert py.status == rs.status == 503, (py.body, rs.body)
+    assert py.headers["retry-after"] == rs.headers["retry-after"] == "7"
+    assert py.headers["content-type"] == rs.headers["content-type"]
+    assert py.json() == rs.json()
+    error = py.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "no_workers")
+    return str(error["message"])
+
+
+def _held(
+    pool: ThreadPoolExecutor,
+    pair: Pair,
+    held: int,
+    path: str = "/v1/embeddings",
+    body: bytes = BODY,
+) -> list[Future[Answer]]:
+    """The request sent to both from `pool`, once each gateway holds `held` requests with it."""
+    replies = [
+        pool.submit(one.request, "POST", path, content=body) for one in (pair.python(), pair.rust())
     ]
+    wait_until(
+        f"{held} held by each",
+        lambda: _gauges(pair, "embedfleet_gateway_held_requests") == [held, held],
+    )
+    return replies
 
 
 def _workers(pair: Pair, ready: bool) -> None:
@@ -70,31 +106,16 @@ def test_held_requests_are_answered_once_a_worker_is_ready(held_pair: Pair) -> N
         200,
     ]
     with ThreadPoolExecutor(4) as pool:
-        first = _send(pool, pair)
-        wait_until(
-            "one held each", lambda: _gauges(pair, "embedfleet_gateway_held_requests") == [1, 1]
-        )
+        first = _held(pool, pair, 1)
         held_tokens = _gauges(pair, "embedfleet_gateway_held_tokens")
         assert held_tokens[0] == held_tokens[1] > 0  # demand the autoscaler reads
-        second = _send(pool, pair)
-        wait_until(
-            "two held each", lambda: _gauges(pair, "embedfleet_gateway_held_requests") == [2, 2]
-        )
+        second = _held(pool, pair, 2)
         # The hold is full: a third is refused at once, alike.
-        doc = pair.embed({"input": "third"})
-        assert doc["error"]["message"] == (
+        assert _refusal(pair) == (
             "No worker is ready yet (the fleet is starting); 2 requests are already waiting for "
             "it. Retry later."
         )
-        refused = [
-            metric_value(
-                one.request("GET", "/metrics").body.decode(),
-                "embedfleet_gateway_hold_refused_total",
-                reason="full",
-            )
-            for one in (pair.python(), pair.rust())
-        ]
-        assert refused == [1, 1]
+        assert _refused(pair, "full") == [1, 1]
         _workers(pair, True)
         answers = [f.result(timeout=10) for f in first + second]
     assert [a.status for a in answers] == [200] * 4
@@ -102,27 +123,26 @@ def test_held_requests_are_answered_once_a_worker_is_ready(held_pair: Pair) -> N
     assert _gauges(pair, "embedfleet_gateway_held_requests") == [0, 0]
     assert _gauges(pair, "embedfleet_gateway_held_tokens") == [0, 0]
     assert _gauges(pair, "embedfleet_gateway_hold_seconds_count") == [2, 2]
+    # Written alike, line for line (a dashboard's or a test's text match reads either): an
+    # unlabelled histogram's count and sum without braces, as prometheus_client writes them.
+    for text in pair.scrape():
+        lines = text.splitlines()
+        assert "embedfleet_gateway_hold_seconds_count 2.0" in lines, text
+        assert any(line.startswith("embedfleet_gateway_hold_seconds_sum ") for line in lines)
+        assert not [line for line in lines if "{}" in line]
 
 
 def test_a_hold_that_times_out_is_refused_alike(held_pair: Pair) -> None:
     pair = held_pair
     start = time.monotonic()
-    doc = pair.embed({"input": "waits"})
+    message = _refusal(pair)
     waited = time.monotonic() - start
-    assert doc["error"]["message"] == (
+    assert message == (
         "No worker is ready yet (the fleet is starting); none became ready within 1.5 s. "
         "Retry later."
     )
-    assert waited >= 2 * 1.5  # each gateway held it for its bound, one after the other
-    refused = [
-        metric_value(
-            one.request("GET", "/metrics").body.decode(),
-            "embedfleet_gateway_hold_refused_total",
-            reason="timeout",
-        )
-        for one in (pair.python(), pair.rust())
-    ]
-    assert refused == [1, 1]
+    assert waited >= 2 * HOLD_SECONDS  # each gateway held it for its bound, one after the other
+    assert _refused(pair, "timeout") == [1, 1]
 
 
 def test_scores_are_held_and_a_client_that_leaves_frees_its_place(held_pair: Pair) -> None:
@@ -139,27 +159,45 @@ def test_scores_are_held_and_a_client_that_leaves_frees_its_place(held_pair: Pai
         ),
     )
     # Dropped when its client left, not held on to its time bound and refused then.
-    time.sleep(float(HOLD["hold_seconds"]))
-    timed_out = [
-        metric_value(
-            one.request("GET", "/metrics").body.decode(),
-            "embedfleet_gateway_hold_refused_total",
-            reason="timeout",
-        )
-        for one in (pair.python(), pair.rust())
-    ]
-    assert timed_out == [0, 0]
+    time.sleep(HOLD_SECONDS)
+    assert _refused(pair, "timeout") == [0, 0]
     score = orjson.dumps({"text_1": "a question", "text_2": ["an answer", "another"]})
     with ThreadPoolExecutor(2) as pool:
-        replies = [
-            pool.submit(one.request, "POST", "/v1/score", content=score)
-            for one in (pair.python(), pair.rust())
-        ]
-        wait_until(
-            "a score request held by each",
-            lambda: _gauges(pair, "embedfleet_gateway_held_requests") == [1, 1],
-        )
+        replies = _held(pool, pair, 1, "/v1/score", score)
         _workers(pair, True)
         answers = [r.result(timeout=10) for r in replies]
     assert [a.status for a in answers] == [200, 200]
     assert answers[0].json() == answers[1].json()
+
+
+def test_a_split_request_is_held_on_its_windows_and_an_oversized_one_refused_at_once(
+    held_pair: Pair,
+) -> None:
+    # Both gateways cut it into windows first, so the demand held and the tokens counted are
+    # the windows' (the Python gateway once held it whole, counted nothing until a worker was
+    # ready, and held an oversized one until the hold timed out instead of the 413).
+    pair = held_pair
+    split = orjson.dumps({"input": "word " * 600, "split_long_inputs": True})
+    counted = _gauges(pair, "embedfleet_gateway_input_tokens_total")
+    with ThreadPoolExecutor(2) as pool:
+        replies = _held(pool, pair, 1, body=split)
+        held = _gauges(pair, "embedfleet_gateway_held_tokens")
+        assert held[0] == held[1] > 602  # the windows overlap: more than the text's 602 tokens
+        now = _gauges(pair, "embedfleet_gateway_input_tokens_total")
+        assert [n - c for n, c in zip(now, counted, strict=True)] == held
+        # Windows past --max-request-tokens: refused before any hold, not after it.
+        start = time.monotonic()
+        oversized = pair.compare(
+            "POST",
+            "/v1/embeddings",
+            content=orjson.dumps({"input": "word " * 12_000, "split_long_inputs": True}),
+        )
+        assert time.monotonic() - start < HOLD_SECONDS
+        assert oversized["error"]["param"] == "input"
+        assert _refused(pair, "timeout") == [0, 0]
+        _workers(pair, True)
+        answers = [r.result(timeout=10) for r in replies]
+    assert [a.status for a in answers] == [200, 200]
+    same_rows = answers[0].json() == answers[1].json()
+    assert same_rows, (answers[0].body[:200], answers[1].body[:200])
+    assert answers[0].json()["usage"]["prompt_tokens"] == held[0]

@@ -28,11 +28,16 @@ def test_every_line_is_a_json_record_with_the_python_keys(tmp_path: Path) -> Non
         assert list(record)[:4] == ["ts", "level", "logger", "msg"]
         assert record["level"] in {"debug", "info", "warning", "error"}
         assert str(record["logger"]).startswith("embedfleet.gateway_rs")
-    changed = [r for r in records if str(r["msg"]).startswith("workers changed")]
+    # The discovery lines are the Python gateway's (gateway/pool.py), so one log query reads both.
+    changed = [r for r in records if r["msg"] == "workers changed"]
     assert changed
     assert changed[0]["added"] == [worker.address]
+    assert changed[0]["removed"] == []
     assert changed[0]["workers"] == 1
-    assert any(r["msg"] == "worker readiness changed" and r["ready"] is True for r in records)
+    assert any(
+        r["msg"] == "worker readiness" and r["worker"] == worker.address and r["ready"] is True
+        for r in records
+    )
 
 
 def test_log_level_warning_keeps_only_warnings_and_errors(tmp_path: Path) -> None:

@@ -2,25 +2,29 @@
 reranker (Qwen3-Reranker), random-weight checkpoints of testing.families, each behind one REAL
 worker process with the null engine, whose score of a pair is its token count: equal scores are
 equal pair tokenization (truncation, windows, the judging frame). The cross-encoder also runs
-behind FAKE workers, whose calls show each gateway's chunking of the pairs."""
+behind FAKE workers, whose calls show each gateway's chunking of the pairs; a plain Qwen3 causal
+LM served with --task score runs behind a worker computing with torch, against the model card."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing import families
 from embedfleet.testing.families import TEXTS, FamilyDirs
 from tests.gateway.fakes import FakeWorker
 from tests.gateway.helpers import wait_until
 
-from .conftest import SMALL_CHUNKS, behind_null_worker, flags
+from .conftest import SMALL_CHUNKS, behind_worker, flags
 from .pair import Pair, gateways
 from .test_differential import PAIRS
 
@@ -126,7 +130,7 @@ def reranker(
     """Both gateways in front of one null-engine worker serving the reranker."""
     family, extra, limit = MODELS[request.param]
     path = family_dirs.get(family)
-    with behind_null_worker(path, tmp_path_factory.mktemp("reranker"), extra) as pair:
+    with behind_worker(path, tmp_path_factory.mktemp("reranker"), extra) as pair:
         yield Reranker(pair, request.param, limit)
 
 
@@ -237,3 +241,46 @@ def test_cross_encoder_chunks_alike(cross_fakes: Pair, name: str) -> None:
         assert py_calls == []
     elif name == "rerank the family's texts":
         assert len(py_calls) > 1  # the pairs went as several chunks
+
+
+@pytest.fixture(scope="module")
+def judge(
+    family_dirs: FamilyDirs, rust_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Pair, Path]]:
+    """A Qwen3-Reranker checkpoint under a name without "reranker", which alone would embed,
+    served with --task score by both gateways and the worker."""
+    workdir = tmp_path_factory.mktemp("judge")
+    plain = workdir / "judge"
+    shutil.copytree(family_dirs.get("Qwen3-Reranker-8B"), plain)
+    assert load_model_dir(plain).task == "embed"
+    extra: dict[str, object] = {"task": "score", "max_input_tokens": 160}
+    with behind_worker(plain, workdir, extra, engine="torch") as pair:
+        yield pair, plain
+
+
+#: the model card's code batches left-padded in this process, the worker its own way: the scores
+#: agree to test_fleet_families' tolerance, not to the bit
+CARD_TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("instruction", [None, "Given a claim, find documents that refute it"])
+def test_task_score_scores_a_plain_qwen3_alike(
+    judge: tuple[Pair, Path], instruction: str | None
+) -> None:
+    pair, path = judge
+    extra = {"instruction": instruction} if instruction else {}
+    want = families.qwen3_reranker_scores(path, [(QUERY, d) for d in DOCUMENTS[:4]], instruction)
+    score = {"text_1": QUERY, "text_2": DOCUMENTS[:4], **extra}
+    scored = pair.compare("POST", "/v1/score", content=orjson.dumps(score))["data"]
+    np.testing.assert_allclose([d["score"] for d in scored], want, rtol=0, atol=CARD_TOLERANCE)
+    rerank = {"query": QUERY, "documents": DOCUMENTS[:4], "top_n": 2, **extra}
+    results = pair.compare("POST", "/v1/rerank", content=orjson.dumps(rerank))["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-want, kind="stable")[:2])
+
+
+def test_task_score_refuses_the_other_routes_alike(judge: tuple[Pair, Path]) -> None:
+    pair, _ = judge
+    for route in ("/v1/embeddings", "/v1/sparse_embeddings", "/v1/classify"):
+        error = pair.compare("POST", route, content=b'{"input":"x"}')["error"]
+        assert error["param"] == "model", route
+        assert error["message"].endswith("Use /v1/rerank or /v1/score."), route

@@ -1,7 +1,8 @@
 """SPLADE through both gateways: naver's splade structure as a random-weight checkpoint of
 testing.families, behind one REAL worker process with the null engine, whose vector of an input
 is its tokens, the sum of its ids and its first id at vocabulary ids 0, 1 and 2 (zeros dropped):
-equal vectors are equal tokenization, and top_k and threshold show in which entries remain."""
+equal vectors are equal tokenization, and top_k and threshold show in which entries remain. Models
+of the other tasks refuse the sparse route alike."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import pytest
 from embedfleet.common.modeldir import ModelDir, load_model_dir
 from embedfleet.testing.families import TEXTS, FamilyDirs
 
-from .conftest import behind_null_worker
+from .conftest import behind_worker
 from .pair import Pair
+from .test_rerankers import MODELS as RERANKERS
 
 LONG = "the quick brown fox jumps over the lazy dog " * 120  # over 512 tokens
 HUGE = "the quick brown fox jumps over the lazy dog " * 3000  # past the first window
@@ -66,13 +68,34 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: non-SPLADE families (the embedding model is test_differential's) -> their settings, and the
+#: route their refusal sends clients to
+OTHER_TASKS: dict[str, tuple[dict[str, object], str]] = {
+    "finbert": ({}, "Use /v1/classify."),
+    "go_emotions": ({}, "Use /v1/classify."),
+    **{family: (extra, "Use /v1/rerank or /v1/score.") for family, extra, _ in RERANKERS.values()},
+}
+#: sparse requests a model of another task refuses, valid or not (which check comes first shows)
+REFUSED: dict[str, dict[str, Any]] = {
+    "one text": {"input": "x"},
+    "token ids": {"input": [5, 6, 7]},
+    "top_k and threshold": {"input": TEXTS[:2], "top_k": 2, "threshold": 0.5},
+    "no input": {"input": []},
+    "an empty text": {"input": ["a", ""]},
+    "threshold negative": {"input": "x", "threshold": -1},
+    "top_k zero": {"input": "x", "top_k": 0},
+    "unknown model": {"input": "x", "model": "m"},
+    "missing input": {},
+}
+
+
 @pytest.fixture(scope="module")
 def splade(
     family_dirs: FamilyDirs, rust_binary: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Pair, ModelDir]]:
     """Both gateways in front of one null-engine worker serving the SPLADE model."""
     path = family_dirs.get("splade")
-    with behind_null_worker(path, tmp_path_factory.mktemp("splade")) as pair:
+    with behind_worker(path, tmp_path_factory.mktemp("splade")) as pair:
         yield pair, load_model_dir(path)
 
 
@@ -125,3 +148,36 @@ def test_sparse_metrics_count_alike(splade: tuple[Pair, ModelDir]) -> None:
     assert deltas[0] == deltas[1]
     assert deltas[0][:2] == (2, 1)
     assert deltas[0][4] > 2  # the texts went as several chunks
+
+
+@pytest.fixture(scope="module", params=list(OTHER_TASKS))
+def other_task(
+    request: pytest.FixtureRequest,
+    family_dirs: FamilyDirs,
+    rust_binary: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Pair, str]]:
+    """Both gateways in front of one null-engine worker serving a model of another task, and the
+    advice its refusal ends with."""
+    extra, advice = OTHER_TASKS[request.param]
+    path = family_dirs.get(request.param)
+    with behind_worker(path, tmp_path_factory.mktemp("other_task"), extra) as pair:
+        yield pair, advice
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_other_tasks_refuse_sparse_alike(other_task: tuple[Pair, str], name: str) -> None:
+    pair, _ = other_task
+    error = pair.compare("POST", ROUTE, content=orjson.dumps(REFUSED[name]))["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+
+
+def test_other_tasks_name_their_own_route(other_task: tuple[Pair, str]) -> None:
+    pair, advice = other_task
+    py, rs = pair.both("POST", ROUTE, content=b'{"input":"x"}')
+    assert py.status == rs.status == 400
+    error = pair.compare("POST", ROUTE, content=b'{"input":"x"}')["error"]
+    assert error["param"] == "model"
+    assert "/v1/sparse_embeddings needs a sparse (SPLADE) embedding model." in error["message"]
+    assert error["message"].endswith(advice)

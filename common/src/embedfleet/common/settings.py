@@ -140,7 +140,8 @@ def from_namespace(
         if choices and value not in choices:
             raise SettingsError(f"{where}: {value!r} is not one of {list(choices)}")
         minimum = f.metadata.get(_MINIMUM)
-        if minimum is not None and value is not None and value < minimum:
+        # Written so NaN fails too: "nan" parses as a float and compares false with anything.
+        if minimum is not None and value is not None and not value >= minimum:
             raise SettingsError(f"{where}: {value!r} is below the minimum, {minimum:g}")
         values[f.name] = value
     return cls(**values)
@@ -163,6 +164,15 @@ def load(
     except SettingsError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+def minimums(cls: type[Any]) -> dict[str, float]:
+    """Each field of `cls` that declares a minimum, and the minimum."""
+    return {
+        f.name: float(f.metadata[_MINIMUM])
+        for f, _ in _fields(cls)
+        if f.metadata.get(_MINIMUM) is not None
+    }
 
 
 def markdown_table(cls: type[Any], prefix: str) -> str:

@@ -246,7 +246,8 @@ class Service:
             batch = self.tokenization.token_ids(seqs, truncate, side, windowed)
         if batch.ends is None:
             self._check_tokens(batch, "input")
-        await self.hold.until_ready(batch.total)
+            await self.hold.until_ready(batch.total)
+        # else `_embed_windows` holds it, once its windows are checked and counted as demand.
         return batch
 
     async def _pair_scores(
@@ -364,6 +365,7 @@ class Service:
             ) from None
         flat = Batch(ids=windows.ids)
         self._check_tokens(flat, "input")
+        await self.hold.until_ready(flat.total)
         if len(windows.ids) == len(batch.ids):
             return await self._embed(flat, dimensions), flat.total
         info = self.pool.info()
