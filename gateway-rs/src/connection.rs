@@ -33,6 +33,25 @@ pub fn spread(bound: f64, draw: f64) -> f64 {
     bound * (1.0 - SPREAD * draw)
 }
 
+/// When a connection opened at `opened` says `Connection: close` on its next response
+/// (--max-connection-age-seconds, spread as the other bounds; 0: never), so that its client
+/// reconnects and a Service spreads clients over the gateway pods a rollout or scale-up added.
+pub fn close_after(opened: Instant, max_age_seconds: f64, draw: f64) -> Option<Instant> {
+    (max_age_seconds > 0.0)
+        .then(|| opened + Duration::from_secs_f64(spread(max_age_seconds, draw).max(0.0)))
+}
+
+/// A response of a connection past its age says `Connection: close`: hyper then closes the
+/// connection once it is written, and the client never sends on a closing socket.
+pub fn age_out(headers: &mut hyper::HeaderMap, close_after: Option<Instant>) {
+    if close_after.is_some_and(|at| Instant::now() >= at) {
+        headers.insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+}
+
 /// --max-connections (0: no cap of its own), kept below the open-file limit so that refusing
 /// stays possible.
 pub fn connection_cap(wanted: u64, open_files: u64) -> u64 {
@@ -338,6 +357,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_past_its_age_says_close_and_no_age_never_does() {
+        let opened = Instant::now() - Duration::from_secs(10);
+        let mut headers = hyper::HeaderMap::new();
+        age_out(&mut headers, close_after(opened, 20.0, 0.5));
+        assert!(headers.get(hyper::header::CONNECTION).is_none()); // 19 s: not yet
+        age_out(&mut headers, close_after(opened, 0.0, 0.5));
+        assert!(headers.get(hyper::header::CONNECTION).is_none()); // 0: never
+        age_out(&mut headers, close_after(opened, 10.5, 0.9)); // drawn 9.555 s
+        assert_eq!(headers[hyper::header::CONNECTION], "close");
+    }
 
     #[test]
     fn spread_stays_within_the_last_tenth_of_the_bound() {

@@ -234,6 +234,11 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
         let open = Opened(Arc::clone(&open));
         let bounds =
             connection::Bounds::drawn(s.header_timeout_seconds, s.keep_alive_seconds, rng.unit());
+        let close_after = connection::close_after(
+            std::time::Instant::now(),
+            s.max_connection_age_seconds,
+            rng.unit(),
+        );
         let mut stopping = stopping.clone();
         tokio::spawn(async move {
             let _open = open;
@@ -244,8 +249,11 @@ async fn serve(gateway: Arc<gateway::Gateway>) -> Result<(), String> {
                 let guard = busy.busy();
                 let reply = http::handle(Arc::clone(&gateway), req);
                 async move {
-                    let reply = reply.await;
+                    let mut reply = reply.await;
                     drop(guard);
+                    if let Ok(answer) = reply.as_mut() {
+                        connection::age_out(answer.headers_mut(), close_after);
+                    }
                     reply
                 }
             });

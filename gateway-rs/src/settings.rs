@@ -47,6 +47,7 @@ pub struct Settings {
     pub header_timeout_seconds: f64,
     pub body_timeout_seconds: f64,
     pub keep_alive_seconds: f64,
+    pub max_connection_age_seconds: f64,
     pub max_connections: u64,
     pub host: String,
     pub port: u16,
@@ -100,6 +101,7 @@ impl Default for Settings {
             header_timeout_seconds: 10.0,
             body_timeout_seconds: 60.0,
             keep_alive_seconds: 5.0,
+            max_connection_age_seconds: 300.0,
             max_connections: 0,
             host: "127.0.0.1".into(),
             port: 8080,
@@ -169,6 +171,7 @@ const MINIMUMS: &[(&str, f64)] = &[
     ("header_timeout_seconds", 0.0),
     ("body_timeout_seconds", 0.0),
     ("keep_alive_seconds", 0.0),
+    ("max_connection_age_seconds", 0.0),
     ("max_connections", 0.0),
 ];
 
@@ -239,6 +242,7 @@ pub fn apply(s: &mut Settings, name: &str, raw: &str) -> Result<(), String> {
         "header_timeout_seconds" => s.header_timeout_seconds = seconds(name, raw)?,
         "body_timeout_seconds" => s.body_timeout_seconds = seconds(name, raw)?,
         "keep_alive_seconds" => s.keep_alive_seconds = seconds(name, raw)?,
+        "max_connection_age_seconds" => s.max_connection_age_seconds = seconds(name, raw)?,
         "max_connections" => s.max_connections = number(name, raw)?,
         "tracing_endpoint" => s.tracing_endpoint = raw.into(),
         "tracing_service_name" => s.tracing_service_name = raw.into(),
@@ -324,7 +328,7 @@ pub fn help() -> String {
      --tokenize-large-chars, --retry-after-seconds,\n\
      --eject-seconds, --upstream-timeout-seconds, --probe-seconds,\n\
      --header-timeout-seconds, --body-timeout-seconds, --keep-alive-seconds,\n\
-     --max-connections, --host, --port, --log-level, --tracing-endpoint,\n\
+     --max-connection-age-seconds, --max-connections, --host, --port, --log-level, --tracing-endpoint,\n\
      --tracing-service-name, --tracing-sample-ratio.\n\
      See docs/gateway.md, \"Rust gateway\"."
         .into()

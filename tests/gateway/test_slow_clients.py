@@ -1,11 +1,12 @@
 """Slow, stalled and idle HTTP clients against each gateway's real server settings (the Python
 gateway's cli.py, the Rust gateway's binary), in front of FAKE workers (fakes.py): stalled
-connections are closed after their bound, a connection flood is refused cleanly past the cap, and
-a normal client is answered throughout."""
+connections are closed after their bound, a busy kept-alive one after its age, a connection flood
+is refused cleanly past the cap, and a normal client is answered throughout."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import socket
 import threading
 import time
@@ -27,6 +28,8 @@ from .helpers import GatewayThread, wait_until
 HEADER_SECONDS = 1.0
 BODY_SECONDS = 1.0
 KEEP_ALIVE_SECONDS = 1.0
+#: short, so the module's kept-alive clients (the Prober's too) are aged out while they run
+MAX_AGE_SECONDS = 2.0
 STALLED = 300
 CAP = 400
 #: the Python gateway (the reference) and the Rust one, each run as it serves
@@ -50,6 +53,7 @@ def _serving(
         "header_timeout_seconds": HEADER_SECONDS,
         "body_timeout_seconds": BODY_SECONDS,
         "keep_alive_seconds": KEEP_ALIVE_SECONDS,
+        "max_connection_age_seconds": MAX_AGE_SECONDS,
         "max_connections": cap,
     }
     addresses = [w.address for w in workers]
@@ -183,6 +187,31 @@ def test_an_idle_kept_alive_connection_is_closed(gateway: str) -> None:
     assert got.startswith(b"HTTP/1.1 200 ")
     assert b"408" not in got  # idle after a response is the keep-alive bound, not a slow request
     assert KEEP_ALIVE_SECONDS * (1 - SPREAD) <= closed - start < KEEP_ALIVE_SECONDS + 3.0
+
+
+def test_a_busy_connection_past_its_age_is_closed_after_a_response(gateway: str) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", _port(gateway), timeout=10)
+    start = time.monotonic()
+    said: list[str | None] = []
+    try:
+        # Busier than the keep-alive bound, so only the age can end it; bounded in count.
+        while len(said) < 100:
+            conn.request("POST", "/v1/embeddings", body=b'{"input": [[5, 6]]}')
+            reply = conn.getresponse()
+            reply.read()
+            assert reply.status == 200
+            said.append(reply.getheader("connection"))
+            if reply.will_close:
+                break
+            time.sleep(0.05)
+        aged = time.monotonic() - start
+        assert conn.sock is None  # the client let it go: the answer said so
+    finally:
+        conn.close()
+    # Every answer before the last kept the connection; the last closed it, at the drawn age.
+    assert said[-1] == "close", said
+    assert "close" not in said[:-1]
+    assert MAX_AGE_SECONDS * (1 - SPREAD) <= aged < MAX_AGE_SECONDS + 1.0, aged
 
 
 @pytest.mark.parametrize("kind", GATEWAYS)

@@ -49,7 +49,9 @@ def server_config(
         port=settings.port,
         # Measured fastest of the candidates (docs/gateway.md): uvloop + httptools.
         loop=loop,
-        http=bounded_protocol(settings.header_timeout_seconds, cap),
+        http=bounded_protocol(
+            settings.header_timeout_seconds, cap, settings.max_connection_age_seconds
+        ),
         timeout_keep_alive=settings.keep_alive_seconds,  # type: ignore[arg-type]
         lifespan="on",
         access_log=False,

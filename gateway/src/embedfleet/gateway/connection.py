@@ -117,6 +117,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     header_seconds: float = 10.0
     max_connections: int = 4096
+    #: 0: no age bound (see GatewaySettings.max_connection_age_seconds)
+    max_age_seconds: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -126,6 +128,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_seconds = spread(self.header_seconds, random.random())
         # uvicorn annotates it int; it is only ever a delay for call_later
         self.timeout_keep_alive = spread(self.timeout_keep_alive, random.random())  # type: ignore[assignment]
+        # Past it, the next response says `Connection: close`; from the first request (the
+        # protocol is built then), spread so connections opened together do not close together.
+        self._close_after = (
+            self.loop.time() + spread(self.max_age_seconds, random.random())
+            if self.max_age_seconds > 0
+            else None
+        )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -152,6 +161,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None:
+            if self._close_after is not None and self.loop.time() >= self._close_after:
+                # uvicorn then writes `Connection: close` and closes after the response.
+                cycle.keep_alive = False
             # The request's task is created but has not run: the scope can still be added to.
             signal = Peer(cycle)
             if self._disconnects:
@@ -268,11 +280,17 @@ class Gate(asyncio.Protocol):
             self._transport.close()
 
 
-def bounded_protocol(header_seconds: float, max_connections: int) -> type[asyncio.Protocol]:
+def bounded_protocol(
+    header_seconds: float, max_connections: int, max_age_seconds: float = 0.0
+) -> type[asyncio.Protocol]:
     """The class to pass as uvicorn's `http`: a `Gate` handing over to the bounded protocol."""
     protocol = type(
         "GatewayHttpProtocol",
         (BoundedHttpToolsProtocol,),
-        {"header_seconds": header_seconds, "max_connections": max_connections},
+        {
+            "header_seconds": header_seconds,
+            "max_connections": max_connections,
+            "max_age_seconds": max_age_seconds,
+        },
     )
     return type("GatewayGate", (Gate,), {"protocol": protocol})

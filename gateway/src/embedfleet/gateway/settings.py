@@ -214,6 +214,14 @@ class GatewaySettings:
         "An idle kept-alive connection is closed after this long without a new request.",
         minimum=0,
     )
+    max_connection_age_seconds: float = setting(
+        300.0,
+        "A kept-alive connection this old is closed after its next response (with `Connection: "
+        "close`, so the client never sends on a closing socket): clients reconnect, and a "
+        "Service spreads them over the gateway pods a rollout or a scale-up added. Drawn per "
+        "connection from the last tenth of the bound; 0: never.",
+        minimum=0,
+    )
     max_connections: int = setting(
         0,
         "Open HTTP connections beyond this are answered 503 and closed at once, so idle sockets "
