@@ -99,19 +99,16 @@ impl Balancer {
     }
 
     /// The worker set becomes `addresses` (duplicates once): workers kept keep their state
-    /// (load, readiness, ejection); returns the endpoints added and the ids removed.
-    pub fn set_addresses(&mut self, addresses: &[String]) -> (Vec<Endpoint>, Vec<u64>) {
+    /// (load, readiness, ejection); returns the endpoints added and those removed, each in
+    /// address order.
+    pub fn set_addresses(&mut self, addresses: &[String]) -> (Vec<Endpoint>, Vec<Endpoint>) {
         let mut wanted = addresses.to_vec();
         wanted.sort();
         wanted.dedup();
-        let removed = self
-            .endpoints
-            .iter()
-            .filter(|e| wanted.binary_search(&e.address).is_err())
-            .map(|e| e.id)
-            .collect();
-        self.endpoints
-            .retain(|e| wanted.binary_search(&e.address).is_ok());
+        let (kept, removed): (Vec<Endpoint>, Vec<Endpoint>) = std::mem::take(&mut self.endpoints)
+            .into_iter()
+            .partition(|e| wanted.binary_search(&e.address).is_ok());
+        self.endpoints = kept;
         let mut added = Vec::new();
         for address in &wanted {
             if !self.endpoints.iter().any(|e| &e.address == address) {
@@ -210,7 +207,13 @@ mod tests {
             added.iter().map(|e| e.address.as_str()).collect::<Vec<_>>(),
             ["c:1"]
         );
-        assert_eq!(removed.len(), 1);
+        assert_eq!(
+            removed
+                .iter()
+                .map(|e| e.address.as_str())
+                .collect::<Vec<_>>(),
+            ["a:1"]
+        );
         let addresses: Vec<&str> = b.endpoints.iter().map(|e| e.address.as_str()).collect();
         assert_eq!(addresses, ["b:1", "c:1"]);
         let b1 = b.get_mut(kept).unwrap();

@@ -316,21 +316,16 @@ impl Pool {
             .cloned()
             .collect();
         let mut b = self.balancer.lock().expect("balancer lock");
-        let before: Vec<(u64, String)> = b
-            .endpoints
-            .iter()
-            .map(|e| (e.id, e.address.clone()))
-            .collect();
         let (added, removed) = b.set_addresses(&valid);
         let mut workers = self.workers.lock().expect("workers lock");
-        for id in &removed {
-            if let Some(member) = workers.remove(id) {
+        for e in &removed {
+            if let Some(member) = workers.remove(&e.id) {
                 member.probe.abort();
             }
         }
         if !removed.is_empty() {
             let mut infos = self.infos.lock().expect("infos lock");
-            infos.retain(|(id, _)| !removed.contains(id));
+            infos.retain(|(id, _)| !removed.iter().any(|e| e.id == *id));
         }
         let c = self.coalescing;
         for e in &added {
@@ -365,12 +360,7 @@ impl Pool {
         if !added.is_empty() || !removed.is_empty() {
             // The Python gateway's line, field for field: log queries read either gateway.
             let names: Vec<&str> = added.iter().map(|e| e.address.as_str()).collect();
-            let mut gone: Vec<&str> = before
-                .iter()
-                .filter(|(id, _)| removed.contains(id))
-                .map(|(_, address)| address.as_str())
-                .collect();
-            gone.sort_unstable();
+            let gone: Vec<&str> = removed.iter().map(|e| e.address.as_str()).collect();
             crate::log!(
                 Info,
                 "workers changed",

@@ -119,14 +119,14 @@ fn number<T: std::str::FromStr>(name: &str, raw: &str) -> Result<T, String> {
         .map_err(|_| format!("--{}: invalid value {raw:?}", name.replace('_', "-")))
 }
 
-/// A duration in seconds: finite and not negative (a bound, never "forever" by accident).
+/// A bound in seconds: finite, never "forever" by accident (its least value is MINIMUMS').
 fn seconds(name: &str, raw: &str) -> Result<f64, String> {
     let value: f64 = number(name, raw)?;
-    if value.is_finite() && value >= 0.0 {
+    if value.is_finite() {
         Ok(value)
     } else {
         Err(format!(
-            "--{}: invalid value {raw:?}, expected seconds >= 0",
+            "--{}: invalid value {raw:?}, expected a finite number of seconds",
             name.replace('_', "-")
         ))
     }
