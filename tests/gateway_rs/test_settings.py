@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import httpx
 import pytest
 
 from embedfleet.common.settings import flag_name, load, minimums
@@ -80,9 +79,13 @@ def test_each_minimum_itself_starts_both(tmp_path: Path) -> None:
     settings = load(GatewaySettings, ENV_PREFIX, ["--workers", "127.0.0.1:9", *argv], env={})
     for name, least in MINIMUMS.items():
         assert getattr(settings, name) == least
-    # ... and the Rust one starts and serves on them (no worker: /health only).
+    # ... and the Rust one starts on them: running_gateway_rs waits until /health answers (no
+    # worker). Each flag is checked as it is read, so the 0 s header and body bounds pass the
+    # check before the two later flags replace them: at 0 s a request could get its 408 first.
     log = tmp_path / "gateway-rs.log"
-    with running_gateway_rs(["127.0.0.1:9"], *argv, log=log, wait_ready=False) as gateway:
-        assert httpx.get(f"{gateway.url}/health", timeout=5).status_code == 200
+    served = ["--header-timeout-seconds", "10", "--body-timeout-seconds", "10"]
+    with running_gateway_rs(["127.0.0.1:9"], *argv, *served, log=log, wait_ready=False) as gateway:
         assert gateway.proc.poll() is None
-    assert "panicked" not in log.read_text()
+    text = log.read_text()
+    assert "embedfleet-gateway-rs listening on" in text
+    assert "panicked" not in text
