@@ -1,17 +1,25 @@
-"""Gateway test fixtures: the bundled model directory, shared by every test, and the real app in
-front of two FAKE workers, one per module that asks for it."""
+"""Gateway test fixtures: the binary built from this tree's gateway/ (built once, cached by
+content), the bundled model's directory, and the binary in front of two FAKE workers or of one
+real null-engine worker, one per module that asks."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
-from embedfleet.gateway.settings import GatewaySettings
+from embedfleet.testing.gateway import gateway_binary
+from embedfleet.testing.workers import running_worker
 
-from .fakes import FakeWorker
-from .helpers import GatewayThread, wait_until
+from .helpers import LIMITS, Gateway, fake_fleet, serving
+
+
+@pytest.fixture(scope="session", autouse=True)
+def binary() -> Path:
+    """Built before the first test, so that no test's timeout pays for a cold build."""
+    return gateway_binary()
 
 
 @pytest.fixture(scope="session")
@@ -20,15 +28,20 @@ def minilm() -> ModelDir:
 
 
 @pytest.fixture(scope="module")
-def fake_fleet_gateway(minilm: ModelDir) -> Iterator[GatewayThread]:
-    """The gateway with default settings in front of two fake workers, both in rotation."""
-    workers = [FakeWorker(i).start() for i in range(2)]
-    settings = GatewaySettings(workers=tuple(w.address for w in workers), probe_seconds=0.1)
-    gw = GatewayThread(settings, minilm).start()
-    try:
-        wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
-        yield gw
-    finally:
-        gw.stop()
-        for w in workers:
-            w.stop()
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """LIMITS, in front of two FAKE workers both numbered 0: a row is the same wherever it
+    landed, and the fakes' calls show the gateway's chunking."""
+    with fake_fleet(LIMITS, tmp_path_factory.mktemp("fakes") / "gateway.log") as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def null(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """LIMITS, in front of one real worker process with the null engine, whose row of an input
+    is [its tokens, the sum of its ids, its first id, 0, ...]."""
+    workdir = tmp_path_factory.mktemp("null")
+    with (
+        running_worker(workdir, "--engine", "null", "--warmup-seconds", "0.2") as worker,
+        serving(LIMITS, workdir / "gateway.log", addresses=[worker.address]) as gateway,
+    ):
+        yield gateway

@@ -1,289 +1,177 @@
-"""Admission's decisions, without processes: the seconds-of-work bound, the estimate from characters
-and its correction, and the queue a burst or a batch job leaves behind."""
+"""Admission by the workers' measured capacity: past `--max-queue-seconds` of queued work a request
+is shed with 429 and a Retry-After (at least `--retry-after-seconds`) before it is tokenized; a
+burst is admitted only up to the bound; text is admitted on its estimate and then counted at its
+true size until answered. The FAKE workers (fakes.py) report the capacity and queue the test sets,
+and hold their calls at a gate for as long as a test needs."""
 
 from __future__ import annotations
 
 import contextlib
-import math
-import random
-from collections import deque
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-import pytest
+from .fakes import FakeWorker
+from .helpers import LIMITS, Gateway, Reply, fake_fleet
 
-from embedfleet.common.modeldir import ModelDir
-from embedfleet.gateway.admission import (
-    FIRST_CHARS_PER_TOKEN,
-    Admission,
-    Ticket,
-    Work,
-    current_ticket,
-    decide,
-    delivered_ratio,
-    estimate_tokens,
-    fleet_capacity,
-    learned_chars_per_token,
-    tokenized,
-    work_of,
-)
-from embedfleet.gateway.errors import ApiError
-from embedfleet.gateway.schemas import (
-    ClassifyRequest,
-    EmbeddingRequest,
-    RerankRequest,
-    ScoreRequest,
-    SparseEmbeddingRequest,
-)
-
-# --- decide ---------------------------------------------------------------------------------------
+#: what a shed request leaves alone (it is shed before it is tokenized) and what it counts
+SERIES: list[tuple[str, dict[str, Any]]] = [
+    ("embedfleet_gateway_tokenize_seconds_count", {}),
+    ("embedfleet_gateway_input_tokens_total", {}),
+    ("embedfleet_gateway_shed_requests_total", {}),
+]
 
 
-def test_admits_while_the_work_ahead_is_within_the_bound() -> None:
-    assert decide(0, 1000, 30).admit
-    within = decide(30_000, 1000, 30)
-    assert within.admit
-    assert within.queued_seconds == 30.0
-    past = decide(30_001, 1000, 30)
-    assert not past.admit
-    assert past.retry_after == 1  # never 0: "retry now" would come straight back
-
-
-def test_retry_after_is_the_time_until_the_queue_is_back_within_the_bound() -> None:
-    verdict = decide(45_500, 1000, 30)  # 45.5 s ahead, 15.5 s over
-    assert not verdict.admit
-    assert verdict.retry_after == 16
-    assert verdict.queued_seconds == 45.5
-
-
-def test_unknown_capacity_admits_and_leaves_the_decision_to_the_dispatcher() -> None:
-    assert decide(10**9, 0, 30).admit
-
-
-def test_a_worker_without_a_measurement_counts_at_the_mean_of_the_others() -> None:
-    assert fleet_capacity([1000, 3000]) == 4000
-    assert fleet_capacity([1000, 0, 3000]) == 6000
-    assert fleet_capacity([0, 0]) == 0
-    assert fleet_capacity([]) == 0
-
-
-def test_the_delivered_ratio_learns_only_from_saturated_periods() -> None:
-    # 2 s in which 4,000 tokens were answered by a fleet that measured 4,000 tokens/s: it
-    # delivers half of that.
-    assert delivered_ratio(1.0, 4000, 2.0, 4000, backlogged=True) == pytest.approx(0.85)
-    assert delivered_ratio(1.0, 4000, 2.0, 4000, backlogged=False) == 1.0  # demand-bound
-    assert delivered_ratio(1.0, 0, 2.0, 4000, backlogged=True) == pytest.approx(0.7 + 0.3 * 0.05)
-    ratio = 1.0
-    for _ in range(30):
-        ratio = delivered_ratio(ratio, 4000, 2.0, 4000, backlogged=True)
-    assert ratio == pytest.approx(0.5, rel=1e-3)
-
-
-# --- the estimate ---------------------------------------------------------------------------------
-
-
-def test_estimate_caps_each_text_at_the_limit_and_counts_ids_exactly() -> None:
-    work = Work(chars=(40, 4000, 1), tokens=7)
-    # 40/4 + 2 specials; 4000 chars capped at 256; 1 char -> 1 + 2
-    assert estimate_tokens(work, 4.0, 256, 2) == 7 + 12 + 256 + 3
-
-
-def test_learning_converges_on_the_tokenizers_ratio_and_ignores_cut_inputs() -> None:
-    cpt = FIRST_CHARS_PER_TOKEN
-    for _ in range(40):
-        # 600-char texts of 100 content tokens (6 chars/token), and one cut at the limit that
-        # would say 20 chars/token if it counted
-        cpt = learned_chars_per_token(cpt, [600, 600, 5120], [102, 102, 256], 256, 2)
-    assert cpt == pytest.approx(6.0, rel=1e-3)
-    assert learned_chars_per_token(cpt, [600], [102, 5], 256, 2) == cpt  # not aligned: unchanged
-    assert learned_chars_per_token(cpt, [5120], [256], 256, 2) == cpt  # only cut ones: unchanged
-
-
-def test_work_of_each_request_shape(minilm: ModelDir) -> None:
-    def embed(**fields: object) -> Work:
-        return work_of(EmbeddingRequest.model_validate(fields), minilm, 256)
-
-    assert embed(input="hello") == Work(chars=(5,))
-    assert embed(input=["ab", "cde"]) == Work(chars=(2, 3))
-    assert embed(input=[1, 2, 3]) == Work(tokens=3)
-    assert embed(input=[[1, 2], [3]]) == Work(tokens=3)
-    assert embed(input=[7] * 300) == Work(tokens=300)  # refused later without truncate
-    assert embed(input=[7] * 300, truncate=True) == Work(tokens=256)
-    rerank = RerankRequest.model_validate({"query": "q?", "documents": ["aa", {"text": "b"}, "aa"]})
-    # MiniLM is a bi-encoder: the query and each distinct document are embedded once.
-    assert work_of(rerank, minilm, 256) == Work(chars=(2, 2, 1))
-    score = ScoreRequest.model_validate({"text_1": "xyz", "text_2": ["a", "bb"]})
-    assert work_of(score, minilm, 256) == Work(chars=(3, 1, 2))
-    # Every route's request has a shape (a classify request once crashed admission with a 500).
-    sparse = SparseEmbeddingRequest.model_validate({"input": ["ab", "cde"]})
-    assert work_of(sparse, minilm, 256) == Work(chars=(2, 3))
-    assert work_of(SparseEmbeddingRequest.model_validate({"input": [1, 2]}), minilm, 256) == Work(
-        tokens=2
+def shed_message(queued: str, bound: str) -> str:
+    return (
+        f"The workers have {queued}s of work queued, more than this gateway's bound of {bound}s; "
+        "retry later."
     )
-    classify = ClassifyRequest.model_validate({"input": ["good", "bad"]})
-    assert work_of(classify, minilm, 256) == Work(chars=(4, 3))
-    assert work_of(ClassifyRequest.model_validate({"input": "ok"}), minilm, 256) == Work(chars=(2,))
 
 
-# --- the state ------------------------------------------------------------------------------------
-
-
-class Fleet:
-    """What Admission reads from the pool (and the clock), set by the test."""
-
-    def __init__(self, capacity: float) -> None:
-        self.capacity = capacity
-        self.elsewhere = 0.0
-        self.shed = 0
-        self.now = 1000.0
-
-    def admission(self, minilm: ModelDir, bound: float = 30.0) -> Admission:
-        def on_shed() -> None:
-            self.shed += 1
-
-        return Admission(
-            minilm,
-            256,
-            bound,
-            1,
-            lambda: self.elsewhere,
-            lambda: self.capacity,
-            on_shed,
-            clock=lambda: self.now,
-        )
-
-
-def _texts(n: int, chars: int) -> EmbeddingRequest:
-    return EmbeddingRequest(input=["x" * chars] * n)
-
-
-def test_tickets_hold_the_estimate_then_the_true_count_until_released(minilm: ModelDir) -> None:
-    fleet = Fleet(capacity=1000)
-    admission = fleet.admission(minilm)
-    ticket = admission.admit(_texts(2, 40))
-    assert ticket.tokens == 2 * (10 + 2)
-    assert admission.queued_tokens == 24
-    ticket.tokenized([30, 31])
-    assert admission.queued_tokens == 61
-    assert admission.chars_per_token < FIRST_CHARS_PER_TOKEN  # 80 chars were 57 tokens
-    ticket.release()
-    ticket.release()
-    assert admission.queued_tokens == 0
-
-
-def test_the_request_context_carries_the_ticket_to_the_tokenization_checkpoint(
-    minilm: ModelDir,
-) -> None:
-    admission = Fleet(capacity=1000).admission(minilm)
-    tokenized([5])  # no ticket in this context: nothing to correct, no error
-    ticket = admission.admit(_texts(1, 40))
-    token = current_ticket.set(ticket)
+def test_other_gateways_work_sheds_every_route_before_tokenizing(fakes: Gateway) -> None:
+    """50,000 tokens queued at each worker at 1,000 tokens/s each: 50 s against the default 30 s
+    bound. Every route is shed with the same 429 before its task or inputs are checked (this model
+    serves neither classify nor sparse)."""
+    fakes.set_workers(queued_tokens=50_000, capacity=1000.0)
     try:
-        tokenized([5])
+        fakes.queued_seconds_are(50.0)
+        before = fakes.values(SERIES)
+        for path, body in [
+            ("/v1/embeddings", {"input": ["a", "b"]}),
+            ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+            ("/v1/score", {"text_1": "a", "text_2": ["b", "c"]}),
+            ("/v1/classify", {"input": ["a", "b"]}),
+            ("/v1/sparse_embeddings", {"input": [[5, 6]]}),
+            ("/v1/embeddings", {"input": "", "dimensions": 99}),
+        ]:
+            assert fakes.shed(path, body) == (shed_message("50.0", "30"), "20")
+        moved = tuple(a - b for a, b in zip(fakes.values(SERIES), before, strict=True))
+        assert moved == (0, 0, 6)
     finally:
-        current_ticket.reset(token)
-    assert admission.queued_tokens == 5
+        fakes.set_workers(queued_tokens=0, capacity=0.0)
+    fakes.served()
+    assert fakes.calls() == [1]
 
 
-def test_shedding_is_a_429_with_retry_after_and_counts(minilm: ModelDir) -> None:
-    fleet = Fleet(capacity=1000)
-    admission = fleet.admission(minilm, bound=10)
-    fleet.elsewhere = 25_000  # another gateway's queue at the same workers: 25 s
-    with pytest.raises(ApiError) as caught:
-        admission.admit(_texts(1, 10))
-    err = caught.value
-    assert err.status == 429
-    assert err.type == "rate_limit_error"
-    assert err.code == "overloaded"
-    assert dict(err.headers)[b"retry-after"] == b"15"
-    assert "25.0s of work queued" in err.message
-    assert fleet.shed == 1
-    assert admission.queued_tokens == 0  # nothing reserved for a shed request
-    assert admission.queued_seconds() == 25.0
+def test_work_queued_past_the_bound_is_shed_until_it_is_back_within(tmp_path: Path) -> None:
+    """A 10 s bound with a Retry-After floor of 7: 15 s of work sheds with 7 (5 s over), 25 s
+    with its own 15; a request of any size is shed untokenized; back within the bound, served."""
+    settings = {**LIMITS, "max_queue_seconds": 10, "retry_after_seconds": 7}
+
+    def make(number: int) -> FakeWorker:
+        return FakeWorker(number, capacity=1000.0, queued_tokens=15_000)
+
+    with fake_fleet(settings, tmp_path / "gateway.log", make) as gateway:
+        assert gateway.shed("/v1/embeddings", {"input": "a b c"}) == (
+            shed_message("15.0", "10"),
+            "7",
+        )
+        # Large enough to be tokenized off the event loop, were it admitted.
+        big = {"input": ["many words " * 2000] * 3}
+        assert gateway.deltas(SERIES, [("/v1/embeddings", big)]) == (0, 0, 1)
+        gateway.queued_seconds_are(15.0)
+        gateway.set_workers(queued_tokens=25_000)
+        gateway.queued_seconds_are(25.0)
+        assert gateway.shed("/v1/embeddings", big)[1] == "15"
+        gateway.set_workers(queued_tokens=7_000)  # 7 s ahead: within the bound
+        gateway.served()
 
 
-def test_a_burst_is_admitted_only_up_to_the_bound(minilm: ModelDir) -> None:
-    """64 clients at once, 1-100 texts of 5-500 words: the old gateway took all of them (its
-    count started after tokenization) and 504'd the tail. Now what is admitted is at most the
-    bound ahead of the last one admitted, so all of it finishes within bound + own work."""
-    rng = random.Random(7)
-    fleet = Fleet(capacity=6700)
-    admission = fleet.admission(minilm, bound=30)
-    admitted, shed = [], 0
-    for _ in range(64):
-        words = [rng.randint(5, 500) for _ in range(rng.randint(1, 100))]
-        request = EmbeddingRequest(input=["word " * w for w in words], truncate=True)
-        ahead = admission.queued_tokens
-        try:
-            ticket = admission.admit(request)
-        except ApiError:
-            shed += 1
-            assert ahead / fleet.capacity > 30
-            continue
-        assert ahead / fleet.capacity <= 30
-        admitted.append(ticket)
-    assert 0 < len(admitted) < 64
-    assert shed == 64 - len(admitted)
-    finish = admission.queued_tokens / fleet.capacity
-    largest = max(t.tokens for t in admitted) / fleet.capacity
-    assert finish <= 30 + largest
+def test_a_workers_saturated_rate_replaces_its_warm_up_figure(tmp_path: Path) -> None:
+    """Once a worker reports the rate it sustained saturated on real traffic, admission queues
+    by that instead of its warm-up measurement."""
+
+    def make(number: int) -> FakeWorker:
+        return FakeWorker(number, capacity=1000.0, queued_tokens=1000)
+
+    with fake_fleet(LIMITS, tmp_path / "gateway.log", make) as gateway:
+        gateway.queued_seconds_are(1.0)  # 2,000 tokens at 2 x 1,000 tokens/s
+        gateway.set_workers(saturated=500.0)
+        gateway.queued_seconds_are(2.0)
 
 
-def test_a_batch_job_on_one_worker_queues_instead_of_429(minilm: ModelDir) -> None:
-    """Issue 18: four clients x 100 texts of 512 tokens on one CPU worker (~6,700 tokens/s). The
-    fixed 65,536-token limit refused the third; ~23 s of work ahead is within the 30 s default."""
-    admission = Fleet(capacity=6700).admission(minilm)
-    ids = [[1000] * 512 for _ in range(100)]
-    tickets = [admission.admit(EmbeddingRequest(input=ids)) for _ in range(4)]
-    assert admission.queued_tokens == 4 * 51_200
-    # A fifth would wait behind 30.6 s: that one is shed (the closed loop of four never sends it).
-    with pytest.raises(ApiError):
-        admission.admit(EmbeddingRequest(input=ids))
-    for t in tickets:
-        t.release()
-    assert math.isclose(admission.queued_seconds(), 0.0)
+#: a 2 s bound with a Retry-After floor of 3, in front of fakes of 10 tokens/s each (_gated)
+GATED: dict[str, object] = {**LIMITS, "max_queue_seconds": 2, "retry_after_seconds": 3}
 
 
-def _ids(n: int) -> EmbeddingRequest:
-    return EmbeddingRequest(input=[[1000] * 100 for _ in range(n // 100)])
+@dataclass
+class Gated:
+    """Requests admitted and held at the workers until the block ends; then their answers."""
+
+    gateway: Gateway
+    pool: ThreadPoolExecutor
+    futures: list[Future[Reply]] = field(default_factory=list)
+    answers: list[Reply] = field(default_factory=list)
+
+    def admit(self, request: Any, queued_seconds: float) -> None:
+        """`request` sent and admitted: then `queued_seconds` of work are ahead."""
+        self.futures.append(self.pool.submit(self.gateway.post, "/v1/embeddings", request))
+        # Waited for, so that the gateway decides on the next request with this one counted.
+        self.gateway.queued_seconds_are(queued_seconds)
 
 
-def test_a_fleet_slower_than_it_measured_sheds_by_what_it_delivers(minilm: ModelDir) -> None:
-    """Warm-up said 1,000 tokens/s; the fleet answers 500/s, first come first served (a busy
-    machine). Clients offer 3,000/s. Admission's capacity follows the delivered rate, so the bound
-    holds in real seconds: requests admitted once it has learned wait about 30 s, not 60."""
-    fleet = Fleet(capacity=1000)
-    admission = fleet.admission(minilm, bound=30)
-    queue: deque[tuple[float, Ticket]] = deque()
-    progress = 0
-    waits: list[tuple[float, float]] = []  # (admitted at, waited)
-    for second in range(150):
-        fleet.now += 1.0
-        budget = 500
-        while budget and queue:
-            admitted_at, head = queue[0]
-            used = min(budget, head.tokens - progress)
-            progress += used
-            budget -= used
-            if progress == head.tokens:
-                head.answered = True
-                head.release()
-                queue.popleft()
-                progress = 0
-                waits.append((admitted_at, fleet.now - admitted_at))
-        for _ in range(3 if second < 100 else 0):
-            with contextlib.suppress(ApiError):
-                queue.append((fleet.now, admission.admit(_ids(1000))))
-    assert admission.delivered == pytest.approx(0.5, abs=0.05)
-    late = [w for at, w in waits if at >= 1000 + 60]
-    assert late
-    assert max(late) <= 30 + 5  # the bound, plus the request's own 2 s and the sampling's lag
+@contextlib.contextmanager
+def _gated(tmp_path: Path) -> Iterator[Gated]:
+    """The gateway (GATED) in front of fakes holding every Embed call until the block ends; the
+    requests admitted meanwhile answered after it, and their work given back."""
+    gate = threading.Event()
+
+    def make(number: int) -> FakeWorker:
+        return FakeWorker(number, capacity=10.0, queued_tokens=1, gate=gate)
+
+    with fake_fleet(GATED, tmp_path / "gateway.log", make) as gateway:
+        # The probes read the capacity (one token each queued elsewhere), then nothing is.
+        gateway.queued_seconds_are(2 / 20)
+        gateway.set_workers(queued_tokens=0)
+        gateway.queued_seconds_are(0.0)
+        with ThreadPoolExecutor(6) as pool:
+            held = Gated(gateway, pool)
+            try:
+                yield held
+                assert not any(f.done() for f in held.futures)
+            finally:
+                gate.set()
+            held.answers = [f.result(timeout=30) for f in held.futures]
+        assert [a.status for a in held.answers] == [200] * len(held.answers)
+        gateway.queued_seconds_are(0.0)
+        gateway.served()
 
 
-def test_a_shallow_queue_leaves_the_measurement_alone(minilm: ModelDir) -> None:
-    fleet = Fleet(capacity=1000)
-    admission = fleet.admission(minilm)
-    for _ in range(30):  # one small request a second, answered at once: demand-bound
-        fleet.now += 1.0
-        ticket = admission.admit(_ids(100))
-        ticket.answered = True
-        ticket.release()
-    assert admission.delivered == 1.0
+def test_a_burst_is_admitted_only_up_to_the_bound(tmp_path: Path) -> None:
+    """20 tokens/s, a 2 s bound: requests of 15 token ids each (counted exactly) are admitted
+    while the work ahead is within it (0, 0.75 and 1.5 s), the rest shed behind 2.25 s with the
+    Retry-After floor of 3, and counted."""
+    request = {"input": [[1000] * 15]}
+    with _gated(tmp_path) as held:
+        for n in (1, 2, 3):
+            held.admit(request, n * 15 / 20)
+        gateway = held.gateway
+        assert gateway.deltas(SERIES, [("/v1/embeddings", request)] * 2) == (0, 0, 2)
+        assert gateway.shed("/v1/embeddings", request) == (shed_message("2.2", "2"), "3")
+
+
+def test_text_is_admitted_on_its_estimate_and_then_counts_its_true_size(tmp_path: Path) -> None:
+    """Ten 2,000-character words: estimated at the 256-token cap each (128 s of work at 20
+    tokens/s) yet admitted, its own size being no part of the decision; tokenized, they are
+    [CLS] [UNK] [SEP] each, and from then on 30 tokens (1.5 s) are what the gateway counts ahead
+    of the next request. Had the estimate stayed, that one would be shed."""
+    with _gated(tmp_path) as held:
+        held.admit({"input": ["x" * 2000] * 10}, 30 / 20)
+        held.admit({"input": "one two three four five six seven eight nine ten"}, 42 / 20)
+        message, _ = held.gateway.shed("/v1/embeddings", {"input": "next"})
+        assert message.startswith("The workers have 2.1s of work queued")
+    assert [a.json()["usage"]["prompt_tokens"] for a in held.answers] == [30, 12]
+
+
+def test_work_this_gateway_admitted_counts_until_answered(tmp_path: Path) -> None:
+    """At 10 tokens/s a worker, 700 token ids in flight are 35 s ahead of the next request, shed
+    with Retry-After 5; once answered, their work is given back and requests are served."""
+    big = {"input": [list(range(1000, 1100))] * 7}
+    with _gated(tmp_path) as held:
+        held.admit(big, 35.0)
+        message, retry_after = held.gateway.shed("/v1/embeddings", {"input": "x"})
+        assert (message, retry_after) == (shed_message("35.0", "2"), "33")

@@ -1,75 +1,127 @@
-"""API keys: the pure checks, then `embedfleet serve --api-keys-file` as real processes (null-engine
-workers) with the keys file laid out as the kubelet lays out a mounted Secret and rotated the way it
-rotates one (a new directory, then an atomic rename of the `..data` symlink)."""
+"""API keys (--api-keys-file): 401 in OpenAI's shape without a good key, probes and the document
+open, the file re-read when it changes (also as the kubelet rotates a mounted Secret, by
+re-pointing its `..data` symlink), kept when it vanishes, requests counted per key by digest, and
+no key ever in the log or /metrics; a gateway that cannot read its keys does not start."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
-import subprocess
-import sys
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from embedfleet.common.net import free_ports
-from embedfleet.gateway.auth import ApiKeys, KeyFile, bearer, key_label, parse_keys
-from embedfleet.testing.polling import WaitTimeoutError
+from .helpers import LIMITS, Gateway, fake_fleet, run_binary, sample, wait_until
 
-from .helpers import wait_until
-
-KEY_A = "sk-embedfleet-alpha-4f1c9e"
-KEY_B = "sk-embedfleet-bravo-77d2a0"
+KEYS = "# the team's keys\nkey-one\n\n  key-two  \n"
+AUTH = {**LIMITS, "api_key_metrics": True, "api_keys_reload_seconds": 0.1}
+BODY = {"input": "a query"}
 
 
-def test_parse_keys_skips_blanks_and_comments() -> None:
-    assert parse_keys(f"# team a\n {KEY_A} \n\n#{KEY_B}\n{KEY_B}\n") == [KEY_A, KEY_B]
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
-def test_bearer_header() -> None:
-    assert bearer(b"Bearer abc") == "abc"
-    assert bearer(b"bearer   abc ") == "abc"
-    assert bearer(b"Basic abc") is None
-    assert bearer(b"Bearer ") is None
-    assert bearer(None) is None
+def label(key: str) -> str:
+    """A key's label on /metrics: the start of its SHA-256, never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def test_check_answers_the_label_of_the_matching_key_only() -> None:
-    keys = ApiKeys([KEY_A, KEY_B, KEY_A])
-    assert len(keys) == 2
-    assert keys.check(KEY_B) == key_label(KEY_B)
-    assert keys.check(KEY_A) == hashlib.sha256(KEY_A.encode()).hexdigest()[:12]
-    assert keys.check(KEY_A[:-1]) is None
-    assert keys.check("") is None
-    assert keys.check(None) is None
-    assert ApiKeys([]).check(KEY_A) is None
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Path]]:
+    directory = tmp_path_factory.mktemp("keys")
+    keys = directory / "api-keys"
+    keys.write_text(KEYS)
+    settings = {**AUTH, "api_keys_file": keys, "log_level": "debug"}
+    with fake_fleet(settings, directory / "gateway.log") as gateway:
+        yield gateway, keys
 
 
-def test_key_file_keeps_its_keys_while_the_file_is_gone(tmp_path: Path) -> None:
-    path = tmp_path / "keys"
-    path.write_text(KEY_A)
-    keys = KeyFile(path, 1.0)
-    assert keys.keys.check(KEY_A)
-    assert not keys.reload()
-    path.unlink()
-    assert not keys.reload()
-    assert keys.keys.check(KEY_A)
-    path.write_text(KEY_B)
-    assert keys.reload()
-    assert keys.keys.check(KEY_B)
-    assert not keys.keys.check(KEY_A)
+def _status(gateway: Gateway, key: str) -> int:
+    return gateway.post("/v1/embeddings", BODY, headers=bearer(key)).status
 
 
-def test_an_unreadable_keys_file_stops_the_start(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
-        KeyFile(tmp_path / "missing", 1.0)
+def test_a_missing_or_wrong_key_is_401(keyed: tuple[Gateway, Path]) -> None:
+    gateway, _ = keyed
+    for headers in ({}, bearer("key-three"), {"Authorization": "Basic a2V5LW9uZQ=="},
+                    {"Authorization": "Bearer"}):  # fmt: skip
+        reply = gateway.post("/v1/embeddings", BODY, headers=headers)
+        assert reply.status == 401
+        assert reply.headers["www-authenticate"] == "Bearer"
+        error = reply.json()["error"]
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error", None, "invalid_api_key")  # fmt: skip
+        assert b"key-three" not in reply.body
+    missing = gateway.post("/v1/embeddings", BODY).json()["error"]["message"]
+    assert "didn't provide" in missing
+    assert gateway.calls() == []
 
 
-# --- real processes --------------------------------------------------------------------------
+def test_a_good_key_is_served_any_case_of_the_scheme(keyed: tuple[Gateway, Path]) -> None:
+    gateway, _ = keyed
+    for key in ("key-one", "key-two"):
+        assert (
+            len(gateway.ok("/v1/embeddings", {"input": ["a", "b c"]}, headers=bearer(key))["data"])
+            == 2
+        )
+    models = gateway.request("GET", "/v1/models", headers={"authorization": "bearer key-one"})
+    assert models.status == 200
+    gateway.calls()
+
+
+def test_probes_metrics_and_the_document_stay_open_and_v1_paths_are_closed(
+    keyed: tuple[Gateway, Path],
+) -> None:
+    gateway, _ = keyed
+    for path in ("/health", "/ready", "/metrics", "/openapi.json"):
+        assert gateway.request("GET", path).status == 200, path
+    doc = gateway.request("GET", "/openapi.json").json()
+    assert "securitySchemes" in doc["components"]
+    assert doc["paths"]["/v1/embeddings"]["post"]["security"] == [{"apiKey": []}]
+    # Before the route: an unknown /v1/ path says nothing without a key, a 404 with one.
+    assert gateway.request("GET", "/v1/nope").json()["error"]["code"] == "invalid_api_key"
+    assert gateway.request("GET", "/v1/models").status == 401
+    nope = gateway.request("GET", "/v1/nope", headers=bearer("key-one"))
+    assert (nope.status, nope.json()["error"]["code"]) == (404, "not_found")
+
+
+def test_requests_are_counted_per_key_by_digest(keyed: tuple[Gateway, Path]) -> None:
+    gateway, _ = keyed
+    name = "embedfleet_gateway_key_requests_total"
+    before = gateway.value(name, key=label("key-two"), route="/v1/embeddings")
+    for _ in range(3):
+        assert _status(gateway, "key-two") == 200
+    text = gateway.metrics()
+    assert sample(text, name, key=label("key-two"), route="/v1/embeddings") == before + 3
+    assert "key-two" not in text
+    assert "key-one" not in text
+    gateway.calls()
+
+
+def test_a_changed_file_is_reloaded_and_a_vanished_one_keeps_its_keys(
+    keyed: tuple[Gateway, Path],
+) -> None:
+    gateway, keys = keyed
+    try:
+        keys.write_text("key-rotated\n")
+        wait_until("the new key accepted", lambda: _status(gateway, "key-rotated") == 200)
+        assert _status(gateway, "key-one") == 401
+        keys.unlink()
+        # Over several reload intervals with no file (0.1 s each), the last keys hold.
+        for _ in range(5):
+            assert (_status(gateway, "key-rotated"), _status(gateway, "key-one")) == (200, 401)
+            time.sleep(0.1)
+    finally:
+        keys.write_text(KEYS)
+    wait_until("the keys restored", lambda: _status(gateway, "key-one") == 200)
+    text = gateway.log.read_text()
+    assert "api keys reloaded" in text
+    for key in ("key-one", "key-two", "key-rotated"):
+        assert key not in text
+    gateway.calls()
 
 
 class SecretDir:
@@ -78,12 +130,14 @@ class SecretDir:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.version = 0
+        root.mkdir()
 
     @property
     def file(self) -> Path:
         return self.root / "keys"
 
     def write(self, text: str) -> None:
+        """A new version directory, then an atomic rename of `..data`, as the kubelet does."""
         self.version += 1
         version = self.root / f"..2026_12_01_{self.version}"
         version.mkdir()
@@ -95,99 +149,27 @@ class SecretDir:
             self.file.symlink_to("..data/keys")
 
 
-@pytest.fixture
-def secured(tmp_path: Path) -> Iterator[tuple[str, SecretDir, Path]]:
+def test_a_secret_rotated_by_its_data_symlink_swaps_the_keys(tmp_path: Path) -> None:
     secret = SecretDir(tmp_path / "secret")
-    secret.root.mkdir()
-    secret.write(f"# rotated by the test\n{KEY_A}\n")
-    log = tmp_path / "serve.log"
-    (port,) = free_ports(1)
-    env = {
-        **os.environ,
-        "EMBEDFLEET_WORKER_ENGINE": "null",
-        "EMBEDFLEET_WORKER_WARMUP_SECONDS": "0.2",
-        "EMBEDFLEET_GATEWAY_API_KEY_METRICS": "true",
-        "EMBEDFLEET_GATEWAY_API_KEYS_RELOAD_SECONDS": "0.2",
-        "EMBEDFLEET_GATEWAY_LOG_LEVEL": "debug",
-    }
-    script = Path(sys.executable).parent / "embedfleet"
-    argv = [str(script), "serve", "--workers", "1", "--port", str(port)]
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [*argv, "--api-keys-file", str(secret.file)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"embedfleet serve exited: {log.read_text()[-2000:]}")
-            return "serving at" in log.read_text()
-
-        try:
-            wait_until("serving", serving, timeout=120)
-        except WaitTimeoutError as exc:
-            raise RuntimeError(f"{exc}; log: {log.read_text()[-2000:]}") from None
-        yield url, secret, log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _post(url: str, key: str | None) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
-    return httpx.post(url + "/v1/embeddings", json={"input": "a b"}, headers=headers, timeout=30)
-
-
-def _assert_401(reply: httpx.Response) -> None:
-    assert reply.status_code == 401, reply.text
-    assert reply.headers["www-authenticate"] == "Bearer"
-    error = reply.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error"
-    assert error["code"] == "invalid_api_key"
-
-
-def test_bearer_keys_rotate_without_restart_and_never_show(
-    secured: tuple[str, SecretDir, Path],
-) -> None:
-    url, secret, log = secured
-    _assert_401(_post(url, None))
-    _assert_401(_post(url, KEY_B))
-    _assert_401(httpx.get(url + "/v1/models", timeout=10))
-    assert "didn't provide" in _post(url, None).json()["error"]["message"]
-    assert _post(url, KEY_A).status_code == 200
-    models = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY_A}"})
-    assert models.status_code == 200
-    # Probes, Prometheus and the schema stay open.
-    for path in ("/health", "/ready", "/metrics", "/openapi.json"):
-        assert httpx.get(url + path, timeout=10).status_code == 200, path
-    schema = httpx.get(url + "/openapi.json", timeout=10).json()
-    assert schema["paths"]["/v1/embeddings"]["post"]["security"] == [{"apiKey": []}]
-
-    # Rotation: B replaces A, picked up without a restart.
-    secret.write(f"{KEY_B}\n")
-    wait_until("the new key", lambda: _post(url, KEY_B).status_code == 200, timeout=20)
-    _assert_401(_post(url, KEY_A))
-
-    metrics = httpx.get(url + "/metrics", timeout=10).text
-    counts = {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(
-            r'embedfleet_gateway_key_requests_total\{key="(\w+)",route="/v1/embeddings"\} (\S+)',
-            metrics,
-        )
-    }
-    assert counts == {key_label(KEY_A): 1.0, key_label(KEY_B): 1.0}, counts
-    time.sleep(0.5)  # the gateway's last log lines
-    text = log.read_text() + metrics
+    secret.write("# rotated by the test\nsk-embedfleet-alpha-4f1c9e\n")
+    settings = {**AUTH, "api_keys_file": secret.file, "log_level": "debug"}
+    with fake_fleet(settings, tmp_path / "gateway.log") as gateway:
+        assert _status(gateway, "sk-embedfleet-alpha-4f1c9e") == 200
+        assert _status(gateway, "sk-embedfleet-bravo-77d2a0") == 401
+        old = (secret.root / "..data").resolve()
+        secret.write("sk-embedfleet-bravo-77d2a0\n")
+        shutil.rmtree(old)  # as the kubelet does after the swap
+        wait_until("the new key", lambda: _status(gateway, "sk-embedfleet-bravo-77d2a0") == 200)
+        assert _status(gateway, "sk-embedfleet-alpha-4f1c9e") == 401
+        metrics = gateway.metrics()
+    text = gateway.log.read_text() + metrics
     assert "api keys reloaded" in text
-    for key in (KEY_A, KEY_B):
+    for key in ("sk-embedfleet-alpha-4f1c9e", "sk-embedfleet-bravo-77d2a0"):
         assert key not in text
+
+
+def test_an_unreadable_keys_file_refuses_to_start(tmp_path: Path) -> None:
+    """A gateway that should check keys must not start open."""
+    done = run_binary("--workers", "127.0.0.1:1", "--api-keys-file", str(tmp_path / "missing"))
+    assert done.returncode == 2
+    assert "--api-keys-file" in done.stderr

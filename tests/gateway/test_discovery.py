@@ -1,90 +1,187 @@
-"""Pure parts of discovery: the workers file and EndpointSlice parsing (the live EndpointSlice watch
-against a real kube-apiserver is in test_k8s_discovery.py)."""
+"""Where the workers are: a watched --workers-file followed live (added, removed, a line that is no
+address, a file it cannot read), a Service's EndpointSlices watched on a REAL kube-apiserver (the
+`k8s_cluster` fixture), and a kubeconfig it cannot use. FAKE workers (fakes.py) behind the
+addresses, whose rows carry their number."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
-from embedfleet.gateway.discovery import (
-    SliceSet,
-    is_address,
-    parse_service,
-    parse_workers_file,
-    slice_addresses,
-)
+import pytest
 
+from embedfleet.common.net import free_ports
+from embedfleet.testing.cluster import Cluster
 
-def endpoint_slice(name: str, endpoints: list[dict[str, Any]], port: int = 50051) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "resourceVersion": "1"},
-        "addressType": "IPv4",
-        "ports": [{"name": "metrics", "port": 9090}, {"name": "grpc", "port": port}],
-        "endpoints": endpoints,
-    }
+from .fakes import FakeWorker
+from .helpers import LIMITS, Gateway, host_ip, service_slice, serving, wait_until
+
+#: small chunks, so that 40 inputs spread over every worker there is
+SPREAD = {**LIMITS, "chunk_tokens": 10, "min_chunk_tokens": 1}
+INPUTS = [[i + 1] * 3 for i in range(40)]
 
 
-def test_workers_file() -> None:
-    assert parse_workers_file("# fleet\n10.0.0.1:1\n\n 10.0.0.2:2  # b\n") == [
-        "10.0.0.1:1",
-        "10.0.0.2:2",
-    ]
+@pytest.fixture
+def listed(tmp_path: Path) -> Iterator[tuple[Gateway, Path]]:
+    """The gateway reading a workers file, empty at first (a comment), FAKE workers 0 and 1."""
+    listing = tmp_path / "workers"
+    listing.write_text("# no workers yet\n")
+    workers = [FakeWorker(n).start() for n in range(2)]
+    try:
+        settings = {**SPREAD, "workers_file": listing}
+        with serving(settings, tmp_path / "gateway.log", ready=0) as gateway:
+            gateway.workers = workers
+            yield gateway, listing
+    finally:
+        for w in workers:
+            w.stop()
 
 
-def test_a_workers_file_line_names_a_worker_only_as_host_and_port() -> None:
-    for good in ("10.0.0.1:50051", "worker-0.svc:1", "[fd00::5]:50051", "localhost:65535"):
-        assert is_address(good), good
-    for bad in ("not an address", "10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", ":50051", "h:p"):
-        assert not is_address(bad), bad
-
-
-def test_slice_addresses_keep_ready_and_unknown_drop_unready() -> None:
-    s = endpoint_slice(
-        "a",
-        [
-            {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
-            {"addresses": ["10.0.0.2"], "conditions": {"ready": False, "terminating": True}},
-            {"addresses": ["10.0.0.3"]},
-            {"addresses": ["fd00::5"], "conditions": {"ready": True}},
-        ],
+def _list(gateway: Gateway, listing: Path, lines: list[str | int]) -> None:
+    """The file lists `lines`: a number is that FAKE worker's address."""
+    text = [gateway.workers[x].address if isinstance(x, int) else x for x in lines]
+    listing.write_text(
+        "# listed by the test\n" + "\n".join(f"{t}  # a worker" for t in text) + "\n"
     )
-    assert slice_addresses(s, "grpc") == {"10.0.0.1:50051", "10.0.0.3:50051", "[fd00::5]:50051"}
-    assert slice_addresses(s, "http") == set()
-    assert slice_addresses({"metadata": {"name": "x"}}, "grpc") == set()
 
 
-def test_slice_set_follows_events() -> None:
-    slices = SliceSet("grpc", {})
-    slices.reset([endpoint_slice("a", [{"addresses": ["10.0.0.1"]}])])
-    assert slices.addresses() == {"10.0.0.1:50051"}
-    assert slices.apply("ADDED", endpoint_slice("b", [{"addresses": ["10.0.0.2"]}]))
-    assert slices.addresses() == {"10.0.0.1:50051", "10.0.0.2:50051"}
-    assert slices.apply(
-        "MODIFIED",
-        endpoint_slice("a", [{"addresses": ["10.0.0.1"], "conditions": {"ready": False}}]),
+def test_workers_are_added_and_removed_as_the_file_changes(listed: tuple[Gateway, Path]) -> None:
+    gateway, listing = listed
+    assert gateway.request("GET", "/ready").status == 503
+    assert gateway.error("/v1/embeddings", {"input": "x"}, 503)["code"] == "no_workers"
+    _list(gateway, listing, [0])
+    wait_until("one worker", lambda: gateway.worker_counts() == (1, 1))
+    assert gateway.served_by(INPUTS) == {0}
+    _list(gateway, listing, [0, 1])
+    wait_until("two workers", lambda: gateway.worker_counts() == (2, 2))
+    assert gateway.served_by(INPUTS) == {0, 1}
+    _list(gateway, listing, [1])  # worker 0 removed: nothing goes there any more
+    wait_until("worker 0 gone", lambda: gateway.worker_counts() == (1, 1))
+    before = len(gateway.workers[0].calls)
+    assert gateway.served_by(INPUTS) == {1}
+    assert len(gateway.workers[0].calls) == before
+    listing.unlink()  # the file gone: only the static list is left, here none
+    wait_until("no workers", lambda: gateway.worker_counts() == (0, 0))
+    assert gateway.error("/v1/embeddings", {"input": "x"}, 503)["code"] == "no_workers"
+    # Each change logged, addresses sorted: a log query follows the fleet.
+    first, second = (w.address for w in gateway.workers)
+    records = map(json.loads, gateway.log.read_text().splitlines())
+    changes = [(r["added"], r["removed"]) for r in records if r["msg"] == "workers changed"]
+    assert changes == [([first], []), ([second], []), ([], [first]), ([], [second])]
+
+
+def _skipped(gateway: Gateway) -> list[str]:
+    return [line for line in gateway.log.read_text().splitlines()
+            if "worker address skipped" in line]  # fmt: skip
+
+
+def test_a_line_that_is_not_an_address_is_logged_and_the_others_used(
+    listed: tuple[Gateway, Path],
+) -> None:
+    gateway, listing = listed
+    _list(gateway, listing, ["not an address", 0])
+    wait_until("worker 0 ready", lambda: gateway.worker_counts() == (1, 1))
+    assert gateway.served_by([f"text {i}" for i in range(8)]) == {0}
+    (skipped,) = _skipped(gateway)
+    assert "not an address" in skipped
+
+
+def test_a_line_without_a_usable_port_is_skipped(listed: tuple[Gateway, Path]) -> None:
+    gateway, listing = listed
+    _list(gateway, listing, ["10.0.0.1", "10.0.0.1:0", "10.0.0.1:65536", 0])
+    wait_until("worker 0 ready", lambda: gateway.worker_counts()[0] == 1)
+    assert gateway.worker_counts() == (1, 1)
+    assert len(_skipped(gateway)) == 3
+
+
+def test_an_unreadable_workers_file_keeps_the_last_set(listed: tuple[Gateway, Path]) -> None:
+    gateway, listing = listed
+    _list(gateway, listing, [0])
+    wait_until("worker 0 ready", lambda: gateway.worker_counts() == (1, 1))
+    listing.write_bytes(b"\xff\xfe not UTF-8 \x80\n")
+    wait_until("seen", lambda: "workers file unreadable" in gateway.log.read_text())
+    time.sleep(1.0)  # several polls
+    assert gateway.worker_counts() == (1, 1)
+    assert gateway.served_by(["a", "b"]) == {0}
+    assert gateway.log.read_text().count("workers file unreadable") == 1  # said once
+    _list(gateway, listing, [1])  # readable again: followed
+
+    def moved() -> bool:
+        reply = gateway.post("/v1/embeddings", {"input": ["a"]})
+        return reply.status == 200 and reply.json()["data"][0]["embedding"][3] == 1
+
+    wait_until("worker 1 alone", moved)
+
+
+SERVICE = "workers"
+
+
+def test_endpointslice_changes_reach_the_gateway(
+    k8s_cluster: Cluster, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """Through a kubeconfig with a client certificate: slices appearing, turning unready and
+    disappearing. The fakes listen on this host's address: the API refuses loopback ones."""
+    fakes = [FakeWorker(n, host=host_ip()).start() for n in range(2)]
+    try:
+        path = f"/apis/discovery.k8s.io/v1/namespaces/{k8s_namespace}/endpointslices"
+        k8s_cluster.api.create(path, service_slice("a", SERVICE, fakes[0].host, fakes[0].port))
+        watch = {"k8s_service": f"{k8s_namespace}/{SERVICE}", "kubeconfig": k8s_cluster.kubeconfig}
+        with serving({**watch, **SPREAD}, tmp_path / "gateway.log", ready=0) as gateway:
+            wait_until("listed slice", lambda: gateway.worker_counts() == (1, 1))
+            gateway.workers = fakes
+            assert gateway.served_by(INPUTS) == {0}
+            k8s_cluster.api.create(path, service_slice("b", SERVICE, fakes[1].host, fakes[1].port))
+            wait_until("added slice", lambda: gateway.worker_counts() == (2, 2))
+            assert gateway.served_by(INPUTS) == {0, 1}
+            # A terminating (not ready) endpoint leaves the rotation; a deleted slice too.
+            k8s_cluster.api.delete(f"{path}/a")
+            unready = service_slice("a", SERVICE, fakes[0].host, fakes[0].port, ready=False)
+            k8s_cluster.api.create(path, unready)
+            wait_until("unready dropped", lambda: gateway.worker_counts() == (1, 1))
+            assert gateway.served_by(INPUTS) == {1}
+            k8s_cluster.api.delete(f"{path}/b")
+            wait_until("deleted dropped", lambda: gateway.worker_counts() == (0, 0))
+            assert gateway.request("GET", "/ready").status == 503
+    finally:
+        for w in fakes:
+            w.stop()
+
+
+#: the bearer token of the unusable kubeconfig: never in the log
+TOKEN = "s3cret-token-0123456789"
+
+
+def test_an_unusable_kubeconfig_is_logged_and_retried_with_the_process_up(tmp_path: Path) -> None:
+    (port,) = free_ports(1)  # nothing listens there
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        f"""apiVersion: v1
+kind: Config
+current-context: test
+contexts:
+- name: test
+  context: {{cluster: test, user: test, namespace: default}}
+clusters:
+- name: test
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=
+users:
+- name: test
+  user: {{token: {TOKEN}}}
+"""
     )
-    assert slices.addresses() == {"10.0.0.2:50051"}
-    assert not slices.apply("BOOKMARK", {"metadata": {"name": "", "resourceVersion": "9"}})
-    assert slices.apply("DELETED", endpoint_slice("b", []))
-    assert slices.addresses() == set()
-
-
-def test_parse_service() -> None:
-    assert parse_service("ns/svc", "default") == ("ns", "svc")
-    assert parse_service("svc", "mine") == ("mine", "svc")
-
-
-def test_a_pod_with_several_engines_gives_one_address_per_engine_port() -> None:
-    # enginesPerGPU: ports grpc, grpc-1, ... of one pod are separate workers for the balancer.
-    s = endpoint_slice("a", [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"]}])
-    s["ports"] += [
-        {"name": "grpc-1", "port": 50052},
-        {"name": "metrics-1", "port": 9091},
-        {"name": "grpc-x", "port": 7},  # not an engine port
-        {"name": "grpcx", "port": 8},
-    ]
-    assert slice_addresses(s, "grpc") == {
-        "10.0.0.1:50051",
-        "10.0.0.1:50052",
-        "10.0.0.2:50051",
-        "10.0.0.2:50052",
-    }
+    settings = {**LIMITS, "k8s_service": "default/engines", "kubeconfig": config}
+    with serving(settings, tmp_path / "gateway.log", ready=0) as gateway:
+        # Backoff 0.5 s, 1 s, 2 s: three failures within a few seconds, no more than one a second.
+        started = time.monotonic()
+        wait_until("three failures", lambda: gateway.log.read_text().count(
+            "endpointslice watch failed") >= 3)  # fmt: skip
+        failures = gateway.log.read_text().count("endpointslice watch failed")
+        assert failures <= time.monotonic() - started + 3
+        assert gateway.request("GET", "/health").status == 200
+        reply = gateway.request("GET", "/ready")
+        assert (reply.status, reply.json()) == (503, {"ready": False})
+    assert TOKEN not in gateway.log.read_text()

@@ -1,154 +1,138 @@
-"""Scale from zero at the gateway (hold.py): with no ready worker, requests are held (bounded),
-counted as demand on /metrics, and answered once a worker is ready; /ready stays OK. Through the
-real gateway app against a FAKE in-process gRPC worker whose readiness the test sets."""
+"""Scale from zero (--hold-requests): while no worker is ready the gateway stays ready, holds
+requests up to the bound, counts them as demand on /metrics and answers them once a worker is;
+past the count or the time bound it refuses with 503 and Retry-After. In front of a FAKE worker
+(fakes.py) whose readiness the test sets."""
 
 from __future__ import annotations
 
-import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from embedfleet.common.modeldir import ModelDir
-from embedfleet.gateway.settings import GatewaySettings
 
 from .fakes import FakeWorker
-from .helpers import GatewayThread, metric, wait_until
+from .helpers import LIMITS, Gateway, Reply, serving, wait_until
 
-TEXT = "a sentence the tokenizer makes eleven tokens of"
+HOLD_SECONDS = 1.5
+#: Retry-After 7, not the default 1: the hold's 503s carry the setting
+HOLD: dict[str, object] = {
+    **LIMITS,
+    "hold_requests": 2,
+    "hold_seconds": HOLD_SECONDS,
+    "retry_after_seconds": 7,
+}
+BODY: dict[str, list[str]] = {"input": ["held one", "held two"]}
+HELD = "embedfleet_gateway_held_requests"
+HELD_TOKENS = "embedfleet_gateway_held_tokens"
 
 
 @pytest.fixture
-def idle() -> Iterator[FakeWorker]:
-    """A worker that is up but not ready, as a fleet's first pod is while it starts."""
+def held(tmp_path: Path) -> Iterator[Gateway]:
+    """The gateway holding, in front of one worker that is not ready yet; ready at once itself."""
     worker = FakeWorker(0, ready=False).start()
-    yield worker
-    worker.stop()
+    try:
+        with serving(HOLD, tmp_path / "gateway.log", [worker], ready=0) as gateway:
+            yield gateway
+    finally:
+        worker.stop()
 
 
-def _gateway(minilm: ModelDir, worker: FakeWorker, **overrides: object) -> GatewayThread:
-    settings = GatewaySettings(
-        workers=(worker.address,),
-        probe_seconds=0.1,
-        **overrides,  # type: ignore[arg-type]
+def _refusal(gateway: Gateway) -> str:
+    reply = gateway.post("/v1/embeddings", BODY)
+    assert reply.status == 503, reply.body
+    assert reply.headers["retry-after"] == "7"
+    error = reply.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "no_workers")
+    return str(error["message"])
+
+
+def _held(
+    pool: ThreadPoolExecutor, gateway: Gateway, count: int, path: str = "/v1/embeddings",
+    body: Any = BODY,
+) -> Future[Reply]:  # fmt: skip
+    """The request sent from `pool`, once the gateway holds `count` requests with it."""
+    reply = pool.submit(gateway.post, path, body)
+    wait_until(f"{count} held", lambda: gateway.value(HELD) == count)
+    return reply
+
+
+def test_held_requests_are_answered_once_a_worker_is_ready(held: Gateway, minilm: ModelDir) -> None:
+    assert held.request("GET", "/ready").status == 200
+    with ThreadPoolExecutor(4) as pool:
+        first = _held(pool, held, 1)
+        tokens = held.value(HELD_TOKENS)
+        # Tokenized and counted before they wait: the autoscaler sees demand at zero.
+        assert tokens == sum(len(minilm.tokenizer().encode(t).ids) for t in BODY["input"])
+        assert held.value("embedfleet_gateway_input_tokens_total") == tokens
+        second = _held(pool, held, 2)
+        assert _refusal(held) == (
+            "No worker is ready yet (the fleet is starting); 2 requests are already waiting for "
+            "it. Retry later."
+        )
+        assert held.value("embedfleet_gateway_hold_refused_total", reason="full") == 1
+        assert not first.done()
+        held.set_workers(ready=True)
+        answers = [f.result(timeout=10) for f in (first, second)]
+    assert [a.status for a in answers] == [200, 200]
+    assert all(len(a.json()["data"]) == 2 for a in answers)
+    assert (held.value(HELD), held.value(HELD_TOKENS)) == (0, 0)
+    assert held.value("embedfleet_gateway_hold_seconds_count") == 2
+    # With a worker ready nothing waits.
+    assert held.post("/v1/embeddings", BODY).status == 200
+    assert held.value("embedfleet_gateway_hold_seconds_count") == 2
+
+
+def test_a_hold_that_times_out_is_refused(held: Gateway) -> None:
+    start = time.monotonic()
+    assert _refusal(held) == (
+        "No worker is ready yet (the fleet is starting); none became ready within 1.5 s. "
+        "Retry later."
     )
-    return GatewayThread(settings, minilm).start()
+    assert time.monotonic() - start >= HOLD_SECONDS
+    assert held.value("embedfleet_gateway_hold_refused_total", reason="timeout") == 1
+    assert (held.value(HELD), held.value(HELD_TOKENS)) == (0, 0)
 
 
-def _metrics(gw: GatewayThread) -> str:
-    return httpx.get(gw.url + "/metrics").text
-
-
-def _held(gw: GatewayThread) -> tuple[float, float]:
-    text = _metrics(gw)
-    return metric(text, "embedfleet_gateway_held_requests"), metric(
-        text, "embedfleet_gateway_held_tokens"
+def test_scores_are_held_and_a_client_that_leaves_frees_its_place(held: Gateway) -> None:
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(held.url + "/v1/embeddings", json={"input": "gone"}, timeout=0.5)
+    wait_until(
+        "the held gauges back to zero",
+        lambda: (held.value(HELD), held.value(HELD_TOKENS)) == (0, 0),
     )
+    # Dropped when its client left, not held on to its time bound and refused then.
+    time.sleep(HOLD_SECONDS)
+    assert held.value("embedfleet_gateway_hold_refused_total", reason="timeout") == 0
+    score = {"text_1": "a question", "text_2": ["an answer", "another"]}
+    with ThreadPoolExecutor(1) as pool:
+        reply = _held(pool, held, 1, "/v1/score", score)
+        held.set_workers(ready=True)
+        assert reply.result(timeout=10).status == 200
 
 
-def _post(gw: GatewayThread, pool: ThreadPoolExecutor) -> Future[httpx.Response]:
-    return pool.submit(httpx.post, gw.url + "/v1/embeddings", json={"input": TEXT}, timeout=30)
-
-
-def test_held_requests_are_demand_and_answered_once_a_worker_is_ready(
-    minilm: ModelDir, idle: FakeWorker
+def test_a_split_request_is_held_on_its_windows_and_an_oversized_one_refused_at_once(
+    held: Gateway,
 ) -> None:
-    gw = _gateway(minilm, idle, hold_requests=4, hold_seconds=30)
-    try:
-        # Ready with no ready worker: the Service keeps the gateway, so requests reach it.
-        assert httpx.get(gw.url + "/ready").status_code == 200
-        with ThreadPoolExecutor(2) as pool:
-            replies = [_post(gw, pool), _post(gw, pool)]
-            wait_until("two requests held", lambda: _held(gw)[0] == 2)
-            tokens = _held(gw)[1]
-            # Tokenized and counted before they wait: the autoscaler sees demand at zero.
-            assert tokens >= 2 * 5
-            assert metric(_metrics(gw), "embedfleet_gateway_input_tokens_total") == tokens
-            assert not any(r.done() for r in replies)
-            idle.ready = True
-            answers = [r.result(timeout=30) for r in replies]
-        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
-        assert all(len(a.json()["data"]) == 1 for a in answers)
-        assert _held(gw) == (0.0, 0.0)
-        assert metric(_metrics(gw), "embedfleet_gateway_hold_seconds_count") == 2
-        # With a worker ready nothing waits.
-        reply = httpx.post(gw.url + "/v1/embeddings", json={"input": TEXT}, timeout=30)
-        assert reply.status_code == 200
-        assert metric(_metrics(gw), "embedfleet_gateway_hold_seconds_count") == 2
-    finally:
-        gw.stop()
-
-
-def test_past_the_count_bound_a_503_with_retry_after(minilm: ModelDir, idle: FakeWorker) -> None:
-    gw = _gateway(minilm, idle, hold_requests=1, hold_seconds=30, retry_after_seconds=7)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            first = _post(gw, pool)
-            wait_until("one request held", lambda: _held(gw)[0] == 1)
-            refused = httpx.post(gw.url + "/v1/embeddings", json={"input": TEXT}, timeout=30)
-            assert refused.status_code == 503
-            assert refused.headers["retry-after"] == "7"
-            error = refused.json()["error"]
-            assert (error["type"], error["code"]) == ("server_error", "no_workers")
-            assert "already waiting" in error["message"]
-            assert not first.done()
-            idle.ready = True
-            assert first.result(timeout=30).status_code == 200
-        text = _metrics(gw)
-        assert 'embedfleet_gateway_hold_refused_total{reason="full"} 1.0' in text
-    finally:
-        gw.stop()
-
-
-def test_past_the_time_bound_a_503_with_retry_after(minilm: ModelDir, idle: FakeWorker) -> None:
-    gw = _gateway(minilm, idle, hold_requests=4, hold_seconds=0.3, retry_after_seconds=5)
-    try:
-        reply = httpx.post(gw.url + "/v1/embeddings", json={"input": TEXT}, timeout=30)
-        assert reply.status_code == 503
-        assert reply.headers["retry-after"] == "5"
-        assert "within 0.3 s" in reply.json()["error"]["message"]
-        assert _held(gw) == (0.0, 0.0)
-        assert 'embedfleet_gateway_hold_refused_total{reason="timeout"} 1.0' in _metrics(gw)
-    finally:
-        gw.stop()
-
-
-def test_a_held_request_whose_client_leaves_is_no_longer_counted(
-    minilm: ModelDir, idle: FakeWorker
-) -> None:
-    gw = _gateway(minilm, idle, hold_requests=4, hold_seconds=30)
-    try:
-        gone = threading.Event()
-
-        def leave_early() -> None:
-            try:
-                httpx.post(gw.url + "/v1/embeddings", json={"input": TEXT}, timeout=0.5)
-            except httpx.TimeoutException:
-                gone.set()
-
-        thread = threading.Thread(target=leave_early)
-        thread.start()
-        thread.join(10)
-        assert gone.is_set()
-        wait_until("the held gauges back to zero", lambda: _held(gw) == (0.0, 0.0))
-    finally:
-        gw.stop()
-
-
-def test_scores_are_held_too(minilm: ModelDir, idle: FakeWorker) -> None:
-    gw = _gateway(minilm, idle, hold_requests=4, hold_seconds=30)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            reply = pool.submit(
-                httpx.post,
-                gw.url + "/v1/score",
-                json={"text_1": "a question", "text_2": ["an answer", "another"]},
-                timeout=30,
-            )
-            wait_until("the score request held", lambda: _held(gw)[0] == 1)
-            idle.ready = True
-            assert reply.result(timeout=30).status_code == 200
-    finally:
-        gw.stop()
+    """The request is cut into windows first: the demand held and the tokens counted are the
+    windows'; windows past --max-request-tokens are refused before any hold."""
+    split = {"input": "word " * 600, "split_long_inputs": True}
+    counted = held.value("embedfleet_gateway_input_tokens_total")
+    with ThreadPoolExecutor(1) as pool:
+        reply = _held(pool, held, 1, body=split)
+        tokens = held.value(HELD_TOKENS)
+        assert tokens > 602  # the windows overlap: more than the text's 602 tokens
+        assert held.value("embedfleet_gateway_input_tokens_total") - counted == tokens
+        start = time.monotonic()
+        oversized = {"input": "word " * 12_000, "split_long_inputs": True}
+        assert held.error("/v1/embeddings", oversized, 413)["param"] == "input"
+        assert time.monotonic() - start < HOLD_SECONDS
+        held.set_workers(ready=True)
+        answer = reply.result(timeout=10)
+    assert answer.status == 200
+    assert answer.json()["usage"]["prompt_tokens"] == tokens

@@ -1,10 +1,6 @@
-"""A shared gateway: one endpoint in front of several fleets, routed by the request's `model`.
-
-Each test runs against both gateways: the Python one (the real app under uvicorn) and the Rust
-binary, with one models file naming two fleets of FAKE workers (their "embedding" ends with the
-worker's number, so each reply shows which fleet answered). Readiness is read from /metrics, as
-an operator's dashboards read it, so both are driven through their HTTP API alone.
-"""
+"""A shared gateway: one endpoint in front of several fleets, routed by the request's `model`
+(--models-file), each fleet FAKE workers (fakes.py) whose rows end with the worker's number, so
+each reply shows which fleet answered; readiness read from /metrics, as dashboards read it."""
 
 from __future__ import annotations
 
@@ -18,13 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from embedfleet.common.modeldir import ModelDir, default_model_path
-from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import running_gateway_rs
-from embedfleet.testing.workers import metric_value
+from embedfleet.common.modeldir import default_model_path
 
 from .fakes import FakeWorker
-from .helpers import GatewayThread, wait_until
+from .helpers import Gateway, sample, serving, wait_until
 
 #: fleet "alpha" is workers 1 and 2; fleet "beta" is worker 7
 ALPHA, BETA = (1, 2), (7,)
@@ -32,12 +25,15 @@ ALPHA, BETA = (1, 2), (7,)
 
 @dataclass
 class Shared:
-    url: str
+    gateway: Gateway
     workers: dict[int, FakeWorker]
 
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
     def ready_workers(self, model: str) -> float:
-        text = httpx.get(self.url + "/metrics").text
-        return metric_value(text, "embedfleet_gateway_workers", state="ready", model=model)
+        return self.gateway.value("embedfleet_gateway_workers", state="ready", model=model)
 
     def wait_ready(self, what: str, alpha: int, beta: int) -> None:
         wait_until(
@@ -45,10 +41,8 @@ class Shared:
         )
 
 
-@pytest.fixture(scope="module", params=["python", "rust"])
-def shared(
-    request: pytest.FixtureRequest, minilm: ModelDir, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Shared]:
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     workers = {n: FakeWorker(n).start() for n in (*ALPHA, *BETA)}
     models = {
         "models": [
@@ -72,15 +66,9 @@ def shared(
     with contextlib.ExitStack() as stack:
         for w in workers.values():
             stack.callback(w.stop)
-        if request.param == "python":
-            settings = GatewaySettings(models_file=str(path), probe_seconds=0.1)
-            gw = GatewayThread(settings, minilm).start()
-            stack.callback(gw.stop)
-            url = gw.url
-        else:
-            flags = ("--models-file", str(path), "--probe-seconds", "0.1")
-            url = stack.enter_context(running_gateway_rs([], *flags, log=tmp / "rs.log")).url
-        served = Shared(url, workers)
+        settings = {"models_file": path, "probe_seconds": 0.1}
+        gateway = stack.enter_context(serving(settings, tmp / "gateway.log", ready=0))
+        served = Shared(gateway, workers)
         served.wait_ready("both fleets ready", 2, 1)
         yield served
 
@@ -137,13 +125,13 @@ def test_a_request_without_a_model_is_400_naming_the_models(shared: Shared) -> N
 
 
 def test_metrics_carry_the_served_model_only(shared: Shared) -> None:
-    before = httpx.get(shared.url + "/metrics").text
+    before = shared.gateway.metrics()
     assert _embed(shared, model="beta").status_code == 200
     assert _embed(shared, model="nope-" + "x" * 40).status_code == 404
-    text = httpx.get(shared.url + "/metrics").text
+    text = shared.gateway.metrics()
 
     def grew(name: str, **labels: str) -> float:
-        return metric_value(text, name, **labels) - metric_value(before, name, **labels)
+        return sample(text, name, **labels) - sample(before, name, **labels)
 
     route = "/v1/embeddings"
     requests = "embedfleet_gateway_requests_total"
@@ -154,8 +142,8 @@ def test_metrics_carry_the_served_model_only(shared: Shared) -> None:
     assert "nope-" not in text
     assert grew("embedfleet_gateway_input_tokens_total", model="beta") > 0
     assert grew("embedfleet_gateway_input_tokens_total", model="alpha") == 0
-    assert metric_value(text, "embedfleet_gateway_workers", state="ready", model="alpha") == 2
-    assert metric_value(text, "embedfleet_gateway_workers", state="ready", model="beta") == 1
+    assert sample(text, "embedfleet_gateway_workers", state="ready", model="alpha") == 2
+    assert sample(text, "embedfleet_gateway_workers", state="ready", model="beta") == 1
 
 
 def test_one_fleet_down_leaves_the_other_served(shared: Shared) -> None:
@@ -187,13 +175,11 @@ def test_a_model_that_holds_keeps_its_requests_until_a_worker_is_ready(shared: S
         sender = threading.Thread(target=lambda: replies.append(_embed(shared, model="beta")))
         sender.start()
 
-        def held() -> float:
-            text = httpx.get(shared.url + "/metrics").text
-            return metric_value(text, "embedfleet_gateway_held_requests", model="beta")
+        def held(model: str) -> float:
+            return shared.gateway.value("embedfleet_gateway_held_requests", model=model)
 
-        wait_until("beta holds the request", lambda: held() == 1)
-        text = httpx.get(shared.url + "/metrics").text
-        assert metric_value(text, "embedfleet_gateway_held_requests", model="alpha") == 0
+        wait_until("beta holds the request", lambda: held("beta") == 1)
+        assert held("alpha") == 0
     finally:
         worker.ready = True
     sender.join(timeout=20)

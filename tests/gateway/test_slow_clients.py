@@ -1,7 +1,7 @@
-"""Slow, stalled and idle HTTP clients against each gateway's real server settings (the Python
-gateway's cli.py, the Rust gateway's binary), in front of FAKE workers (fakes.py): stalled
-connections are closed after their bound, a busy kept-alive one after its age, a connection flood
-is refused cleanly past the cap, and a normal client is answered throughout."""
+"""Slow, stalled and idle HTTP clients against the gateway's real server bounds, in front of FAKE
+workers (fakes.py): stalled connections are closed after their bound, a busy kept-alive one after
+its age, a connection flood is refused cleanly past the cap, and a normal client is answered
+throughout."""
 
 from __future__ import annotations
 
@@ -16,14 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from embedfleet.common.modeldir import ModelDir
-from embedfleet.gateway.cli import connection_cap
-from embedfleet.gateway.connection import SPREAD
-from embedfleet.gateway.settings import GatewaySettings
-from embedfleet.testing.gateway_rs import running_gateway_rs
-
 from .fakes import FakeWorker
-from .helpers import GatewayThread, wait_until
+from .helpers import serving, wait_until
 
 HEADER_SECONDS = 1.0
 BODY_SECONDS = 1.0
@@ -32,8 +26,8 @@ KEEP_ALIVE_SECONDS = 1.0
 MAX_AGE_SECONDS = 2.0
 STALLED = 300
 CAP = 400
-#: the Python gateway (the reference) and the Rust one, each run as it serves
-GATEWAYS = ("python", "rust")
+#: each connection's bounds are drawn from their last tenth, so a burst is not closed as one
+SPREAD = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -45,41 +39,24 @@ def workers() -> Iterator[list[FakeWorker]]:
 
 
 @contextlib.contextmanager
-def _serving(
-    kind: str, minilm: ModelDir, workers: list[FakeWorker], cap: int, log: Path
-) -> Iterator[str]:
+def _serving(workers: list[FakeWorker], cap: int, log: Path) -> Iterator[str]:
     """The gateway's URL, serving with these bounds until the block ends."""
     bounds = {
+        "probe_seconds": 0.1,
         "header_timeout_seconds": HEADER_SECONDS,
         "body_timeout_seconds": BODY_SECONDS,
         "keep_alive_seconds": KEEP_ALIVE_SECONDS,
         "max_connection_age_seconds": MAX_AGE_SECONDS,
         "max_connections": cap,
     }
-    addresses = [w.address for w in workers]
-    if kind == "rust":
-        flags = [f for k, v in bounds.items() for f in (f"--{k.replace('_', '-')}", str(v))]
-        with running_gateway_rs(addresses, "--probe-seconds", "0.1", *flags, log=log) as rs:
-            yield rs.url
-        return
-    settings = GatewaySettings(workers=tuple(addresses), probe_seconds=0.1, **bounds)  # type: ignore[arg-type]
-    gw = GatewayThread(settings, minilm).start()
-    try:
-        wait_until("workers ready", lambda: len(gw.app.balancer.usable()) == 2)
-        yield gw.url
-    finally:
-        gw.stop()
+    with serving(bounds, log, workers) as gateway:
+        yield gateway.url
 
 
-@pytest.fixture(scope="module", params=GATEWAYS)
-def gateway(
-    request: pytest.FixtureRequest,
-    minilm: ModelDir,
-    workers: list[FakeWorker],
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[str]:
-    log = tmp_path_factory.mktemp("slow_clients") / "gateway-rs.log"
-    with _serving(request.param, minilm, workers, CAP, log) as url:
+@pytest.fixture(scope="module")
+def gateway(workers: list[FakeWorker], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("slow_clients") / "gateway.log"
+    with _serving(workers, CAP, log) as url:
         yield url
 
 
@@ -214,11 +191,10 @@ def test_a_busy_connection_past_its_age_is_closed_after_a_response(gateway: str)
     assert MAX_AGE_SECONDS * (1 - SPREAD) <= aged < MAX_AGE_SECONDS + 1.0, aged
 
 
-@pytest.mark.parametrize("kind", GATEWAYS)
 def test_connections_past_the_cap_are_refused_cleanly(
-    kind: str, minilm: ModelDir, workers: list[FakeWorker], tmp_path: Path
+    workers: list[FakeWorker], tmp_path: Path
 ) -> None:
-    with _serving(kind, minilm, workers, 20, tmp_path / "gateway-rs.log") as url:
+    with _serving(workers, 20, tmp_path / "gateway.log") as url:
         held = [_connect(url) for _ in range(20)]
         try:
             extra = _connect(url)
@@ -235,10 +211,3 @@ def test_connections_past_the_cap_are_refused_cleanly(
             lambda: httpx.get(url + "/health", timeout=5).status_code == 200,
             timeout=10,
         )
-
-
-def test_the_connection_cap_stays_below_the_open_file_limit() -> None:
-    assert connection_cap(4096, 1024) == 1024 - 64
-    assert connection_cap(100, 1024) == 100
-    assert connection_cap(0, 20000) == 20000 - 64  # 0: the open-file limit's own
-    assert connection_cap(4096, 10) == 1

@@ -1,0 +1,132 @@
+"""`embedfleet`: the local fleet (`embedfleet serve`: supervisor.py) and `embedfleet calibrate`
+(calibrate.py), each a subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from embedfleet.fleet import calibrate
+from embedfleet.fleet.binary import BINARY, BINARY_ENV, GatewayBinaryError
+from embedfleet.fleet.supervisor import (
+    SUPERVISE_SECONDS,
+    Fleet,
+    FleetError,
+    kept_openvino_args,
+    served_model,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedfleet", description="embedfleet on this machine.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser(
+        "serve", help="Run a gateway and N workers on 127.0.0.1 until Ctrl-C."
+    )
+    serve.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        help="Model directory; default: the bundled all-MiniLM-L6-v2. Repeat it to serve "
+        "several models behind one gateway, routed by the request's `model`, each as NAME=PATH "
+        "(or PATH, under the model's own name) on --workers workers of its own.",
+    )
+    serve.add_argument(
+        "--task",
+        default="auto",
+        choices=("auto", "embed", "score", "classify", "sparse"),
+        help="What to serve the model as, for the workers and the gateway alike (default auto: "
+        "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Worker processes (default 0: from the usable cores, affinity and cgroup quota; one "
+        "worker per 4 cores, each with its share of them as torch threads).",
+    )
+    serve.add_argument("--port", type=int, default=8080, help="Gateway HTTP port (default 8080).")
+    serve.add_argument(
+        "--api-keys-file",
+        default="",
+        help="File of API keys, one a line; the gateway then requires `Authorization: Bearer` "
+        "and re-reads the file when it changes.",
+    )
+    serve.add_argument(
+        "--gateway-binary",
+        default="",
+        help=f"The gateway binary (default: ${BINARY_ENV}, else {BINARY} on PATH, else this "
+        "clone's build, which `make install` makes).",
+    )
+    calibrate.add_arguments(
+        commands.add_parser(
+            "calibrate",
+            help="Compute int8/uint8 calibration ranges through a running gateway.",
+        )
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "calibrate":
+        calibrate.run(args)
+        return
+    if args.workers < 0:
+        raise SystemExit("--workers must be at least 1 (or 0: from the cores)")
+    if args.api_keys_file and not Path(args.api_keys_file).is_file():
+        raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
+    stop = threading.Event()
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # While starting, a signal unwinds start(), which stops the children it already spawned.
+    signal.signal(signal.SIGTERM, interrupt)
+    task = ("--task", args.task)
+    kept = kept_openvino_args()
+    keys = (
+        ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
+    )
+    several = len(args.model) > 1
+    name, path = served_model(args.model[0]) if len(args.model) == 1 else ("", "")
+    named = ("--served-model-name", name) if name else ()
+    fleet = Fleet(
+        workers=args.workers,
+        model=path,
+        models=tuple(args.model) if several else (),
+        port=args.port,
+        worker_args=(*task, *kept),
+        gateway_args=(*task, *keys, *named),
+        gateway_binary=args.gateway_binary,
+    )
+    try:
+        fleet.plan()
+        print(f"starting a gateway and {fleet.workers} worker(s) ...", flush=True)
+        fleet.start()
+    except (FleetError, GatewayBinaryError) as exc:
+        raise SystemExit(f"embedfleet serve: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    print(f"embedfleet is serving at {fleet.url}  (OpenAI base_url {fleet.url}/v1)", flush=True)
+    print("Ctrl-C stops it.", flush=True)
+    try:
+        while not stop.wait(SUPERVISE_SECONDS):
+            for event in fleet.supervise():
+                print(event, flush=True)
+    finally:
+        fleet.stop()
+    print("stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+//! The worker protocol's batches and replies: token ids packed as a worker reads them, and
+//! replies read back and checked (a reply that breaks the contract is a 500, logged).
+
+use std::time::{Duration, Instant};
+
+use crate::api::errors::ApiError;
+use crate::telemetry::logs::Limiter;
+use crate::upstream::proto::{EmbedResponse, FloatFormat, SparseEmbedResponse, TokenBatch};
+
+/// Rows of one Embed reply as float32 (a worker may answer float16).
+pub fn rows(reply: &EmbedResponse) -> Vec<f32> {
+    let bytes = &reply.embeddings;
+    if reply.format == FloatFormat::Float16 as i32 {
+        bytes
+            .chunks_exact(2)
+            .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    } else {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+}
+
+fn half_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, _) => {
+            // subnormal: normalise it
+            let shift = frac.leading_zeros() - 21;
+            sign | ((113 - shift) << 23) | (((frac << shift) & 0x3ff) << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
+        _ => sign | ((exp + 112) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// The packed little-endian batch a worker reads; a pair's type ids one byte a token.
+pub fn pack_pairs(seqs: &[Vec<u32>], types: &[Vec<u32>]) -> TokenBatch {
+    let mut batch = pack(seqs);
+    batch.token_type_ids = types.iter().flatten().map(|&t| t as u8).collect();
+    batch
+}
+
+/// The packed little-endian batch a worker reads.
+pub fn pack(seqs: &[Vec<u32>]) -> TokenBatch {
+    let total: usize = seqs.iter().map(Vec::len).sum();
+    let mut ids = Vec::with_capacity(total * 4);
+    let mut lengths = Vec::with_capacity(seqs.len() * 4);
+    for s in seqs {
+        lengths.extend_from_slice(&(s.len() as i32).to_le_bytes());
+        for &t in s {
+            ids.extend_from_slice(&(t as i32).to_le_bytes());
+        }
+    }
+    TokenBatch {
+        token_ids: ids,
+        lengths,
+        token_type_ids: Vec::new(),
+    }
+}
+
+/// One sparse vector: its ascending vocabulary ids and their weights.
+pub type SparseRow = (Vec<i32>, Vec<f32>);
+
+/// A SparseEmbedResponse's rows, `expected` of them, each within the reply's ids.
+pub fn sparse_rows(
+    reply: &SparseEmbedResponse,
+    expected: usize,
+) -> Result<Vec<SparseRow>, ApiError> {
+    let ints = |b: &[u8]| -> Vec<i32> {
+        b.chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let (bounds, ids) = (ints(&reply.offsets), ints(&reply.indices));
+    let weights = floats(&reply.values, ids.len(), 1, ids.len())?;
+    let count = reply.count as usize;
+    let ordered = bounds.windows(2).all(|w| w[0] <= w[1])
+        && bounds.first() == Some(&0)
+        && bounds.last().map(|&b| b as usize) == Some(ids.len());
+    if bounds.len() != count + 1 || count != expected || !(ordered || count == 0) {
+        return Err(broken_reply(
+            "a worker's sparse rows do not match their offsets",
+        ));
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            (ids[a..b].to_vec(), weights[a..b].to_vec())
+        })
+        .collect())
+}
+
+/// One line per 10 s: a broken worker would answer every request so.
+static BROKEN_REPLY_LOG: Limiter = Limiter::new(Duration::from_secs(10));
+
+/// The 500 of a reply that breaks the workers' contract, logged at most once per 10 s.
+pub fn broken_reply(what: &'static str) -> ApiError {
+    if let Some(held) = BROKEN_REPLY_LOG.allow(Instant::now()) {
+        tracing::error!(suppressed = held, "{what}");
+    }
+    ApiError::Internal {}
+}
+
+/// `rows` x `cols` little-endian float32s of a reply, which must be `expected` rows (else the
+/// worker broke the contract: a 500).
+pub fn floats(
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    expected: usize,
+) -> Result<Vec<f32>, ApiError> {
+    if data.len() != rows * cols * 4 || rows != expected {
+        return Err(broken_reply("a worker answered the wrong number of bytes"));
+    }
+    Ok(data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_floats_decode() {
+        assert_eq!(half_to_f32(0x3c00), 1.0);
+        assert_eq!(half_to_f32(0xc000), -2.0);
+        assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
+        assert_eq!(half_to_f32(0x3555), 0.33325195);
+    }
+
+    #[test]
+    fn packing_is_little_endian_int32() {
+        let b = pack(&[vec![1, 2], vec![3]]);
+        assert_eq!(b.lengths, [2, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(b.token_ids.len(), 12);
+        assert_eq!(&b.token_ids[8..], [3, 0, 0, 0]);
+    }
+}
