@@ -13,15 +13,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-COMPONENTS = ("common", "worker", "gateway", "operator", "bench", "testing")
+COMPONENTS = ("common", "worker", "fleet", "operator", "bench", "testing")
 
 #: what each component may import besides itself; None: anything
 MAY_IMPORT: Mapping[str, frozenset[str] | None] = {
     "common": frozenset(),
     "worker": frozenset({"common"}),
-    "gateway": frozenset({"common"}),
+    "fleet": frozenset({"common"}),
     "operator": frozenset({"common"}),
-    "bench": frozenset({"common", "worker", "gateway", "operator", "testing"}),
+    "bench": frozenset({"common", "worker", "fleet", "operator", "testing"}),
     "testing": None,
 }
 

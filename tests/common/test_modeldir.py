@@ -156,3 +156,88 @@ def test_explicit_task_is_checked_against_the_checkpoint(tmp_path: Path) -> None
     (splade_sum / "p" / "config.json").write_text(json.dumps({"pooling_strategy": "sum"}))
     with pytest.raises(ModelDirError, match="max/relu only"):
         load_model_dir(splade_sum)
+
+
+def _model_dir(
+    root: Path, config: dict[str, object], modules: list[dict[str, str]] | None = None
+) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(config))
+    if modules is not None:
+        (root / "modules.json").write_text(json.dumps(modules))
+    return root
+
+
+def _st(kind: str, path: str) -> dict[str, str]:
+    return {"path": path, "type": f"sentence_transformers.models.{kind}"}
+
+
+BERT = {"model_type": "bert", "hidden_size": 8, "vocab_size": 10}
+
+
+@pytest.mark.parametrize(
+    ("pooling_config", "want"),
+    [
+        ({"pooling_mode": "weightedmean"}, "weighted_mean"),
+        ({"pooling_mode": ["max"]}, "max"),
+        ({"pooling_mode_mean_sqrt_len_tokens": True}, "mean_sqrt_len"),
+        ({"pooling_mode_lasttoken": True, "pooling_mode_cls_token": False}, "last_token"),
+        ({"word_embedding_dimension": 8}, "mean"),  # no mode set: sentence-transformers' default
+    ],
+)
+def test_pooling_modes_in_both_config_layouts(
+    tmp_path: Path, pooling_config: dict[str, object], want: str
+) -> None:
+    path = _model_dir(tmp_path, BERT, [_st("Transformer", ""), _st("Pooling", "1_Pooling")])
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    assert load_model_dir(path).pooling == want
+
+
+def test_unservable_sentence_transformers_modules_are_refused(tmp_path: Path) -> None:
+    pooling = [_st("Transformer", ""), _st("Pooling", "1_Pooling")]
+
+    def refused(modules: list[dict[str, str]], pool: dict[str, object], match: str) -> None:
+        path = _model_dir(tmp_path / match.replace(" ", "_")[:20], BERT, modules)
+        (path / "1_Pooling").mkdir(exist_ok=True)
+        (path / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+        (path / "config_sentence_transformers.json").write_text(
+            json.dumps({"prompts": {"query": "query: "}})
+        )
+        with pytest.raises(ModelDirError, match=match):
+            load_model_dir(path)
+
+    refused(pooling, {"pooling_mode": ["cls", "mean"]}, "pooling")
+    refused(pooling, {"pooling_mode": "mean", "include_prompt": False}, "include_prompt")
+    refused([*pooling, _st("LSTM", "2_LSTM")], {}, "module LSTM")
+    refused([*pooling, _st("Normalize", "2"), _st("Dense", "3_Dense")], {}, "after Normalize")
+
+
+def test_dense_modules_set_the_embedding_size(tmp_path: Path) -> None:
+    modules = [_st("Transformer", ""), _st("Pooling", "1_Pooling"), _st("Dense", "2_Dense")]
+    path = _model_dir(tmp_path, BERT, modules)
+    (path / "2_Dense").mkdir()
+    dense = {"in_features": 8, "out_features": 3, "bias": False}
+    for activation, ok in (("torch.nn.modules.activation.Tanh", True), ("mymodule.Swish", False)):
+        config = {**dense, "activation_function": activation}
+        (path / "2_Dense" / "config.json").write_text(json.dumps(config))
+        if not ok:
+            with pytest.raises(ModelDirError, match="Swish"):
+                load_model_dir(path)
+            continue
+        model = load_model_dir(path)
+        assert (model.hidden_size, model.embedding_size) == (8, 3)
+        assert model.dense[0].activation == "Tanh"
+        assert not model.dense[0].bias
+
+
+def test_family_conventions_distilbert_names_and_mpnet_positions(tmp_path: Path) -> None:
+    distil = {"model_type": "distilbert", "dim": 12, "n_heads": 3, "n_layers": 2,
+              "hidden_dim": 48, "activation": "gelu", "vocab_size": 10}  # fmt: skip
+    model = load_model_dir(_model_dir(tmp_path / "d", distil))
+    assert (model.hidden_size, model.config["num_attention_heads"]) == (12, 3)
+    assert model.config["intermediate_size"] == 48
+    assert model.position_limit == 512
+    mpnet = {**BERT, "model_type": "mpnet", "max_position_embeddings": 514, "pad_token_id": 1}
+    # MPNet's position ids start at 2, as RoBERTa's: 514 embeddings hold 512 tokens.
+    assert load_model_dir(_model_dir(tmp_path / "m", mpnet)).position_limit == 512

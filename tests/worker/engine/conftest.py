@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
 
 from embedfleet.common.modeldir import default_model_path
+from embedfleet.testing.families import decoder_embedder
+from embedfleet.worker.engine.kernels.types import Kernels
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import PARITY_LENGTHS, minilm, qwen3_config, save_model, write_pooling
+from .helpers import (
+    DECODER_FAMILIES,
+    PARITY_LENGTHS,
+    WINDOWED,
+    interpreted_kernels,
+    interpreted_modules,
+    minilm,
+    qwen3_config,
+    save_model,
+    write_pooling,
+)
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +107,33 @@ def qwen3_bidir_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (path / "config.json").write_text(json.dumps(config))
     write_pooling(path, "mean_tokens", normalize=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def decoder_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every decoder family's random-weight directory (testing.families.decoder_embedder)."""
+    root = tmp_path_factory.mktemp("decoders")
+    return {
+        name: decoder_embedder(
+            root, name, **({"sliding_window": WINDOWED[name]} if name in WINDOWED else {})
+        )
+        for name in DECODER_FAMILIES
+    }
+
+
+# ---- Triton kernels in the interpreter ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def triton_modules() -> dict[str, ModuleType]:
+    pytest.importorskip("triton")  # the CUDA build of torch ships it; a CPU-only torch may not
+    return interpreted_modules()
+
+
+@pytest.fixture
+def fused_kernels(
+    triton_modules: dict[str, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> Kernels:
+    """The Triton kernels on CPU tensors, in the interpreter (set for the test's launches)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return interpreted_kernels(triton_modules)

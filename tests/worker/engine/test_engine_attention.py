@@ -106,7 +106,13 @@ def test_auto_picks_the_fastest_by_benchmark_on_any_device() -> None:
     now = [0.0]
 
     def slow_kernel(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, n: int, c: bool
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        n: int,
+        c: bool,
+        window: int,
     ) -> torch.Tensor:
         now[0] += 0.01
         return q.clone()
@@ -142,3 +148,79 @@ def test_a_failing_backend_loses_instead_of_crashing() -> None:
     cpu = torch.device("cpu")
     timings = benchmark_backends(backends, cpu, torch.float32, shape, tokens=64, seq=32)
     assert timings == {"broken": float("inf")}
+
+
+def masked_per_sequence(q, k, v, lengths, causal, window, bias):  # type: ignore[no-untyped-def]
+    """The reference for windowed and biased plans: one SDPA per sequence with its own mask."""
+    from embedfleet.worker.engine.attention import relative_positions, visible
+
+    out, start = [], 0
+    for n in lengths:
+        s = slice(start, start + n)
+        rel = relative_positions(n, q.device)
+        seen = visible(rel, window, causal)
+        mask = seen if bias is None else bias(rel).masked_fill(~seen, float("-inf"))
+        o = F.scaled_dot_product_attention(
+            q[s].transpose(0, 1), k[s].transpose(0, 1), v[s].transpose(0, 1), attn_mask=mask
+        )
+        out.append(o.transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+def toy_bias(relative: torch.Tensor) -> torch.Tensor:
+    """A per-head score of the relative position, as MPNet's buckets give one ([4, L, L])."""
+    scale = torch.tensor([0.5, -0.25, 0.1, 1.0])[:, None, None]
+    return scale * torch.tanh(relative.float() / 7)
+
+
+@pytest.mark.parametrize("plan_kind", ["grouped", "padded"])
+@pytest.mark.parametrize(
+    ("causal", "window", "biased"),
+    [(False, 3, False), (True, 3, False), (False, -1, True), (False, 5, True)],
+)
+def test_windowed_and_biased_plans_match_per_sequence_masks(
+    plan_kind: str, causal: bool, window: int, biased: bool
+) -> None:
+    from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
+
+    lengths = np.array([5, 1, 64, 63, 0, 17, 16, 16, 2], np.int64)
+    total = int(lengths.sum())
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(total, 4, 8, generator=g) for _ in range(3))
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    plan = (
+        GroupedBackend().plan(cu, lengths, 64, causal)
+        if plan_kind == "grouped"
+        else PaddedPlan(*plan_tensors(padded_layout(lengths)), causal)
+    )
+    if biased:
+        plan = plan.biased(toy_bias)
+    if window >= 0:
+        plan = plan.windowed(window)
+    bias = toy_bias if biased else None
+    want = masked_per_sequence(q, k, v, [int(n) for n in lengths if n], causal, window, bias)
+    torch.testing.assert_close(plan.attend(q, k, v), want, atol=1e-5, rtol=1e-5)
+    # The window and the bias change the answer: the test would catch either one dropped.
+    assert not torch.allclose(want, per_sequence(q, k, v, [int(n) for n in lengths if n], causal))
+
+
+def test_biased_groups_hold_a_bounded_number_of_scores() -> None:
+    lengths = np.full(40, 512, np.int64)
+    groups = plan_groups(lengths, max_group_scores=1 << 20)
+    assert [len(g) for g in groups] == [4] * 10  # 4 x 512^2 = 2^20 query-key pairs
+
+
+def test_backends_are_chosen_for_what_the_model_needs() -> None:
+    from embedfleet.worker.engine.attention import BackendUnavailableError, VarlenBackend
+    from embedfleet.worker.engine.attention import select_backend as pick
+
+    cpu = torch.device("cpu")
+    assert pick("auto", cpu, torch.float32, features=frozenset(["bias"])).name == "torch-grouped"
+    plan = VarlenBackend("k", lambda *a: a[0]).plan(torch.zeros(2), np.ones(1, np.int64), 1, False)
+    with pytest.raises(NotImplementedError, match="bias"):
+        plan.biased(toy_bias)
+    with pytest.raises(NotImplementedError, match="window"):
+        plan.windowed(4)
+    with pytest.raises(BackendUnavailableError):
+        pick("flash-attn", cpu, torch.float32, features=frozenset(["bias"]))

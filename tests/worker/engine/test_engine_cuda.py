@@ -151,8 +151,8 @@ def test_a_disagreeing_capture_is_never_served(minilm_sequences: list[list[int]]
     real_capture = runner.capture
 
     def bad_capture(*args: object) -> tuple[torch.Tensor, ...]:
-        hidden, head = real_capture(*args)  # type: ignore[arg-type]
-        return hidden, head.flip(0)
+        hidden, head, rows = real_capture(*args)  # type: ignore[arg-type]
+        return hidden, head.flip(0), rows.flip(0)
 
     runner.capture = bad_capture  # type: ignore[method-assign]
     [ref] = gpu_engine(cuda_graphs="off").run([item(seqs)])
@@ -174,24 +174,24 @@ def test_graphs_share_static_outputs_and_launch_at_the_longest_sequence(
     runner = engine._runner_for()
     assert len(runner.live) == 2
     for key in runner.live:
-        assert engine.buckets.attention_len(key) <= engine.max_tokens
+        assert key.attention <= engine.max_tokens
     # The outputs of each graph's replay, as the engine replays it (after loading its batch: a
     # graph replayed over another bucket's inputs reads offsets past its own token count).
-    outs: list[tuple[int, int]] = []
+    outs: list[tuple[int, ...]] = []
     real_replay = runner.replay
 
     def replay(key: object) -> tuple[torch.Tensor, ...]:
-        hidden, head = real_replay(key)  # type: ignore[arg-type]
-        outs.append((hidden.data_ptr(), head.data_ptr()))
-        return hidden, head
+        got = real_replay(key)  # type: ignore[arg-type]
+        outs.append(tuple(o.data_ptr() for o in got))
+        return got
 
     runner.replay = replay  # type: ignore[method-assign]
     for seqs in (small, large):
         engine.run([item(seqs)])
     assert len(outs) == 2
-    assert outs[0] == outs[1]  # one hidden and one head buffer for every graph
+    assert outs[0] == outs[1]  # one buffer of each output for every graph
     # Staging buffers are pinned and reused, result buffers too.
-    assert runner._staging.buffers(0)[0].is_pinned()
+    assert runner._staging.buffer(0).is_pinned()
     assert engine._host_outputs is not None
     before = engine._host_outputs.allocated
     for _ in range(10):

@@ -15,23 +15,9 @@ from embedfleet.worker.contract import Options
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
-from .helpers import RUNTIMES, item, random_sequences
+from .helpers import RUNTIMES, engine_for, item, random_sequences
 
 LENGTHS = (1, 2, 7, 16, 33, 64, 100, 255)
-
-
-def engine_for(
-    path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch, runtime: str
-) -> TorchEngine:
-    """`auto` here always tries bf16 (on CPUs with native bf16): whichever dtype the parity probe
-    then keeps must meet the bar."""
-    from embedfleet.worker.engine import precision
-    from embedfleet.worker.engine import runtime as runtimes
-
-    monkeypatch.setattr(precision, "reduced_precision_pays", lambda dtype, hidden: True)
-    monkeypatch.setattr(runtimes, "reduced_pays", lambda reduced, float32: True)
-    config = EngineConfig(model=str(path), device="cpu", dtype=dtype, cpu_runtime=runtime)
-    return TorchEngine(config)
 
 
 def qwen3_reference(path: Path, seqs: list[list[int]], bidirectional: bool) -> np.ndarray:

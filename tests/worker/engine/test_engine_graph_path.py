@@ -9,12 +9,14 @@ import dataclasses
 import itertools
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
 from embedfleet.common.similarity import min_cosine
 from embedfleet.worker.contract import Options
-from embedfleet.worker.engine.attention import VarlenBackend
+from embedfleet.worker.engine import torch_engine
+from embedfleet.worker.engine.attention import VarlenBackend, relative_positions, visible
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.graph_policy import GraphKey
@@ -25,7 +27,13 @@ from .helpers import item
 
 
 def varlen_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, causal: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    max_len: int,
+    causal: bool,
+    window: int = -1,
 ) -> torch.Tensor:
     out = torch.zeros_like(q)
     bounds = cu.tolist()
@@ -35,10 +43,15 @@ def varlen_reference(
     for start, stop in itertools.pairwise(bounds):
         if stop > start:
             s = slice(start, stop)
+            mask = visible(relative_positions(stop - start, q.device), window, causal)
             out[s] = F.scaled_dot_product_attention(
-                q[s].transpose(0, 1), k[s].transpose(0, 1), v[s].transpose(0, 1), is_causal=causal
+                q[s].transpose(0, 1), k[s].transpose(0, 1), v[s].transpose(0, 1), attn_mask=mask
             ).transpose(0, 1)
     return out
+
+
+#: the reference kernel as a backend: a sliding window in the kernel, as flash-attn's
+REFERENCE = VarlenBackend("cpu-varlen-reference", varlen_reference, features=frozenset(["window"]))
 
 
 LAUNCHES: list[int] = []
@@ -55,6 +68,7 @@ class EagerRunner:
         self.views: DeviceBatch | None = None
         self.graphs: dict[GraphKey, int] = {}
         self.capture_seconds = 0.0
+        self.pool_bytes = 0
         self.corrupt = corrupt
 
     def fits(self, key: GraphKey) -> bool:
@@ -83,8 +97,8 @@ class EagerRunner:
         assert key in self.graphs
         assert self.views is not None
         assert self.views.input_ids.shape[0] == key.tokens  # padded to the bucket
-        hidden, head = self.body(self.views, self.graphs[key])
-        return (hidden, head.flip(0) if self.corrupt else head)
+        hidden, *per_slot = self.body(self.views, self.graphs[key])
+        return (hidden, *(o.flip(0) if self.corrupt else o for o in per_slot))
 
     def evict(self, key: GraphKey) -> None:
         self.graphs.pop(key, None)
@@ -96,7 +110,7 @@ class EagerRunner:
 def graph_engine(corrupt: bool = False, **kw: object) -> tuple[TorchEngine, EagerRunner]:
     config = EngineConfig(device="cpu", dtype="float32", max_input_tokens=512, cpu_runtime="eager")
     engine = TorchEngine(dataclasses.replace(config, **kw))  # type: ignore[arg-type]
-    engine.backend = VarlenBackend("cpu-varlen-reference", varlen_reference)
+    engine.backend = REFERENCE
     engine._graphs_enabled = True
     runner = EagerRunner(engine._graph_body, corrupt)
     engine._runner = runner  # type: ignore[assignment]
@@ -209,3 +223,61 @@ def test_graph_attention_launch_length_is_the_longest_sequence(
     assert key.tokens > 2048
     assert runner.graphs[key] == 512
     assert max(LAUNCHES) <= 512
+
+
+def test_default_options_are_served_from_the_graphs_own_outputs(
+    minilm_fp32: TorchEngine, minilm_sequences: list[list[int]]
+) -> None:
+    # Issue 36 finding 3: the default head's normalization ran after the replay, a few launches
+    # per batch; the graph now computes the rows a request with default options gets.
+    engine, runner = graph_engine()
+    seqs = minilm_sequences[:4]
+    for _ in range(2):
+        engine.run([item(seqs)])  # eager, then capture
+    replayed: list[tuple[torch.Tensor, ...]] = []
+    replay = runner.replay
+
+    def recording(key: GraphKey) -> tuple[torch.Tensor, ...]:
+        replayed.append(replay(key))
+        return replayed[-1]
+
+    runner.replay = recording  # type: ignore[method-assign]
+    with torch.inference_mode():
+        out, _ = engine._run([item(seqs)])
+        assert out.data_ptr() == replayed[-1][2].data_ptr()  # the graph's rows, as they are
+        other, _ = engine._run([item(seqs, Options(dimensions=32))])
+        assert other.data_ptr() != replayed[-1][2].data_ptr()  # options: computed after it
+    [expected] = minilm_fp32.run([item(seqs)])
+    assert min_cosine(out.numpy(), expected) >= 0.99999
+    assert engine.counters().replays == 2
+
+
+def test_warm_up_captures_the_plan_largest_first_within_its_budget(
+    minilm_sequences: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 36 finding 4: lazy mode's buckets were captured on client requests (a first use
+    # eager, the second a capture). The worker's start captures the plan until its budget is
+    # spent. MOCK clock: each capture "takes" 1 s per 1,024 bucket tokens.
+    engine, runner = graph_engine(max_batch_tokens=4096)
+    clock = [0.0]
+    capture = runner.capture
+
+    def timed(key: GraphKey, views: DeviceBatch, attention_len: int) -> tuple[torch.Tensor, ...]:
+        clock[0] += key.tokens / 1024
+        return capture(key, views, attention_len)
+
+    runner.capture = timed  # type: ignore[method-assign]
+    monkeypatch.setattr(torch_engine.time, "monotonic", lambda: clock[0])
+    plan = engine.graph_plan()
+    assert [k.tokens for k in plan] == engine.buckets.token_buckets(4096)[::-1]
+    warm = engine.warm_graphs(budget_seconds=10.0)
+    # 4096 + 3584 + 3072 tokens take 10.5 "s": the budget stops it after the third capture.
+    assert [k.tokens for k in runner.live][::-1] == [4096, 3584, 3072]
+    assert (warm.planned, warm.captured, warm.live) == (len(plan), 3, 3)
+    assert engine.counters().captures == 3
+    # A client batch in a captured bucket replays at once: no eager first use, no capture.
+    seqs = [next(s[:200] for s in minilm_sequences if len(s) >= 200)] * 14
+    assert engine.buckets.tokens(sum(map(len, seqs))) == 3072
+    engine.run([item(seqs)])
+    c = engine.counters()
+    assert (c.eager_runs, c.captures, c.replays) == (0, 3, 1)

@@ -4,16 +4,15 @@ config (testing.families), against `transformers` on padded batches: XLM-R cross
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from embedfleet.common import judge_prompt
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.common.similarity import min_cosine
-from embedfleet.gateway.tokenization import Tokenization
 from embedfleet.testing import families
 from embedfleet.testing.families import FamilyDirs
 from embedfleet.worker.contract import Options, WorkItem
@@ -75,15 +74,19 @@ def test_xlmr_cross_encoder_matches_transformers(
     np.testing.assert_allclose(probs, sigmoid(ref), atol=SCORE_TOLERANCE)
 
 
-def judged(path: Path, instruction: str | None, max_tokens: int = 1024) -> list[list[int]]:
-    """The pairs rendered by the gateway's own tokenization."""
-    tokenization = Tokenization(load_model_dir(path), max_tokens, threads=1, inline_chars=0)
-    try:
-        pairs = list(zip(QUERIES, DOCUMENTS, strict=True))
-        batch = asyncio.run(tokenization.judged_pairs(pairs, instruction, False, "right"))
-    finally:
-        tokenization.close()
-    return batch.ids
+def judged(path: Path, instruction: str | None) -> list[list[int]]:
+    """The pairs as the gateway renders them: the judging frame's prefix, the user turn and the
+    suffix, each tokenized without special tokens."""
+    tok = load_model_dir(path).tokenizer()
+
+    def ids(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    asked = instruction or judge_prompt.DEFAULT_INSTRUCTION
+    return [
+        ids(judge_prompt.PREFIX) + ids(judge_prompt.body(asked, q, d)) + ids(judge_prompt.SUFFIX)
+        for q, d in zip(QUERIES, DOCUMENTS, strict=True)
+    ]
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -10,11 +10,12 @@ from embedfleet.worker.contract import EngineInfo, Options
 from embedfleet.worker.engine.batch import pack, to_device
 from embedfleet.worker.engine.outputs import apply_options
 from embedfleet.worker.engine.pending import Slice
-from embedfleet.worker.engine.pooling import pool
+from embedfleet.worker.engine.pooling import Pooler, pool
 
 from .helpers import item
 
 HIDDEN = 8
+MEAN = Pooler("mean")
 
 
 def info(task: Task = "embed") -> EngineInfo:
@@ -40,7 +41,7 @@ def test_mixed_options_each_get_their_own_rows_and_inputs_stay_untouched() -> No
     head = pool(hidden, batch, "mean")
     hidden_before, head_before = hidden.clone(), head.clone()
 
-    out, slices = apply_options(items, hidden, head, batch, host.real_sequences, info())
+    out, slices = apply_options(items, hidden, head, batch, host.real_sequences, info(), MEAN)
 
     assert slices == [Slice(0, 2, 4), Slice(2, 4, HIDDEN), Slice(4, 5, HIDDEN)]
     assert out.shape == (5, HIDDEN)
@@ -58,7 +59,7 @@ def test_one_choice_for_all_items_truncates_once() -> None:
     hidden = torch.randn(host.total_tokens, HIDDEN, generator=torch.Generator().manual_seed(1))
     head = pool(hidden, batch, "mean")
 
-    out, slices = apply_options(items, hidden, head, batch, host.real_sequences, info())
+    out, slices = apply_options(items, hidden, head, batch, host.real_sequences, info(), MEAN)
 
     assert slices == [Slice(0, 1, 3), Slice(1, 2, 3)]
     torch.testing.assert_close(out, F.normalize(head[:, :3], dim=-1))
@@ -72,7 +73,9 @@ def test_scores_activate_only_the_items_that_ask() -> None:
     scores = torch.tensor([0.5, -2.0, 3.0, 9.0])  # the last slot holds the padding
     before = scores.clone()
 
-    out, slices = apply_options(items, hidden, scores, batch, host.real_sequences, info("score"))
+    out, slices = apply_options(
+        items, hidden, scores, batch, host.real_sequences, info("score"), MEAN
+    )
 
     assert slices == [Slice(0, 2, 0), Slice(2, 3, 0)]
     assert out.shape == (3,)

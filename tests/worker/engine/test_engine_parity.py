@@ -91,7 +91,7 @@ def test_bucket_padding_changes_nothing(
         outs = []
         for host in (plain, padded):
             batch = to_device(host, minilm_fp32.device)
-            hidden, pooled = minilm_fp32._body(batch, int(host.lengths.max()), host)
+            hidden, pooled, _ = minilm_fp32._body(batch, int(host.lengths.max()), host)
             outs.append((hidden[:real_tokens], pooled[:12]))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
@@ -114,7 +114,7 @@ def test_options_pooling_matryoshka_normalize(
     with torch.inference_mode():
         host = pack([item(seqs).tokens])
         batch = to_device(host, engine.device)
-        hidden, _ = engine._body(batch, int(host.lengths.max()), host)
+        hidden, *_ = engine._body(batch, int(host.lengths.max()), host)
         first = F.normalize(hidden[batch.first].float(), dim=-1).numpy()
         last = F.normalize(hidden[batch.last].float(), dim=-1).numpy()
     [cls] = engine.run([item(seqs, Options(pooling="cls"))])

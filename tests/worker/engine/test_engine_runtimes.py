@@ -4,6 +4,7 @@ the family and MiniLM tests, parametrized over every runtime (helpers.RUNTIMES).
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -275,6 +276,18 @@ def test_a_saved_graph_appears_whole_and_the_first_writer_wins(tmp_path: Path) -
     (stale / "partial-1.bin").write_text("half")
     runtimes._save(_FakeOV("new"), None, stale)
     assert sorted(p.name for p in stale.iterdir()) == ["encoder.bin", "encoder.xml"]
+
+
+def test_the_cache_keeps_the_most_recently_used_graphs(tmp_path: Path) -> None:
+    """Each checkpoint or code change keys a new entry: the oldest go, a partial one stays."""
+    for n in range(5):
+        entry = tmp_path / f"k{n}"
+        runtimes._save(_FakeOV(str(n)), None, entry)
+        os.utime(entry, (1000 + n, 1000 + n))
+    os.utime(tmp_path / "k0", (2000, 2000))  # read last: the most recently used
+    (tmp_path / ".partial-x").mkdir()  # another writer's, mid-save
+    runtimes._prune(tmp_path, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".partial-x", "k0", "k3", "k4"]
 
 
 def test_openvino_leaves_torch_one_thread_unless_its_head_is_heavy(

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,7 +25,9 @@ from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.testing.gateway import child_env, gateway_binary
 from embedfleet.testing.polling import wait_for_async
+from embedfleet.testing.workers import metric_value
 from embedfleet.worker.contract import EngineInfo
 from embedfleet.worker.inflight import ByteBudget, max_message_bytes
 from embedfleet.worker.lifecycle import message_limit
@@ -174,22 +175,16 @@ async def test_a_message_past_the_cap_is_refused_until_bytes_free_up() -> None:
         await channel.close()
 
 
-def _metric(text: str, series: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
 async def test_the_gateway_answers_a_refusal_with_429_and_keeps_the_worker() -> None:
     """A real gateway process in front of the byte-capped server: busy is a 429 with
     Retry-After, the worker stays in rotation, and it serves once bytes are free."""
     async with _gated_worker() as worker:
         (port,) = free_ports(1)
         gateway = subprocess.Popen(
-            [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port),
+            [str(gateway_binary()), "--port", str(port),
              "--workers", worker.address, "--probe-seconds", "0.2"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=child_env(),
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
@@ -218,8 +213,8 @@ async def test_the_gateway_answers_a_refusal_with_429_and_keeps_the_worker() -> 
                 assert busy.headers["retry-after"]
                 assert busy.json()["error"]["code"] == "overloaded"
                 metrics = (await http.get("/metrics")).text
-                assert _metric(metrics, "embedfleet_gateway_worker_ejections_total") == 0
-                assert _metric(metrics, 'embedfleet_gateway_workers{state="ready"}') == 1
+                assert metric_value(metrics, "embedfleet_gateway_worker_ejections_total") == 0
+                assert metric_value(metrics, "embedfleet_gateway_workers", state="ready") == 1
 
                 worker.engine.release(1)
                 assert (await held).status_code == 200

@@ -14,13 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 # Attributes every LogRecord has; anything else came through `extra=` and is logged as a field.
-# uvicorn adds `color_message`, a duplicate of the message with terminal colours.
-_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {
-    "message",
-    "asctime",
-    "taskName",
-    "color_message",
-}
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -14,7 +14,38 @@ from typing import Any, Literal
 
 from tokenizers import Tokenizer
 
-Pooling = Literal["mean", "cls", "last_token"]
+Pooling = Literal["mean", "cls", "last_token", "max", "weighted_mean", "mean_sqrt_len"]
+#: sentence-transformers' pooling mode names (its Pooling module's `pooling_mode`) -> ours
+ST_POOLING: dict[str, Pooling] = {
+    "mean": "mean",
+    "cls": "cls",
+    "lasttoken": "last_token",
+    "max": "max",
+    "weightedmean": "weighted_mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+}
+#: the Pooling config's older boolean flags -> sentence-transformers' mode names
+_POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+#: activations a sentence-transformers Dense module may name (torch.nn classes)
+DENSE_ACTIVATIONS = ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid", "SiLU")
+#: sentence-transformers modules a served model may list (by class name); Dropout is the
+#: identity at inference
+_ST_MODULES = (
+    "Transformer",
+    "MLMTransformer",
+    "Pooling",
+    "SpladePooling",
+    "Dense",
+    "Normalize",
+    "Dropout",
+)
 #: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
 #: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary
 Task = Literal["embed", "score", "classify", "sparse"]
@@ -76,26 +107,130 @@ def _read_json(path: Path) -> Any:
         raise ModelDirError(f"{path}: invalid JSON: {exc}") from exc
 
 
+def position_offset(config: dict[str, Any]) -> int:
+    """What a sequence's first position id is: RoBERTa-style ids start after the padding index
+    (MPNet's is 1 whatever pad_token_id says); others at 0."""
+    kind = config.get("model_type")
+    if kind in ("roberta", "xlm-roberta", "camembert"):
+        return int(config.get("pad_token_id", 1)) + 1
+    if kind == "mpnet":
+        return 2
+    return 0
+
+
 def _position_limit(config: dict[str, Any]) -> int:
-    positions = int(config.get("max_position_embeddings", 512))
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
-        # RoBERTa-style position ids start after the padding index.
-        positions -= int(config.get("pad_token_id", 1)) + 1
-    return positions
+    return int(config.get("max_position_embeddings", 512)) - position_offset(config)
 
 
-def _pooling(path: Path, config: dict[str, Any]) -> Pooling:
-    pool_cfg = _read_json(path / "1_Pooling" / "config.json")
-    if isinstance(pool_cfg, dict):
-        if pool_cfg.get("pooling_mode_lasttoken"):
-            return "last_token"
-        if pool_cfg.get("pooling_mode_cls_token"):
-            return "cls"
-        if pool_cfg.get("pooling_mode_mean_tokens"):
-            return "mean"
-        raise ModelDirError(f"{path}: unsupported sentence-transformers pooling {pool_cfg}")
-    # Families' conventions when sentence-transformers says nothing.
-    return "last_token" if config.get("model_type") in ("qwen3", "qwen2") else "cls"
+#: config.json keys a family names its own way, also read under the common names
+_ALIASES: dict[str, dict[str, str]] = {
+    "distilbert": {
+        "dim": "hidden_size",
+        "n_heads": "num_attention_heads",
+        "n_layers": "num_hidden_layers",
+        "hidden_dim": "intermediate_size",
+        "activation": "hidden_act",
+    },
+}
+
+
+def _with_common_names(config: dict[str, Any]) -> dict[str, Any]:
+    aliases = _ALIASES.get(str(config.get("model_type", "")), {})
+    common = {new: config[old] for old, new in aliases.items() if old in config}
+    return {**common, **config}
+
+
+def _pooling(pool_cfg: dict[str, Any], prompts: dict[str, str], where: Path) -> Pooling:
+    """Our mode for a sentence-transformers Pooling config (`pooling_mode`, or the older flags;
+    neither set means mean, as sentence-transformers reads it)."""
+    modes = pool_cfg.get("pooling_mode") or [
+        mode for flag, mode in _POOLING_FLAGS.items() if pool_cfg.get(flag)
+    ]
+    modes = [modes] if isinstance(modes, str) else list(modes) or ["mean"]
+    if len(modes) != 1 or modes[0] not in ST_POOLING:
+        raise ModelDirError(
+            f"{where}: sentence-transformers pooling {modes} is not supported (one of "
+            f"{', '.join(ST_POOLING)})"
+        )
+    mode = ST_POOLING[modes[0]]
+    if pool_cfg.get("include_prompt") is False and prompts and mode != "last_token":
+        # The worker sees token ids only, so it cannot tell a prompt's tokens from the text's.
+        raise ModelDirError(
+            f"{where}: pooling that leaves the prompt's tokens out (include_prompt false) is not "
+            "supported"
+        )
+    return mode
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """A sentence-transformers Dense module after pooling: activation(x W^T + b) (+ x, or a
+    projection of x, with use_residual); its weights in its folder."""
+
+    path: Path
+    in_features: int
+    out_features: int
+    bias: bool
+    #: a torch.nn class name (DENSE_ACTIVATIONS)
+    activation: str
+    residual: bool = False
+
+
+def _dense(folder: Path) -> DenseLayer:
+    cfg = _read_json(folder / "config.json")
+    if not isinstance(cfg, dict):
+        raise ModelDirError(f"{folder}: a Dense module without config.json")
+    activation = str(cfg.get("activation_function") or "torch.nn.modules.activation.Tanh")
+    name = activation.rsplit(".", 1)[-1]
+    if name not in DENSE_ACTIVATIONS or not activation.startswith("torch."):
+        raise ModelDirError(
+            f"{folder}: Dense activation {activation} is not supported "
+            f"({', '.join(DENSE_ACTIVATIONS)})"
+        )
+    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise ModelDirError(f"{folder}: a Dense module over token embeddings is not supported")
+    return DenseLayer(
+        path=folder,
+        in_features=int(cfg["in_features"]),
+        out_features=int(cfg["out_features"]),
+        bias=bool(cfg.get("bias", True)),
+        activation=name,
+        residual=bool(cfg.get("use_residual", False)),
+    )
+
+
+@dataclass(frozen=True)
+class _Modules:
+    """What modules.json says of the steps after the transformer."""
+
+    pooling: dict[str, Any] | None = None
+    dense: tuple[DenseLayer, ...] = ()
+    normalize: bool = False
+
+
+def _modules(path: Path, modules: list[Any]) -> _Modules:
+    """The Pooling config, Dense modules and Normalize, checked to be in an order we run:
+    pooling, then Dense layers, then Normalize."""
+    pooling: dict[str, Any] | None = None
+    dense: list[DenseLayer] = []
+    normalize = False
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        folder = path / str(module.get("path", ""))
+        if kind not in _ST_MODULES:
+            raise ModelDirError(f"{path}: sentence-transformers module {kind} is not supported")
+        if normalize and kind != "Dropout":
+            raise ModelDirError(f"{path}: a {kind} module after Normalize is not supported")
+        if kind == "Pooling":
+            cfg = _read_json(folder / "config.json")
+            pooling = cfg if isinstance(cfg, dict) else {}
+        elif kind == "Dense":
+            if pooling is None:
+                raise ModelDirError(f"{path}: a Dense module before pooling is not supported")
+            dense.append(_dense(folder))
+        elif kind == "Normalize":
+            normalize = True
+    return _Modules(pooling, tuple(dense), normalize)
 
 
 @dataclass(frozen=True)
@@ -113,6 +248,8 @@ class ModelDir:
     default_max_tokens: int
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    #: sentence-transformers Dense modules after pooling, in order
+    dense: tuple[DenseLayer, ...] = ()
     head: Head = "pool"
     #: label names by class id (config.id2label), for classifier heads
     labels: tuple[str, ...] = ()
@@ -135,6 +272,11 @@ class ModelDir:
     @property
     def hidden_size(self) -> int:
         return int(self.config["hidden_size"])
+
+    @property
+    def embedding_size(self) -> int:
+        """An embedder's vector size: its last Dense module's, else the hidden size."""
+        return self.dense[-1].out_features if self.dense else self.hidden_size
 
     @property
     def vocab_size(self) -> int:
@@ -258,10 +400,14 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
     config = _read_json(path / "config.json")
     if not isinstance(config, dict):
         raise ModelDirError(f"{path}: config.json missing or not an object")
+    config = _with_common_names(config)
     modules = _read_json(path / "modules.json") or []
     labels = _labels(config)
     served, head = _head(path, config, modules, len(labels), task)
-    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    steps = _modules(path, modules) if head == "pool" else _Modules()
+    if head == "pool" and not modules and (path / "1_Pooling" / "config.json").is_file():
+        steps = _Modules(pooling=_read_json(path / "1_Pooling" / "config.json") or {})
+    normalize = steps.normalize
     if not modules and served == "embed" and config.get("model_type") in ("qwen3", "qwen2"):
         normalize = True
     limit = _position_limit(config)
@@ -269,16 +415,23 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
     default_max = min(int(st_cfg.get("max_seq_length") or limit), limit)
     st_meta = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_meta.get("prompts") or {}).items()}
+    if head != "pool":
+        pooling: Pooling = "cls"
+    elif steps.pooling is not None:
+        pooling = _pooling(steps.pooling, prompts, path)
+    else:  # families' conventions when sentence-transformers says nothing
+        pooling = "last_token" if config.get("model_type") in ("qwen3", "qwen2") else "cls"
     return ModelDir(
         path=path,
         config=config,
         task=served,
-        pooling=_pooling(path, config) if head == "pool" else "cls",
+        pooling=pooling,
         normalize=normalize,
         position_limit=limit,
         default_max_tokens=default_max,
         prompts=prompts,
         default_prompt_name=st_meta.get("default_prompt_name"),
+        dense=steps.dense,
         head=head,
         labels=labels if head == "classifier" else (),
         activation=_activation(config, len(labels)),

@@ -1,10 +1,11 @@
-"""OpenTelemetry traces, shared by the gateway and the worker; off unless an endpoint is set.
+"""The worker's OpenTelemetry traces; off unless an endpoint is set (the gateway, a Rust binary,
+traces with the same settings: docs/gateway.md, "Tracing").
 
-Off (the default) costs nothing on the hot path: `Tracer.span` hands back one shared null span,
-no span object is made and `opentelemetry` is never imported. On, spans go to an OTLP/gRPC
+Off (the default) costs nothing on the hot path: `Tracer.server_span` hands back one shared null
+span, no span object is made and `opentelemetry` is never imported. On, spans go to an OTLP/gRPC
 collector through the SDK's batch processor (exported off the request path, on its own thread).
 
-Which settings win (documented in docs/gateway.md, "Tracing"):
+Which settings win (documented in docs/worker.md and docs/gateway.md, "Tracing"):
 - the endpoint is the component's --tracing-endpoint; empty falls back to the standard
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT, so a pod that an
   OpenTelemetry operator injected is traced without embedfleet settings; none set: off;
@@ -113,10 +114,6 @@ class Tracer:
 
     enabled = False
 
-    def span(self, name: str) -> AbstractContextManager[SpanLike]:
-        """A child of the current span, current for the block."""
-        return NULL_SPAN
-
     def server_span(
         self, name: str, carrier: Iterable[tuple[str | bytes, str | bytes]]
     ) -> AbstractContextManager[SpanLike]:
@@ -143,9 +140,6 @@ class RecordingTracer(Tracer):
         self.otel: OtelTracer = provider.get_tracer(scope)
         self.propagator = TraceContextTextMapPropagator()
 
-    def span(self, name: str) -> AbstractContextManager[Span]:
-        return self.otel.start_as_current_span(name)
-
     def server_span(
         self, name: str, carrier: Iterable[tuple[str | bytes, str | bytes]]
     ) -> AbstractContextManager[Span]:
@@ -164,19 +158,13 @@ class RecordingTracer(Tracer):
                 found[name] = value.decode("latin-1") if isinstance(value, bytes) else value
         return self.propagator.extract(found)
 
-    def inject(self) -> list[tuple[str, str]]:
-        """`traceparent` (and `tracestate`) naming the current span, for an outgoing call."""
-        carrier: dict[str, str] = {}
-        self.propagator.inject(carrier)
-        return list(carrier.items())
-
     def shutdown(self) -> None:
         self.provider.shutdown()
 
 
 def start(config: TraceConfig | None, scope: str) -> Tracer:
     """OFF for None; else a RecordingTracer exporting to `config.endpoint`. The SDK and exporter
-    are imported here only (the `tracing` extra of embedfleet-gateway / embedfleet-worker)."""
+    are imported here only (the `tracing` extra of embedfleet-worker)."""
     if config is None:
         return OFF
     try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from embedfleet.common import logs
 from embedfleet.common.cpus import detect_cores, wait_policy
 from embedfleet.common.settings import load
-from embedfleet.worker.lifecycle import serve
+from embedfleet.worker.architectures import check, exit_refused
 from embedfleet.worker.settings import ENV_PREFIX, WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ def fit_machine(
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
-    """uvloop's event loop, as the gateway runs: the gRPC front's per-call work is mostly the
+    """uvloop's event loop: the gRPC front's per-call work is mostly the
     loop's (docs/benchmarks, "Gateway CPU": the worker's CPU per short query fell by a fifth to a
     quarter). The standard loop where uvloop is not installed."""
     try:
@@ -52,11 +52,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
     )
     logs.configure(settings.log_level)
+    if settings.engine == "torch" and (line := check(settings.model, settings.task)):
+        exit_refused(line, settings.termination_message_path)
     settings = fit_machine(settings, os.environ, detect_cores)
     if settings.engines > 1:
         from embedfleet.worker.engines import run_engines
 
         sys.exit(run_engines(settings, list(sys.argv[1:] if argv is None else argv)))
+    # Imported only now: a refused model is told within a second of start, not after gRPC's.
+    from embedfleet.worker.lifecycle import serve
+
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         code = runner.run(serve(settings))
     sys.exit(code)

@@ -91,7 +91,7 @@ def check_tokens(tokens: Tokens, max_tokens: int, vocab_size: int, type_vocab_si
 def output_dimensions(model: ModelDir) -> int:
     """Columns of a result row for the model's task (see `EngineInfo.dimensions`)."""
     if model.task == "embed":
-        return model.hidden_size
+        return model.embedding_size
     if model.task == "classify":
         return len(model.labels)
     if model.task == "sparse":
@@ -105,6 +105,8 @@ class GraphCounters:
     replays: int = 0
     eager_runs: int = 0
     capture_seconds: float = 0.0
+    #: device memory held by the graphs' shared memory pool
+    graph_pool_bytes: int = 0
     #: new graphs whose check replay disagreed with eager: never served, the bucket runs eager
     rejects: int = 0
     live_graphs: int = 0
@@ -116,6 +118,22 @@ class GraphCounters:
     runtime: str = ""
     #: why CUDA graphs are off on a device that could run them ("" when on, or not applicable)
     graphs_off_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GraphWarmup:
+    """What an engine's pre-capture at start did. An engine that captures graphs offers
+    `warm_graphs(budget_seconds) -> GraphWarmup`; the worker calls it, when present, before it
+    serves (an engine without graphs has no such method)."""
+
+    planned: int = 0
+    captured: int = 0
+    live: int = 0
+    seconds: float = 0.0
+    #: every capture's time so far (the metric's value)
+    capture_seconds: float = 0.0
+    #: device memory held by the graphs' shared memory pool
+    pool_bytes: int = 0
 
 
 class Pending(Protocol):

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -27,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from embedfleet.common import heap
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.worker import memory, tracing
-from embedfleet.worker.contract import Engine, GraphCounters
+from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup
 from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
@@ -46,6 +47,8 @@ from embedfleet.worker.warmup import (
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "embedfleet.v1.Worker"
+#: the exit status of a worker whose device was lost (a sticky CUDA error)
+DEVICE_LOST_EXIT = 3
 #: replies: the largest is a full request's vectors, far from this
 _MAX_REPLY = 256 << 20
 
@@ -98,11 +101,55 @@ async def _set_health(servicer: _Health, status: int) -> None:
         await servicer.set(name, status)
 
 
+async def _warm_graphs(settings: WorkerSettings, engine: Engine) -> None:
+    """Capture the engine's CUDA graphs before the first request (an engine that captures none
+    has no `warm_graphs`), and report what that took in one line."""
+    warm: Callable[[float], GraphWarmup] | None = getattr(engine, "warm_graphs", None)
+    if warm is None or settings.graph_warmup_seconds <= 0:
+        return
+    report = await asyncio.to_thread(warm, settings.graph_warmup_seconds)
+    if not report.planned:
+        return
+    gpu = engine_gpu_memory(engine)
+    log.info(
+        "CUDA graphs captured",
+        extra={
+            "graphs_planned": report.planned,
+            "graphs_captured": report.captured,
+            "graphs_live": report.live,
+            "seconds": round(report.seconds, 3),
+            "budget_seconds": settings.graph_warmup_seconds,
+            "capture_seconds": round(report.capture_seconds, 3),
+            "graph_pool_bytes": report.pool_bytes,
+            "gpu_reserved_bytes": gpu.reserved if gpu else 0,
+        },
+    )
+
+
+def _device_lost(state: WorkerState, lost: asyncio.Event) -> Callable[[BaseException], None]:
+    """What the engine thread reports a lost device to: the worker stops being ready at once,
+    and `serve` exits non-zero so the kubelet restarts it."""
+
+    def report(error: BaseException) -> None:
+        if lost.is_set():
+            return
+        log.error(
+            "device lost: not serving; exiting to be restarted",
+            extra={"error": str(error).splitlines()[0][:300] if str(error) else repr(error)},
+        )
+        state.ready = False
+        state.metrics.ready.set(0)
+        lost.set()
+
+    return report
+
+
 async def _start_serving(
     settings: WorkerSettings,
     state: WorkerState,
     servicer: _Health,
     loop: asyncio.AbstractEventLoop,
+    lost: asyncio.Event,
 ) -> None:
     t0 = time.monotonic()
     engine = await asyncio.to_thread(build_engine, settings, state.model)
@@ -115,11 +162,15 @@ async def _start_serving(
             "dtype": info.dtype,
         },
     )
+    state.engine = engine  # its counters and GPU memory are scraped from here on
+    await _warm_graphs(settings, engine)  # before the engine thread: one caller at a time
     queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
     trimmer = memory.Trimmer.for_process(settings.malloc_trim_seconds)
-    runner = BatchRunner(engine, queue, state.metrics, loop, trimmer)
+    runner = BatchRunner(
+        engine, queue, state.metrics, loop, trimmer, on_device_lost=_device_lost(state, lost)
+    )
     runner.start()
-    state.engine, state.runner = engine, runner
+    state.runner = runner
     t1 = time.monotonic()
     shape = {
         "vocab_size": info.vocab_size,
@@ -281,23 +332,28 @@ async def serve(settings: WorkerSettings) -> int:
         tmp.replace(settings.port_file)  # atomic: readers never see a partial file
     log.info("listening", extra={"port": port, "metrics_port": settings.metrics_port})
 
-    stop = asyncio.Event()
+    stop, lost = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    startup = asyncio.create_task(_start_serving(settings, state, servicer, loop))
+    startup = asyncio.create_task(_start_serving(settings, state, servicer, loop, lost))
     stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({startup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    losing = asyncio.create_task(lost.wait())
+    await asyncio.wait({startup, stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if startup.done() and startup.exception() is not None:
         log.error("start-up failed", exc_info=startup.exception())
         code = 1
     else:
-        await stopping
+        await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
         if not startup.done():
             startup.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await startup
+    if lost.is_set():
+        await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+        code = DEVICE_LOST_EXIT
     stopping.cancel()
+    losing.cancel()
     await _drain(settings, state, servicer, service)
     await server.stop(grace=1.0)
     tracer.shutdown()

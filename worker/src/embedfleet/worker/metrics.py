@@ -62,6 +62,12 @@ class _GraphCollector(Collector):
         yield GaugeMetricFamily(
             _PREFIX + "live_graphs", "CUDA graphs held now.", value=counters.live_graphs
         )
+        yield GaugeMetricFamily(
+            _PREFIX + "graph_pool_bytes",
+            "GPU memory held by the CUDA graphs' shared memory pool (the largest captured "
+            "bucket's working set; all graphs reuse it).",
+            value=counters.graph_pool_bytes,
+        )
         info = GaugeMetricFamily(
             _PREFIX + "engine_info",
             "1, labelled with the attention backend in use, whether CUDA graphs are on "

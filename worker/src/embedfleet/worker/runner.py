@@ -5,6 +5,10 @@ caller only) and pipelines: it launches batch N+1 before waiting on batch N, so 
 device always has the next batch queued while the CPU packs the one after. With at most two
 batches in flight a request waits for at most one batch ahead of its own. Results cross back to
 the event loop with one `call_soon_threadsafe` per batch, not per request.
+
+While a batch computes and nothing is queued, the engine thread sleeps until a request arrives or
+a waiter thread, blocked on the batch's completion, wakes it: it used to wake every 0.5 ms to look,
+which cost up to that much latency at batch 1 and CPU the whole time the device worked.
 """
 
 from __future__ import annotations
@@ -14,19 +18,18 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.worker.contract import Engine, Pending, StageTimes, WorkItem
+from embedfleet.worker.device_errors import device_lost
 from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.scheduler import Batch, Budget, DropReason, FcfsQueue
 from embedfleet.worker.throughput import BusyThroughput
 
 log = logging.getLogger(__name__)
-
-#: while a batch computes and the queue is empty, how often to look for new arrivals or completion
-_POLL_SECONDS = 0.0005
 
 
 class DroppedError(Exception):
@@ -39,6 +42,10 @@ class DroppedError(Exception):
 
 class EngineError(Exception):
     """The engine raised while computing this request's batch."""
+
+
+class DeviceLostError(EngineError):
+    """The device's context is lost (a sticky CUDA error): this worker computes nothing more."""
 
 
 @dataclass(eq=False, slots=True)
@@ -89,6 +96,78 @@ class _Launched:
     error: BaseException | None = None
 
 
+class _Waiter:
+    """Blocks on one in-flight batch at a time on its own thread, then wakes the engine thread.
+
+    Only `Pending.wait` blocks without spinning the engine thread; doing it here lets the engine
+    thread sleep on its condition for either an arrival or this completion. A batch handed over
+    is waited on here alone (two threads in one `wait` would both return its buffers).
+    """
+
+    def __init__(self, wake: threading.Condition) -> None:
+        self._wake = wake  # the engine thread's condition
+        self._lock = threading.Condition(threading.Lock())
+        self._pending: Pending | None = None
+        self._outcome: tuple[list[FloatArray] | None, BaseException | None] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="engine-waiter", daemon=True)
+        self._thread.start()
+
+    def watch(self, pending: Pending) -> None:
+        """Start waiting on `pending` unless it is the one already watched."""
+        with self._lock:
+            if self._pending is pending:
+                return
+            self._pending, self._outcome = pending, None
+            self._lock.notify()
+
+    def watching(self, pending: Pending | None) -> bool:
+        return pending is not None and self._pending is pending
+
+    def done(self, pending: Pending) -> bool:
+        with self._lock:
+            return self._pending is pending and self._outcome is not None
+
+    def take(self, pending: Pending) -> list[FloatArray]:
+        """`pending`'s results (or its error, raised), once the waiter has them."""
+        with self._lock:
+            while self._outcome is None:
+                self._lock.wait()
+            results, error = self._outcome
+            self._pending = self._outcome = None
+        if error is not None:
+            raise error
+        assert results is not None
+        return results
+
+    def close(self) -> None:
+        """End the thread once it waits for work (the engine thread has ended)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None or self._outcome is not None:
+                    if self._closed:
+                        return
+                    self._lock.wait()
+                pending = self._pending
+            try:
+                outcome: tuple[list[FloatArray] | None, BaseException | None] = (
+                    pending.wait(),
+                    None,
+                )
+            except Exception as exc:
+                outcome = (None, exc)
+            with self._lock:
+                self._outcome = outcome
+                self._lock.notify_all()
+            with self._wake:
+                self._wake.notify()
+
+
 class BatchRunner:
     def __init__(
         self,
@@ -98,8 +177,13 @@ class BatchRunner:
         loop: asyncio.AbstractEventLoop,
         trimmer: Trimmer | None = None,
         throughput: BusyThroughput | None = None,
+        on_device_lost: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.engine = engine
+        #: called once on the event loop when the engine's device is lost (device_errors)
+        self._on_device_lost = on_device_lost
+        #: the sticky error that lost the device; from then on batches fail without compute
+        self.device_lost: BaseException | None = None
         self._trimmer = trimmer or Trimmer(0.0)
         self.metrics = metrics
         self._queue = queue
@@ -117,6 +201,8 @@ class BatchRunner:
         #: stored whole by the engine thread and read by Info on the event loop.
         self.saturated_rate = 0.0
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        #: started on the first batch that is not done on return (a GPU's)
+        self._waiter: _Waiter | None = None
         # Read at scrape time (racy by design, as queued()), not written per arrival and batch.
         metrics.queued_requests.set_function(lambda: len(self._queue))
         metrics.queued_tokens.set_function(lambda: self._queue.tokens)
@@ -163,7 +249,7 @@ class BatchRunner:
     def _run(self) -> None:
         prev: _Launched | None = None
         while True:
-            if prev is not None and (prev.pending is None or prev.pending.ready()):
+            if prev is not None and self._complete(prev.pending):
                 self._finish(prev)
                 prev = None
             with self._cond:
@@ -171,11 +257,13 @@ class BatchRunner:
                 if not batch.items and not batch.dropped:
                     if prev is None:
                         if self._stopping:
+                            if self._waiter is not None:
+                                self._waiter.close()
                             return
                         self._last_done = None  # idle: the next batch's wait is not compute
                         self._cond.wait()
-                    else:
-                        self._cond.wait(_POLL_SECONDS)
+                    elif self._watch(prev.pending):
+                        self._cond.wait()  # until an arrival (submit) or the batch's end
                     continue
                 saturated = len(self._queue) > 0
             self._drop(batch)
@@ -185,6 +273,29 @@ class BatchRunner:
             if prev is not None:
                 self._finish(prev)
             prev = launched
+
+    def _complete(self, pending: Pending | None) -> bool:
+        """Whether a launched batch's results can be read without blocking."""
+        if pending is None:
+            return True
+        if self._waiter is not None and self._waiter.watching(pending):
+            return self._waiter.done(pending)
+        return pending.ready()
+
+    def _watch(self, pending: Pending | None) -> bool:
+        """Hand an unfinished batch to the waiter (under the condition); False if it is done,
+        so the caller does not sleep through a wake-up that came before it slept."""
+        if pending is None:
+            return False
+        if self._waiter is None:
+            self._waiter = _Waiter(self._cond)
+        self._waiter.watch(pending)
+        return not self._waiter.done(pending)
+
+    def _results(self, pending: Pending) -> list[FloatArray]:
+        if self._waiter is not None and self._waiter.watching(pending):
+            return self._waiter.take(pending)
+        return pending.wait()
 
     def _drop(self, batch: Batch[Entry]) -> None:
         if not batch.dropped:
@@ -204,21 +315,34 @@ class BatchRunner:
         self.metrics.batch_tokens.observe(batch.tokens)
         self.metrics.batch_sequences.observe(batch.sequences)
         launched = _Launched(batch.items, None, started, batch.tokens, saturated)
+        if self.device_lost is not None:
+            launched.error = DeviceLostError(f"the device is lost: {self.device_lost}")
+            return launched
         try:
             launched.pending = self.engine.step([e.item for e in batch.items])
         except Exception as exc:
             log.exception("engine step failed", extra={"batch": self._batches})
-            launched.error = exc
+            launched.error = self._classified(exc)
         return launched
+
+    def _classified(self, exc: Exception) -> Exception:
+        """`exc`, or a DeviceLostError for a sticky CUDA error, reported once to the worker."""
+        if not device_lost(exc):
+            return exc
+        if self.device_lost is None:
+            self.device_lost = exc
+            if self._on_device_lost is not None:
+                self._loop.call_soon_threadsafe(self._on_device_lost, exc)
+        return DeviceLostError(f"the device is lost: {exc}")
 
     def _finish(self, launched: _Launched) -> None:
         results: list[FloatArray] | None = None
         if launched.pending is not None:
             try:
-                results = launched.pending.wait()
+                results = self._results(launched.pending)
             except Exception as exc:
                 log.exception("engine results failed")
-                launched.error = exc
+                launched.error = self._classified(exc)
         done = time.monotonic()
         self.metrics.compute.observe(done - launched.started)
         self._observe_stages(launched.pending)
@@ -278,5 +402,7 @@ def _fail(
             continue
         if entry in reasons:
             entry.future.set_exception(DroppedError(reasons[entry]))
+        elif isinstance(error, DeviceLostError):
+            entry.future.set_exception(error)
         else:
             entry.future.set_exception(EngineError(str(error)))

@@ -30,7 +30,13 @@ from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem
 from embedfleet.worker.inflight import ByteBudget, Ticket
 from embedfleet.worker.metrics import WorkerMetrics
-from embedfleet.worker.runner import BatchRunner, DroppedError, EngineError, Entry
+from embedfleet.worker.runner import (
+    BatchRunner,
+    DeviceLostError,
+    DroppedError,
+    EngineError,
+    Entry,
+)
 from embedfleet.worker.scheduler import Admission, Budget, DropReason, QueueFullError, admit
 from embedfleet.worker.sparse import sparsify
 from embedfleet.worker.tracing import record_batch
@@ -42,6 +48,9 @@ _POOLING: dict[int, Pooling | None] = {
     pb.POOLING_MEAN: "mean",
     pb.POOLING_CLS: "cls",
     pb.POOLING_LAST_TOKEN: "last_token",
+    pb.POOLING_MAX: "max",
+    pb.POOLING_WEIGHTED_MEAN: "weighted_mean",
+    pb.POOLING_MEAN_SQRT_LEN: "mean_sqrt_len",
 }
 _POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
 _TASKS = {"Embed": "embed", "Score": "score", "Classify": "classify", "SparseEmbed": "sparse"}
@@ -505,6 +514,10 @@ class WorkerService(pb_grpc.WorkerServicer):
             if exc.reason is DropReason.DEADLINE:
                 raise StatusError(Code.DEADLINE_EXCEEDED, "deadline passed while queued") from None
             raise StatusError(Code.CANCELLED, "cancelled while queued") from None
+        except DeviceLostError as exc:
+            # UNAVAILABLE, as a draining worker's: the gateway retries elsewhere while this
+            # worker exits to be restarted.
+            raise StatusError(Code.UNAVAILABLE, str(exc)) from None
         except EngineError as exc:
             raise StatusError(Code.INTERNAL, f"the engine failed: {exc}") from None
         return entry

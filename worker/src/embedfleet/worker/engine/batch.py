@@ -114,22 +114,15 @@ class DeviceBatch:
     cu_seqlens: torch.Tensor  # [N + 1] int32
 
 
-def to_device(
-    host: HostBatch,
-    device: torch.device,
-    staged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-) -> DeviceBatch:
-    """One host-to-device copy per array group; pinned and non-blocking on CUDA. `staged`: the
-    arrays already in reused pinned buffers (`staging.Staging`), else they are pinned here."""
+def to_device(host: HostBatch, device: torch.device) -> DeviceBatch:
+    """One host-to-device copy per array group; pinned and non-blocking on CUDA (the engine
+    stages CUDA batches through reused pinned buffers instead: `staging.Staging`)."""
     cuda = device.type == "cuda"
-    if staged is not None:
-        tokens, seqs, cu = staged
-    else:
-        tokens = torch.from_numpy(host.tokens)
-        seqs = torch.from_numpy(host.seqs)
-        cu = torch.from_numpy(host.cu_seqlens)
-        if cuda:
-            tokens, seqs, cu = tokens.pin_memory(), seqs.pin_memory(), cu.pin_memory()
+    tokens = torch.from_numpy(host.tokens)
+    seqs = torch.from_numpy(host.seqs)
+    cu = torch.from_numpy(host.cu_seqlens)
+    if cuda:
+        tokens, seqs, cu = tokens.pin_memory(), seqs.pin_memory(), cu.pin_memory()
     tokens = tokens.to(device, non_blocking=cuda)
     seqs = seqs.to(device, non_blocking=cuda)
     cu = cu.to(device, non_blocking=cuda)

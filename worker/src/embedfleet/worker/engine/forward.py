@@ -14,11 +14,10 @@ import torch
 
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import Tokens
-from embedfleet.common.modeldir import Pooling
 from embedfleet.worker.engine.attention import AttentionBackend
 from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
 from embedfleet.worker.engine.models import Model
-from embedfleet.worker.engine.pooling import pool
+from embedfleet.worker.engine.pooling import Pooler
 
 
 class Runtime(Protocol):
@@ -36,7 +35,7 @@ class Runtime(Protocol):
 def forward(
     model: Model,
     backend: AttentionBackend,
-    pooling: Pooling,
+    pooler: Pooler,
     batch: DeviceBatch,
     max_seqlen: int,
     lengths: npt.NDArray[np.int64],
@@ -45,7 +44,7 @@ def forward(
     """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`:
     `encode`, then `default_head`."""
     hidden = encode(model, backend, batch, max_seqlen, lengths, runtime)
-    return hidden, default_head(model, pooling, hidden, batch)
+    return hidden, default_head(model, pooler, hidden, batch)
 
 
 def encode(
@@ -69,18 +68,18 @@ def encode(
 
 
 def default_head(
-    model: Model, pooling: Pooling, hidden: torch.Tensor, batch: DeviceBatch
+    model: Model, pooler: Pooler, hidden: torch.Tensor, batch: DeviceBatch
 ) -> torch.Tensor:
-    """The model's head over `hidden` (scores, logits, sparse rows) or, for an embedder, the
-    default pooling [N, H] float32; always eager."""
+    """The model's head over `hidden` (scores, logits, sparse rows) or, for an embedder, its
+    default pooling and Dense layers [N, D] float32; always eager."""
     out = model.head(hidden, batch)
-    return out if out is not None else pool(hidden, batch, pooling)
+    return out if out is not None else pooler(hidden, batch)
 
 
 def default_outputs(
     model: Model,
     backend: AttentionBackend,
-    pooling: Pooling,
+    pooler: Pooler,
     tokens: Tokens,
     device: torch.device,
     runtime: Runtime | None = None,
@@ -91,7 +90,7 @@ def default_outputs(
         host = pack([tokens], model.shape.position_offset)
         batch = to_device(host, device)
         _, head = forward(
-            model, backend, pooling, batch, int(host.lengths.max()), host.lengths, runtime
+            model, backend, pooler, batch, int(host.lengths.max()), host.lengths, runtime
         )
         rows: FloatArray = head[: host.real_sequences].float().cpu().numpy()
         return rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -34,19 +35,25 @@ SEQUENCE_SCHEMES: tuple[SequenceScheme, ...] = get_args(SequenceScheme)
 
 @dataclass(frozen=True, slots=True)
 class BucketPolicy:
-    """How a batch's (total tokens, sequences) maps to a graph's shape.
+    """How a batch's (total tokens, sequences, longest sequence) maps to a graph's shape.
 
     Token buckets, `geometric` (the default; docs/cuda-graphs.md has the simulation that chose
     it): `per_octave` buckets per doubling from `token_step` up, so padding stays under
     1/per_octave of a batch and 16k tokens need ~30 buckets. `linear`: multiples of `token_step`
     up to `token_switch`, then of `token_large_step` (~75 buckets to 16k).
 
-    Sequence slots, `fixed` (the default): one slot count per token bucket, enough for any batch
-    it can hold, so a token bucket is one graph; empty slots cost a few idle attention blocks.
-    `pow2`: the count rounded up to a power of two (up to ten graphs per token bucket).
+    Attention length: a graph's varlen attention is launched for a fixed longest sequence, and
+    its grid has a row of blocks per `attention / block` for every sequence slot, filled or not.
+    The length is the batch's longest sequence rounded up to `attention_floor` x
+    `attention_factor`^k (512, 2048, 8192, 32768), never above the bucket or the model's limit
+    (`max_seqlen`): a 512-token model has one length per bucket, as before; a 32k-limit model's
+    16k-token bucket of short sequences launches 4 rows of blocks per slot instead of 128.
 
-    Padding tokens go into extra sequences of at most `max_seqlen` tokens, the longest real
-    sequence; a graph's attention is launched for that length, never for the bucket's total.
+    Sequence slots, `fixed` (the default): one slot count per token bucket and attention length,
+    enough for any batch it can hold, so a token bucket is one graph per attention length; empty
+    slots cost a few idle attention blocks. `pow2`: the count rounded up to a power of two (up to
+    ten graphs per token bucket). Padding tokens go into extra sequences of at most the
+    attention length, so no sequence is longer than the launch.
     """
 
     token_scheme: TokenScheme = "geometric"
@@ -59,12 +66,17 @@ class BucketPolicy:
     max_sequences: int = 512
     #: the longest sequence a batch may hold (the model's input limit)
     max_seqlen: int = 512
+    #: the shortest attention length a bucket above it is launched with, and the step above it
+    attention_floor: int = 512
+    attention_factor: int = 4
 
     def __post_init__(self) -> None:
         if min(self.token_step, self.token_large_step, self.per_octave) <= 0:
             raise ValueError("bucket steps must be positive")
         if self.token_switch < 0 or min(self.max_sequences, self.max_seqlen) <= 0:
             raise ValueError("bucket limits must be positive")
+        if self.attention_floor <= 0 or self.attention_factor < 2:
+            raise ValueError("attention lengths must start positive and grow")
         if self.token_scheme not in TOKEN_SCHEMES:
             raise ValueError(f"token bucket scheme must be one of {list(TOKEN_SCHEMES)}")
         if self.sequence_scheme not in SEQUENCE_SCHEMES:
@@ -85,44 +97,67 @@ class BucketPolicy:
             out.append(self.tokens(out[-1] + 1))
         return out
 
-    def pad_slots(self, pad: int) -> int:
-        """Sequences `pad` padding tokens take (each at most max_seqlen long)."""
-        return -(-pad // self.max_seqlen)
+    def attention(self, tokens: int, longest: int) -> int:
+        """The attention launch length of a `tokens` bucket whose longest real sequence has
+        `longest` tokens."""
+        cap = min(tokens, self.max_seqlen)
+        length = self.attention_floor
+        while length < longest and length < cap:
+            length *= self.attention_factor
+        return min(length, cap)
 
-    def sequences(self, count: int, tokens: int = 0, total: int = 0) -> int:
+    def attentions(self, tokens: int) -> list[int]:
+        """Every attention length a `tokens` bucket can be launched with, shortest first."""
+        out = [self.attention(tokens, 1)]
+        while out[-1] < min(tokens, self.max_seqlen):
+            out.append(self.attention(tokens, out[-1] + 1))
+        return out
+
+    def pad_slots(self, pad: int, attention: int) -> int:
+        """Sequences `pad` padding tokens take (each at most `attention` long)."""
+        return -(-pad // attention)
+
+    def sequences(self, count: int, tokens: int, total: int, attention: int) -> int:
         """Slots for `count` real sequences in a `tokens` bucket holding `total` real tokens."""
-        need = count + self.pad_slots(max(0, tokens - total))
-        if self.sequence_scheme == "fixed" and tokens > 0:
-            return max(need, self.fixed_slots(tokens))
+        need = count + self.pad_slots(max(0, tokens - total), attention)
+        if self.sequence_scheme == "fixed":
+            return max(need, self.fixed_slots(tokens, attention))
         return max(2, 1 << (need - 1).bit_length())
 
-    def fixed_slots(self, tokens: int) -> int:
+    def fixed_slots(self, tokens: int, attention: int) -> int:
         """`fixed`: enough for the most sequences a bucket can hold plus its padding."""
-        return min(tokens, self.max_sequences) + self.pad_slots(tokens)
+        return min(tokens, self.max_sequences) + self.pad_slots(tokens, attention)
 
-    def key(self, total_tokens: int, sequences: int) -> GraphKey:
+    def key(self, total_tokens: int, sequences: int, longest: int) -> GraphKey:
+        """The bucket of a batch of `sequences` sequences, `total_tokens` tokens in all, the
+        longest `longest` tokens."""
         tokens = self.tokens(total_tokens)
-        return GraphKey(tokens, self.sequences(sequences, tokens, total_tokens))
+        attention = self.attention(tokens, longest)
+        return GraphKey(
+            tokens, self.sequences(sequences, tokens, total_tokens, attention), attention
+        )
 
-    def sequence_buckets(self, tokens: int, max_sequences: int) -> list[int]:
-        """Every sequence bucket a token bucket can meet (for capturing at start)."""
-        if self.sequence_scheme == "fixed":
-            return [self.fixed_slots(tokens)]
-        top = self.sequences(min(tokens, max_sequences), tokens, 1)
-        out, slots = [], 2
-        while slots <= top:
-            out.append(slots)
-            slots *= 2
+    def keys_for(self, tokens: int) -> list[GraphKey]:
+        """Every bucket of `tokens` tokens a batch can meet, shortest attention first (for
+        capturing at start)."""
+        out = []
+        for attention in self.attentions(tokens):
+            if self.sequence_scheme == "fixed":
+                out.append(GraphKey(tokens, self.fixed_slots(tokens, attention), attention))
+                continue
+            top = self.sequences(min(tokens, self.max_sequences), tokens, 1, attention)
+            slots = 2
+            while slots <= top:
+                out.append(GraphKey(tokens, slots, attention))
+                slots *= 2
         return out
 
     def capacity(self, max_tokens: int) -> GraphKey:
-        """The largest bucket a batch of up to `max_tokens` tokens can need: the static buffers."""
+        """The largest bucket a batch of up to `max_tokens` tokens can need: the static buffers.
+        The shortest attention pads into the most slots."""
         tokens = self.tokens(max_tokens)
-        return GraphKey(tokens, self.sequences(self.max_sequences, tokens, 0))
-
-    def attention_len(self, key: GraphKey) -> int:
-        """The max sequence length a graph's attention is launched with."""
-        return min(key.tokens, self.max_seqlen)
+        attention = self.attention(tokens, 1)
+        return GraphKey(tokens, self.sequences(self.max_sequences, tokens, 0, attention), attention)
 
 
 def _round_up(value: int, step: int) -> int:
@@ -145,6 +180,12 @@ def _geometric(total: int, smallest: int, per_octave: int) -> int:
 class GraphKey:
     tokens: int
     sequences: int
+    #: the attention's launch length (BucketPolicy.attention)
+    attention: int
+
+
+#: a batch's real (tokens, sequences, longest sequence)
+Real = tuple[int, int, int]
 
 
 class Action(enum.Enum):
@@ -179,8 +220,6 @@ class GraphCache:
     max_graphs: int = 64
     max_tokens: int = 16384
     max_sequences: int = 1 << 30
-    #: padding sequences are at most this long (eager mode pads into larger buckets)
-    max_seqlen: int = 1 << 30
     _graphs: OrderedDict[GraphKey, None] = field(default_factory=OrderedDict)
     _seen: set[GraphKey] = field(default_factory=set)
     _failed: set[GraphKey] = field(default_factory=set)
@@ -193,20 +232,18 @@ class GraphCache:
         """Whether the runner's static buffers hold `key`."""
         return key.tokens <= self.max_tokens and key.sequences <= self.max_sequences
 
-    def holds(self, bucket: GraphKey, key: GraphKey, real: tuple[int, int] | None = None) -> bool:
-        """Whether a batch bucketed as `key`, of `real` (tokens, sequences) when known, can be
-        padded into the larger `bucket`: its sequences and padding of at most max_seqlen."""
-        if bucket.tokens < key.tokens:
+    def holds(self, bucket: GraphKey, key: GraphKey, real: Real | None = None) -> bool:
+        """Whether a batch bucketed as `key`, of `real` (tokens, sequences, longest) when known,
+        can be padded into the larger `bucket`: its longest sequence within the bucket's
+        attention length, its sequences and the padding (cut at that length) within its slots."""
+        tokens, count, longest = real or (key.tokens, key.sequences, key.attention)
+        if bucket.tokens < key.tokens or bucket.attention < longest:
             return False
-        if real is None:
-            tokens, count = key.tokens, key.sequences
-        else:
-            tokens, count = real
-        return bucket.sequences >= count + -(-(bucket.tokens - tokens) // self.max_seqlen)
+        return bucket.sequences >= count + -(-(bucket.tokens - tokens) // bucket.attention)
 
-    def decide(self, key: GraphKey, real: tuple[int, int] | None = None) -> Decision:
-        """What to do for a batch in bucket `key` holding `real` (tokens, sequences); records
-        the use."""
+    def decide(self, key: GraphKey, real: Real | None = None) -> Decision:
+        """What to do for a batch in bucket `key` holding `real` (tokens, sequences, longest);
+        records the use."""
         if key in self._graphs:
             self._graphs.move_to_end(key)
             return Decision(Action.REPLAY, key)
@@ -252,10 +289,35 @@ class GraphCache:
         """Captured buckets, least recently used first."""
         return list(self._graphs)
 
+    def __len__(self) -> int:
+        """Captured buckets (one atomic read: the metrics thread asks while the engine's
+        thread decides)."""
+        return len(self._graphs)
+
     @property
     def failed(self) -> list[GraphKey]:
         """Buckets that will never be captured again."""
         return sorted(self._failed)
+
+
+def warmup_plan(
+    policy: BucketPolicy, token_buckets: Sequence[int], max_graphs: int
+) -> list[GraphKey]:
+    """The graphs to capture before a worker serves, in capture order, at most `max_graphs`.
+
+    First every token bucket of `token_buckets` at its shortest attention length (the launch of
+    the short sequences every fleet's traffic holds), then the longer attention lengths; each
+    round largest first. Largest first because the first capture sizes the one memory pool all
+    graphs share and the smaller ones then fit in it, and because a start-up budget that runs out
+    leaves uncaptured the small buckets, whose lazy first uses cost the least.
+    """
+    rounds: list[list[GraphKey]] = [[], []]
+    for tokens in sorted(set(token_buckets), reverse=True):
+        keys = policy.keys_for(tokens)
+        shortest = keys[0].attention
+        rounds[0] += sorted((k for k in keys if k.attention == shortest), reverse=True)
+        rounds[1] += sorted((k for k in keys if k.attention != shortest), reverse=True)
+    return (rounds[0] + rounds[1])[: max(0, max_graphs)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,11 +331,14 @@ class GraphsPlan:
     warn: bool = False
 
 
-def graphs_plan(device_type: str, mode: GraphMode, backend: str, graph_safe: bool) -> GraphsPlan:
+def graphs_plan(
+    device_type: str, mode: GraphMode, backend: str, graph_safe: bool, needs: str = ""
+) -> GraphsPlan:
     """Whether this engine captures graphs, and what to say when it cannot.
 
     `eager` mode was asked for explicitly, so an attention backend that cannot be captured
-    (grouped SDPA: no flash-attn and a torch without varlen attention, or float32) refuses to
+    (grouped SDPA: no flash-attn and a torch without varlen attention, or float32; or a model
+    whose attention `needs` what no graph-safe backend offers, MPNet's position bias) refuses to
     start instead of quietly running every batch eager; `lazy` runs eager but says so at error
     level and in the engine info metric.
     """
@@ -281,8 +346,10 @@ def graphs_plan(device_type: str, mode: GraphMode, backend: str, graph_safe: boo
         return GraphsPlan(False)
     if graph_safe:
         return GraphsPlan(True)
-    reason = (
-        f"attention backend {backend} cannot be captured in a CUDA graph (varlen attention needs "
-        "flash-attn or torch's varlen_attn, and float16/bfloat16)"
+    why = (
+        f"no graph-safe backend offers this model's attention {needs}"
+        if needs
+        else "varlen attention needs flash-attn or torch's varlen_attn, and float16/bfloat16"
     )
+    reason = f"attention backend {backend} cannot be captured in a CUDA graph ({why})"
     return GraphsPlan(False, reason, refuse=mode == "eager", warn=mode == "lazy")

@@ -1,8 +1,8 @@
 """From one batch's forward outputs to each work item's rows, with its own options applied.
 
-Pooling other than the default, Matryoshka truncation, normalization (embedders) or the
-activation (scorers and classifiers; sparse rows pass as they are), and the slice of the batch
-output each item reads back. Pure: the forward's tensors are
+Pooling other than the default (then the model's Dense layers), Matryoshka truncation,
+normalization (embedders) or the activation (scorers and classifiers; sparse rows pass as they
+are), and the slice of the batch output each item reads back. Pure: the forward's tensors are
 read, never written, so a graph's static outputs can be passed straight in.
 """
 
@@ -16,7 +16,7 @@ from embedfleet.common.modeldir import Activation, Pooling
 from embedfleet.worker.contract import EngineInfo, Options, WorkItem
 from embedfleet.worker.engine.batch import DeviceBatch
 from embedfleet.worker.engine.pending import Slice
-from embedfleet.worker.engine.pooling import finish, pool
+from embedfleet.worker.engine.pooling import Pooler, finish
 
 
 def apply_options(
@@ -26,10 +26,14 @@ def apply_options(
     batch: DeviceBatch,
     real_sequences: int,
     model: EngineInfo,
+    pooler: Pooler,
+    default: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[Slice]]:
-    """One [N, H] (or [N] scores) float32 tensor for all items' N real sequences, and each item's
+    """One [N, D] (or [N] scores) float32 tensor for all items' N real sequences, and each item's
     slice of it. `head` is the default head's output for every slot, `hidden` the [T, H] states
-    other poolings read; `model` supplies the defaults that unset options fall back to."""
+    other poolings read (through `pooler`'s Dense layers); `model` supplies the defaults that
+    unset options fall back to. `default`: `default_rows(head)` when already computed (inside a
+    CUDA graph), returned as it is when every item keeps the model's defaults."""
     if model.task == "score":
         return _scores(items, head[:real_sequences], "sigmoid")
     if model.task == "classify":
@@ -37,14 +41,17 @@ def apply_options(
     if model.task == "sparse":
         out = head[:real_sequences]
         return out, _slices(items, out.shape[1])
+    choices = [resolve(it.options, model) for it in items]
+    if default is not None and set(choices) == {defaults(model)}:
+        out = default[:real_sequences]
+        return out, _slices(items, out.shape[1])
     pooled: dict[Pooling, torch.Tensor] = {model.default_pooling: head[:real_sequences]}
 
     def vectors(mode: Pooling) -> torch.Tensor:
         if mode not in pooled:
-            pooled[mode] = pool(hidden, batch, mode)[:real_sequences]
+            pooled[mode] = pooler(hidden, batch, mode)[:real_sequences]
         return pooled[mode]
 
-    choices = [resolve(it.options, model) for it in items]
     if len(set(choices)) == 1:
         mode, dims, norm = choices[0]
         out = finish(vectors(mode), dims, norm).contiguous()
@@ -59,6 +66,20 @@ def apply_options(
         slices.append(Slice(span.start, span.stop, rows.shape[1]))
         row = span.stop
     return out, slices
+
+
+def defaults(model: EngineInfo) -> tuple[Pooling, int, bool]:
+    """What `resolve` gives a request that sets no option."""
+    return model.default_pooling, 0, model.default_normalize
+
+
+def default_rows(head: torch.Tensor, model: EngineInfo) -> torch.Tensor:
+    """Every slot's result under the model's default options, from the default head: the
+    normalized vectors of an embedder; a scorer's or classifier's raw logits and sparse rows as
+    they are (their activation is a per-request option, off unless asked)."""
+    if model.task != "embed":
+        return head
+    return finish(head, 0, model.default_normalize)
 
 
 def resolve(options: Options, model: EngineInfo) -> tuple[Pooling, int, bool]:

@@ -11,12 +11,20 @@ graph per batch structure.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
+
+from embedfleet.worker.engine.attention import (
+    AttentionPlan,
+    PositionBias,
+    relative_positions,
+    visible,
+)
 
 I64 = npt.NDArray[np.int64]
 
@@ -53,13 +61,32 @@ class PaddedPlan:
     """An `attention.AttentionPlan` made of tensors only: traceable, no host work per layer.
 
     `mask` is [B, 1, 1, L] (True where a key is real); causal attention ignores it, as right
-    padding is never seen by a real query.
+    padding is never seen by a real query. A windowed or biased plan carries its combined mask
+    in `scores` (made once per forward: [B, 1, L, L] bool, or [B, H, L, L] additive scores).
     """
 
     gather: torch.Tensor
     inverse: torch.Tensor
     mask: torch.Tensor
     causal: bool
+    window: int = -1
+    bias: PositionBias | None = None
+    scores: torch.Tensor | None = None
+
+    def windowed(self, window: int) -> AttentionPlan:
+        return self._derived(window, self.bias)
+
+    def biased(self, bias: PositionBias) -> AttentionPlan:
+        return self._derived(self.window, bias)
+
+    def _derived(self, window: int, bias: PositionBias | None) -> PaddedPlan:
+        # The block's width is a dynamic dimension of the traced graph: read it from the mask.
+        relative = relative_positions(self.mask.shape[-1], self.mask.device)
+        seen = visible(relative, window, self.causal)[None, None] & self.mask
+        scores = seen
+        if bias is not None:
+            scores = bias(relative)[None].masked_fill(~seen, float("-inf"))
+        return dataclasses.replace(self, window=window, bias=bias, scores=scores)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         batch = self.mask.shape[0]
@@ -69,13 +96,12 @@ class PaddedPlan:
         def block(x: torch.Tensor) -> torch.Tensor:  # [T, h, d] -> [B, h, L, d]
             return x.index_select(0, self.gather).view(batch, -1, *x.shape[1:]).transpose(1, 2)
 
+        mask: torch.Tensor | None = None if self.causal else self.mask
+        causal = self.causal
+        if self.scores is not None:  # the window's or bias's mask holds causality too
+            mask, causal = self.scores, False
         out = F.scaled_dot_product_attention(
-            block(q),
-            block(k),
-            block(v),
-            attn_mask=None if self.causal else self.mask,
-            is_causal=self.causal,
-            enable_gqa=gqa,
+            block(q), block(k), block(v), attn_mask=mask, is_causal=causal, enable_gqa=gqa
         )
         return out.transpose(1, 2).flatten(0, 1).index_select(0, self.inverse)
 

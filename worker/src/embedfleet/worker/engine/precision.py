@@ -18,6 +18,7 @@ from embedfleet.worker.engine.attention import GroupedBackend, select_backend
 from embedfleet.worker.engine.forward import default_outputs
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.models.family import load_model
+from embedfleet.worker.engine.pooling import Pooler
 from embedfleet.worker.engine.probe import agreement, probe_items
 
 log = logging.getLogger(__name__)
@@ -130,12 +131,12 @@ def load_model_at_dtype(
         return torch.float32, load_model(model_dir, torch.float32, device, bidirectional)
     fast = load_model(model_dir, dtype, device, bidirectional)
     reference = load_model(model_dir, torch.float32, device, bidirectional)
-    fast_backend = select_backend(attention, device, dtype)
+    fast_backend = select_backend(attention, device, dtype, features=fast.shape.attention_features)
     items = probe_items(model_dir, max_tokens)
-    pooling = model_dir.pooling
-    fast_out = [default_outputs(fast, fast_backend, pooling, it.tokens, device) for it in items]
+    pooler = Pooler.of(model_dir, device)
+    fast_out = [default_outputs(fast, fast_backend, pooler, it.tokens, device) for it in items]
     slow_out = [
-        default_outputs(reference, GroupedBackend(), pooling, it.tokens, device) for it in items
+        default_outputs(reference, GroupedBackend(), pooler, it.tokens, device) for it in items
     ]
     cosine, score_diff = agreement(fast_out, slow_out, model_dir.task)
     keep = cosine >= PARITY_MIN_COSINE and score_diff <= PARITY_MAX_SCORE_DIFF

@@ -18,8 +18,15 @@ PROBE_TEXTS = (
 )
 
 
+#: the longest probe sequence: a decoder's window (32k tokens for e5-mistral) probed in full
+#: took a CPU start-up minutes of attention, for a dtype check that 512 tokens already makes
+PROBE_MAX_TOKENS = 512
+
+
 def probe_token_ids(model_dir: ModelDir, max_tokens: int) -> list[list[int]]:
-    """Probe sequences from short to `max_tokens` long; seeded random ids without a tokenizer."""
+    """Probe sequences from short to `max_tokens` (at most PROBE_MAX_TOKENS) long; seeded random
+    ids without a tokenizer."""
+    max_tokens = min(max_tokens, PROBE_MAX_TOKENS)
     vocab = int(model_dir.config["vocab_size"])
     if (model_dir.path / "tokenizer.json").is_file():
         tok = model_dir.tokenizer()

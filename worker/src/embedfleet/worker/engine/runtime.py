@@ -40,6 +40,7 @@ from embedfleet.worker.engine.forward import Runtime, default_outputs
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.models.family import load_model
 from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
+from embedfleet.worker.engine.pooling import Pooler
 from embedfleet.worker.engine.precision import (
     PARITY_MAX_SCORE_DIFF,
     PARITY_MIN_COSINE,
@@ -211,16 +212,32 @@ def converted_model(
     path = entry / "encoder.xml"
     if path.is_file():
         try:
-            return ov.Core().read_model(str(path))
+            graph = ov.Core().read_model(str(path))
+            entry.touch()  # most recently used: pruning keeps it
+            return graph
         except RuntimeError:
             log.warning("unreadable cached OpenVINO graph %s: converting again", path)
             shutil.rmtree(entry, ignore_errors=True)  # so this conversion replaces it
     converted = convert(model)
     try:
         _save(ov, converted, entry)
+        _prune(root, KEPT_GRAPHS)
     except OSError as err:
         log.warning("could not cache the OpenVINO graph in %s: %s", entry, err)
     return converted
+
+
+#: converted graphs kept per cache: each checkpoint or code change keys a new one (tens of MB to
+#: GBs), so an unbounded cache fills a node's disk over upgrades
+KEPT_GRAPHS = 8
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Removes all but the `keep` most recently used entries (a read touches its entry)."""
+    entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    entries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in entries[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _save(ov: Any, converted: Any, entry: Path) -> None:
@@ -382,7 +399,7 @@ def openvino_at_dtype(
             fast_s = min(fast_s, seconds_per_batch(fast))
             exact_s = min(exact_s, seconds_per_batch(exact))
         items = probe_items(model_dir, max_tokens)
-        grouped, pooling = GroupedBackend(), model_dir.pooling
+        grouped, pooling = GroupedBackend(), Pooler.of(model_dir, cpu)
         got = [default_outputs(model, grouped, pooling, it.tokens, cpu, fast) for it in items]
         want = [default_outputs(model, grouped, pooling, it.tokens, cpu) for it in items]
         cosine, score_diff = agreement(got, want, model_dir.task)

@@ -16,31 +16,51 @@ import torch
 from embedfleet.worker.engine.batch import HostBatch
 
 
+def packed_bytes(tokens: int, sequences: int) -> int:
+    """Bytes of one packed batch of `tokens` tokens in `sequences` slots (`packed_views`)."""
+    return 32 * tokens + 24 * sequences + 4 * (sequences + 1)
+
+
+def packed_views(
+    buffer: torch.Tensor, tokens: int, sequences: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The contiguous (tokens [4, t] int64, seqs [3, n] int64, cu_seqlens [n + 1] int32) of a
+    packed batch laid out back to back at the start of the byte `buffer`.
+
+    One layout for the host staging buffer and the device's static inputs: a batch crosses to
+    the device in one contiguous copy of `packed_bytes(t, n)` bytes, not three, and never as a
+    strided copy into the leading columns of [4, max_tokens] rows (a copy kernel after the
+    transfer). Offsets stay multiples of 8 bytes, as the int64 views need.
+    """
+    seqs_at = 32 * tokens
+    cu_at = seqs_at + 24 * sequences
+    end = packed_bytes(tokens, sequences)
+    return (
+        buffer[:seqs_at].view(torch.int64).view(4, tokens),
+        buffer[seqs_at:cu_at].view(torch.int64).view(3, sequences),
+        buffer[cu_at:end].view(torch.int32),
+    )
+
+
 class Staging:
-    """`depth` sets of (tokens [4, T], seqs [3, N], cu_seqlens [N + 1]) host buffers, used in
-    turn: a set is rewritten only after the copy that last read it has finished."""
+    """`depth` packed host buffers (`packed_views`), used in turn: a buffer is rewritten only
+    after the copy that last read it has finished."""
 
     def __init__(self, max_tokens: int, max_sequences: int, pin: bool, depth: int = 2) -> None:
         self.max_tokens, self.max_sequences = max_tokens, max_sequences
         self._pin = pin
-        self._sets = [
-            (
-                torch.empty(4 * max_tokens, dtype=torch.int64, pin_memory=pin),
-                torch.empty(3 * max_sequences, dtype=torch.int64, pin_memory=pin),
-                torch.empty(max_sequences + 1, dtype=torch.int32, pin_memory=pin),
-            )
-            for _ in range(depth)
-        ]
+        size = packed_bytes(max_tokens, max_sequences)
+        self._sets = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(depth)]
         self._events: list[Any] = [None] * depth
         self._turn = 0
 
     def fits(self, host: HostBatch) -> bool:
         return host.total_tokens <= self.max_tokens and host.sequences <= self.max_sequences
 
-    def stage(self, host: HostBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The batch written into the next free set: contiguous [4, t], [3, n], [n + 1] views.
+    def stage(self, host: HostBatch) -> torch.Tensor:
+        """The batch packed into the next free buffer: its leading `packed_bytes` bytes.
 
-        Call `copied()` once the device copies that read them are queued.
+        Call `copied()` once the device copy that reads them is queued.
         """
         slot = self._turn
         event = self._events[slot]
@@ -48,23 +68,23 @@ class Staging:
             event.synchronize()  # the copy from two batches ago; normally long finished
             self._events[slot] = None
         t, n = host.total_tokens, host.sequences
-        tokens, seqs, cu = self._sets[slot]
-        views = (tokens[: 4 * t].view(4, t), seqs[: 3 * n].view(3, n), cu[: n + 1])
-        views[0].numpy()[...] = host.tokens
-        views[1].numpy()[...] = host.seqs
-        views[2].numpy()[...] = host.cu_seqlens
-        return views
+        buffer = self._sets[slot]
+        tokens, seqs, cu = packed_views(buffer, t, n)
+        tokens.numpy()[...] = host.tokens
+        seqs.numpy()[...] = host.seqs
+        cu.numpy()[...] = host.cu_seqlens
+        return buffer[: packed_bytes(t, n)]
 
     def copied(self) -> None:
-        """Mark the set just staged as read by copies queued on the current stream."""
+        """Mark the buffer just staged as read by a copy queued on the current stream."""
         if self._pin:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
             self._events[self._turn] = event
         self._turn = (self._turn + 1) % len(self._sets)
 
-    def buffers(self, slot: int) -> tuple[torch.Tensor, ...]:
-        """The set `slot`'s buffers (for tests that check reuse)."""
+    def buffer(self, slot: int) -> torch.Tensor:
+        """The buffer of set `slot` (for tests that check reuse)."""
         return self._sets[slot]
 
 

@@ -24,6 +24,7 @@ from embedfleet.worker.contract import (
     Done,
     EngineInfo,
     GraphCounters,
+    GraphWarmup,
     InvalidInputError,
     Pending,
     WorkItem,
@@ -36,7 +37,7 @@ from embedfleet.worker.engine.attention import (
     BackendUnavailableError,
     select_backend,
 )
-from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, pack, to_device
+from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors, pack, to_device
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.forward import Runtime, default_head, encode, forward
 from embedfleet.worker.engine.graph_policy import (
@@ -44,10 +45,12 @@ from embedfleet.worker.engine.graph_policy import (
     GraphCache,
     GraphKey,
     graphs_plan,
+    warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
-from embedfleet.worker.engine.outputs import apply_options
+from embedfleet.worker.engine.outputs import apply_options, default_rows
 from embedfleet.worker.engine.pending import InFlight, Slice, split
+from embedfleet.worker.engine.pooling import Pooler
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
 from embedfleet.worker.engine.runtime import (
     OPENVINO_MAX_TOKENS,
@@ -58,7 +61,7 @@ from embedfleet.worker.engine.runtime import (
     resolve_runtime,
     seqlen_probe_lengths,
 )
-from embedfleet.worker.engine.staging import HostOutputs, Staging
+from embedfleet.worker.engine.staging import HostOutputs, Staging, packed_views
 from embedfleet.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -132,12 +135,15 @@ class TorchEngine:
         if self.runtime_name == "inductor":
             self.runtime = InductorRuntime(self.model)
         self.shape = self.model.shape
+        #: sentence-transformers' pooling and Dense modules (embedders; unused by other heads)
+        self.pooler = Pooler.of(self.model_dir, self.device)
         self.backend: AttentionBackend = select_backend(
             config.attention,
             self.device,
             self.dtype,
             self._attention_shape(),
             graphs=config.cuda_graphs != "off",
+            features=self.shape.attention_features,
         )
         if self.runtime is not None and self.runtime_name == "openvino":
             if config.cpu_runtime == "auto":
@@ -165,11 +171,14 @@ class TorchEngine:
             max_graphs=config.max_graphs,
             max_tokens=self._capacity.tokens,
             max_sequences=self._capacity.sequences,
-            max_seqlen=self.max_tokens,
         )
         self._runner: GraphRunner | None = None
         plan = graphs_plan(
-            self.device.type, config.cuda_graphs, self.backend.name, self.backend.graph_safe
+            self.device.type,
+            config.cuda_graphs,
+            self.backend.name,
+            self.backend.graph_safe,
+            needs=", ".join(sorted(self.shape.attention_features & {"bias"})),
         )
         self._graphs_enabled = plan.enabled
         #: why graphs are off ("" when on), exported with the engine's metrics
@@ -202,9 +211,9 @@ class TorchEngine:
             item.tokens, self.max_tokens, self.shape.vocab_size, self.shape.type_vocab_size
         )
         dims = item.options.dimensions
-        if self.model_dir.task == "embed" and not 0 <= dims <= self.shape.hidden_size:
+        if self.model_dir.task == "embed" and not 0 <= dims <= self._info.dimensions:
             raise InvalidInputError(
-                f"dimensions must be between 1 and {self.shape.hidden_size} (0 for all)"
+                f"dimensions must be between 1 and {self._info.dimensions} (0 for all)"
             )
 
     def step(self, items: Sequence[WorkItem]) -> Pending:
@@ -228,8 +237,9 @@ class TorchEngine:
             replays=self._counts["replays"],
             eager_runs=self._counts["eager_runs"],
             capture_seconds=self._runner.capture_seconds if self._runner else 0.0,
+            graph_pool_bytes=self._runner.pool_bytes if self._runner else 0,
             rejects=self._counts["rejects"],
-            live_graphs=len(self._cache.live),
+            live_graphs=len(self._cache),
             graphs_enabled=self._graphs_enabled,
             attention=self.backend.name,
             runtime=self.runtime_name,
@@ -261,10 +271,12 @@ class TorchEngine:
         total = sum(p.total for p in parts)
         count = sum(p.count for p in parts)
         if self._graphs_enabled:
-            decision = self._cache.decide(self.buckets.key(total, count), (total, count))
+            longest = max(int(p.lengths.max()) for p in parts)
+            real = (total, count, longest)
+            decision = self._cache.decide(self.buckets.key(*real), real)
             key = decision.key
             if key is not None:
-                host = pack(parts, offset, key.tokens, key.sequences, self.max_tokens)
+                host = pack(parts, offset, key.tokens, key.sequences, key.attention)
                 graphed = self._graph_outputs(key, host, decision.action, decision.evict)
                 if graphed is not None:
                     outputs, views = graphed
@@ -289,8 +301,10 @@ class TorchEngine:
         self._use_threads(runtime)
         hidden = encode(self.model, self.backend, batch, longest, host.lengths, runtime)
         encoded = time.perf_counter_ns()
-        head = default_head(self.model, self.model_dir.pooling, hidden, batch)
-        out, slices = apply_options(items, hidden, head, batch, host.real_sequences, self._info)
+        head = default_head(self.model, self.pooler, hidden, batch)
+        out, slices = apply_options(
+            items, hidden, head, batch, host.real_sequences, self._info, self.pooler
+        )
         results = split(out.numpy(), slices)
         pooled = time.perf_counter_ns()
         self._counts["eager_runs"] += 1
@@ -349,10 +363,10 @@ class TorchEngine:
     def _to_device(self, host: HostBatch) -> DeviceBatch:
         if self._staging is None or not self._staging.fits(host):
             return to_device(host, self.device)
-        tokens, seqs, cu = self._staging.stage(host)
-        batch = to_device(host, self.device, (tokens, seqs, cu))
+        staged = self._staging.stage(host)
+        on_device = staged.to(self.device, non_blocking=True)  # one copy for the whole batch
         self._staging.copied()
-        return batch
+        return from_tensors(*packed_views(on_device, host.total_tokens, host.sequences))
 
     def _graph_outputs(
         self,
@@ -369,7 +383,7 @@ class TorchEngine:
             self._counts["replays"] += 1
             return runner.replay(key), views
         try:
-            outputs = runner.capture(key, views, self.buckets.attention_len(key))
+            outputs = runner.capture(key, views, key.attention)
         except RuntimeError:
             log.exception("CUDA graph capture failed for %s; running it eager from now on", key)
             self._cache.forget(key)
@@ -407,13 +421,16 @@ class TorchEngine:
     def _body(
         self, batch: DeviceBatch, max_seqlen: int, host: HostBatch | None
     ) -> tuple[torch.Tensor, ...]:
-        """Forward + the default head: (hidden [T, H], pooled [N, H] or scores [N])."""
+        """Forward, the default head and the default rows: (hidden [T, H], pooled [N, H] or
+        scores [N], what a request with the model's default options gets [N, ...]). Inside a
+        graph all three are captured: such a request launches nothing after the replay."""
         lengths = host.lengths if host is not None else np.zeros(0, np.int64)
         # Graph captures (CUDA, host None) never meet a CPU runtime.
         runtime = self.runtime if host is not None else None
-        return forward(
-            self.model, self.backend, self.model_dir.pooling, batch, max_seqlen, lengths, runtime
+        hidden, head = forward(
+            self.model, self.backend, self.pooler, batch, max_seqlen, lengths, runtime
         )
+        return hidden, head, default_rows(head, self._info)
 
     def _finish(
         self,
@@ -422,21 +439,42 @@ class TorchEngine:
         batch: DeviceBatch,
         host: HostBatch,
     ) -> tuple[torch.Tensor, list[Slice]]:
-        hidden, head = outputs
-        return apply_options(items, hidden, head, batch, host.real_sequences, self._info)
+        hidden, head, default = outputs
+        return apply_options(
+            items, hidden, head, batch, host.real_sequences, self._info, self.pooler, default
+        )
 
     def _capture_listed(self) -> None:
-        """eager mode: capture the listed token buckets (default: every bucket up to the batch
-        budget) with each sequence bucket they can meet."""
-        listed = self.config.graph_buckets or tuple(
-            self.buckets.token_buckets(self.config.max_batch_tokens)
+        """eager mode: capture the whole plan at construction, however long it takes."""
+        self.precapture(self.graph_plan(), budget_seconds=float("inf"))
+
+    def graph_plan(self) -> list[GraphKey]:
+        """The graphs captured before the worker serves, in order (`graph_policy.warmup_plan`):
+        the buckets of --graph-buckets, else every token bucket up to the batch budget."""
+        listed = self.config.graph_buckets
+        sizes = (
+            sorted({self.buckets.tokens(n) for n in listed})
+            if listed
+            else self.buckets.token_buckets(self.config.max_batch_tokens)
         )
-        keys = [
-            GraphKey(tokens, slots)
-            for tokens in sorted({self.buckets.tokens(n) for n in listed})
-            for slots in self.buckets.sequence_buckets(tokens, self.config.max_batch_sequences)
-        ]
-        self.precapture(keys, budget_seconds=float("inf"))
+        plan = warmup_plan(self.buckets, sizes, self.config.max_graphs)
+        return [key for key in plan if self._cache.fits(key)]
+
+    def warm_graphs(self, budget_seconds: float) -> GraphWarmup:
+        """Lazy mode's start: capture the plan within `budget_seconds`, so that no client
+        request pays a capture (nor a bucket's first eager run) for the buckets captured."""
+        start = time.monotonic()
+        plan = self.graph_plan() if self._graphs_enabled else []
+        captured = self.precapture(plan, budget_seconds)
+        runner = self._runner
+        return GraphWarmup(
+            planned=len(plan),
+            captured=len(captured),
+            live=len(self._cache),
+            seconds=time.monotonic() - start,
+            capture_seconds=runner.capture_seconds if runner else 0.0,
+            pool_bytes=runner.pool_bytes if runner else 0,
+        )
 
     def precapture(self, keys: Sequence[GraphKey], budget_seconds: float) -> list[GraphKey]:
         """Capture (and check) `keys` in order until `budget_seconds` is spent; the captured."""
@@ -447,16 +485,9 @@ class TorchEngine:
         for key in keys:
             if time.monotonic() - start >= budget_seconds:
                 break
-            real = max(1, min(key.sequences // 2, key.tokens, self.config.max_batch_sequences))
-            length = max(1, min(key.tokens // real, self.max_tokens))
-            if not self._cache.fits(key) or key.sequences < self.buckets.sequences(
-                real, key.tokens, real * length
-            ):
+            host = self._filler(key)
+            if host is None:
                 continue
-            ids = np.full(real * length, self._filler_id(), np.int32)
-            filler = Tokens(ids, np.full(real, length, np.int32))
-            offset = self.shape.position_offset
-            host = pack([filler], offset, key.tokens, key.sequences, self.max_tokens)
             decision = self._cache.preload(key)
             if decision.action is not Action.CAPTURE:
                 continue
@@ -464,6 +495,19 @@ class TorchEngine:
                 if self._graph_outputs(key, host, decision.action, decision.evict) is not None:
                     done.append(key)
         return done
+
+    def _filler(self, key: GraphKey) -> HostBatch | None:
+        """A batch of filler tokens that falls in bucket `key` (None when none can)."""
+        real = max(1, min(key.sequences // 2, key.tokens, self.config.max_batch_sequences))
+        length = max(1, min(key.tokens // real, key.attention))
+        if not self._cache.fits(key) or not self._cache.holds(
+            key, key, (real * length, real, length)
+        ):
+            return None
+        ids = np.full(real * length, self._filler_id(), np.int32)
+        filler = Tokens(ids, np.full(real, length, np.int32))
+        offset = self.shape.position_offset
+        return pack([filler], offset, key.tokens, key.sequences, key.attention)
 
     def _filler_id(self) -> int:
         return min(1000, self.shape.vocab_size - 1)

@@ -45,6 +45,20 @@ def strip_prefix(tensors: Tensors, prefixes: Iterable[str]) -> Tensors:
     return tensors
 
 
+def renamed(tensors: Tensors, replacements: Iterable[tuple[str, str]]) -> Tensors:
+    """Tensor names with each (old, new) substring replaced in order: a family whose checkpoint
+    names another family's parts differently (DistilBERT's q_lin is BERT's query) loads through
+    that family's code."""
+    pairs = list(replacements)
+    out: Tensors = {}
+    for name, tensor in tensors.items():
+        new_name = name
+        for old, new in pairs:
+            new_name = new_name.replace(old, new)
+        out[new_name] = tensor
+    return out
+
+
 class WeightReader:
     """Takes tensors by name, cast and moved once; reports names the model did not use."""
 

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from embedfleet.worker.engine.attention import AttentionPlan
+from embedfleet.worker.engine.attention import AttentionPlan, Feature
 from embedfleet.worker.engine.batch import DeviceBatch
 
 
@@ -23,6 +23,9 @@ class Shape:
     causal: bool
     #: added to 0-based positions (RoBERTa-style models start after the padding index)
     position_offset: int = 0
+    #: what its attention needs beyond full attention within a sequence (attention.Feature):
+    #: only backends offering it are chosen
+    attention_features: frozenset[Feature] = frozenset()
 
 
 class Model(Protocol):

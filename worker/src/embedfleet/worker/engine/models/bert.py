@@ -2,7 +2,8 @@
 
 Post-norm transformer: embeddings (word + position + segment) -> LayerNorm, then per layer a fused
 QKV projection, bidirectional attention within each sequence, output projection + residual +
-LayerNorm, GELU MLP + residual + LayerNorm.
+LayerNorm, GELU MLP + residual + LayerNorm. DistilBERT and MPNet are this encoder under other
+weight names (`distilbert.py`, `mpnet.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
 
-from embedfleet.common.modeldir import ModelDirError
+from embedfleet.common.modeldir import ModelDirError, position_offset
 from embedfleet.worker.engine.attention import AttentionPlan
 from embedfleet.worker.engine.batch import DeviceBatch
 from embedfleet.worker.engine.models import Shape
@@ -41,7 +42,7 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 @dataclass(frozen=True, slots=True)
 class LayerNorm:
     weight: torch.Tensor
-    bias: torch.Tensor
+    bias: torch.Tensor | None  # None: a norm without a bias (ModernBERT)
     eps: float
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,14 +70,13 @@ class BertEncoder:
         self.head_dim = hidden // self.heads
         eps = float(config.get("layer_norm_eps", 1e-12))
         self.act = activation(str(config.get("hidden_act", "gelu")))
-        roberta = config.get("model_type") in ROBERTA_TYPES
         types = int(config.get("type_vocab_size", 0) or 0)
         self.shape = Shape(
             hidden_size=hidden,
             vocab_size=int(config["vocab_size"]),
             type_vocab_size=max(types, 1),
             causal=False,
-            position_offset=int(config.get("pad_token_id", 1)) + 1 if roberta else 0,
+            position_offset=position_offset(config),
         )
         e = "embeddings."
         self.word = reader.get(e + "word_embeddings.weight")

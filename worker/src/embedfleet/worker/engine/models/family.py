@@ -1,21 +1,44 @@
-"""Which family module serves a model directory."""
+"""Which family module serves a model directory (what is served at all: `architectures`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from embedfleet.common import judge_prompt
 from embedfleet.common.modeldir import ModelDir, ModelDirError
+from embedfleet.worker.architectures import refusal
 from embedfleet.worker.engine.models import Model
-from embedfleet.worker.engine.models.bert import ROBERTA_TYPES, load_bert
+from embedfleet.worker.engine.models.bert import load_bert
 from embedfleet.worker.engine.models.classifier import load_classifier
-from embedfleet.worker.engine.models.qwen3 import load_qwen3
+from embedfleet.worker.engine.models.decoder import load_decoder
+from embedfleet.worker.engine.models.distilbert import load_distilbert
+from embedfleet.worker.engine.models.gemma3 import GEMMA3_TYPES, gemma3_decoder
+from embedfleet.worker.engine.models.llama import LLAMA_TYPES, llama_decoder
+from embedfleet.worker.engine.models.modernbert import load_modernbert
+from embedfleet.worker.engine.models.mpnet import load_mpnet
 from embedfleet.worker.engine.models.splade import load_splade
 from embedfleet.worker.engine.models.yes_no import load_yes_no
-from embedfleet.worker.engine.weights import load_tensors
+from embedfleet.worker.engine.weights import Tensors, load_tensors
 
-BERT_TYPES = ("bert", *ROBERTA_TYPES)
-QWEN_TYPES = ("qwen3",)
+Loader = Callable[[dict[str, Any], Tensors, torch.dtype, torch.device], Model]
+
+#: model_type -> the encoder of an embedder (the "pool" head); architectures.SERVED says which
+#: heads each type is served with
+ENCODERS: dict[str, Loader] = {
+    "bert": load_bert,
+    "roberta": load_bert,
+    "xlm-roberta": load_bert,
+    "camembert": load_bert,
+    "distilbert": load_distilbert,
+    "mpnet": load_mpnet,
+    "modernbert": load_modernbert,
+}
+
+#: model_type of the decoder embedders (Llama layout: Qwen3, Qwen2, Mistral; Gemma3)
+DECODER_TYPES = (*LLAMA_TYPES, *GEMMA3_TYPES)
 
 
 def answer_tokens(model_dir: ModelDir) -> tuple[int, int]:
@@ -36,19 +59,9 @@ def load_model(
     device: torch.device,
     bidirectional: bool | None = None,
 ) -> Model:
-    kind = model_dir.model_type
-    head = model_dir.head
-    families = {
-        "pool": BERT_TYPES + QWEN_TYPES,
-        "classifier": BERT_TYPES,
-        "splade": BERT_TYPES,
-        "yes_no": QWEN_TYPES,
-    }
-    if kind not in families[head]:
-        raise ModelDirError(
-            f"{model_dir.task} models of type {kind!r} are not supported "
-            f"({', '.join(families[head])})"
-        )
+    if line := refusal(model_dir):  # before reading gigabytes of weights
+        raise ModelDirError(line)
+    kind, head = model_dir.model_type, model_dir.head
     if head == "yes_no":
         yes, no = answer_tokens(model_dir)  # before reading gigabytes of weights
         return load_yes_no(model_dir.config, load_tensors(model_dir.path), dtype, device, yes, no)
@@ -59,6 +72,7 @@ def load_model(
         return load_classifier(config, tensors, dtype, device, one, len(model_dir.labels))
     if head == "splade":
         return load_splade(config, tensors, dtype, device)
-    if kind in QWEN_TYPES:
-        return load_qwen3(config, tensors, dtype, device, bidirectional)
-    return load_bert(config, tensors, dtype, device)
+    if kind in DECODER_TYPES:
+        build = gemma3_decoder if kind in GEMMA3_TYPES else llama_decoder
+        return load_decoder(build, config, tensors, dtype, device, bidirectional)
+    return ENCODERS[kind](config, tensors, dtype, device)

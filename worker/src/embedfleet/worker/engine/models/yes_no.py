@@ -15,13 +15,13 @@ import torch
 
 from embedfleet.worker.engine.attention import AttentionPlan
 from embedfleet.worker.engine.batch import DeviceBatch
-from embedfleet.worker.engine.models.qwen3 import Qwen3Encoder
+from embedfleet.worker.engine.models.llama import llama_decoder
 from embedfleet.worker.engine.weights import Tensors, WeightReader, strip_prefix
 
 
 class YesNoReranker:
     def __init__(self, config: dict[str, Any], reader: WeightReader, yes: int, no: int) -> None:
-        self.encoder = Qwen3Encoder(config, reader, bidirectional=False)
+        self.encoder = llama_decoder(config, reader, bidirectional=False)
         self.shape = self.encoder.shape
         # Untied checkpoints (Qwen3-Reranker-8B) have their own lm_head; tied ones (0.6B) reuse
         # the input embeddings.
