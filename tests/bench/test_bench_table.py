@@ -97,9 +97,8 @@ def test_each_systems_median_round_is_kept_in_first_seen_order() -> None:
 
 def test_profile_stages_come_from_file_and_function_names() -> None:
     assert stage_of("/x/grpc/aio/_call.py:_invoke") == "gRPC (Python side)"
-    assert stage_of("~:<method 'encode_batch' of 'tokenizers.Tokenizer' objects>") == "tokenize"
-    assert stage_of("/x/uvicorn/protocols/http/httptools_impl.py:send").startswith("HTTP server")
-    assert stage_of("/x/gateway/coalescing.py:embed") == "dispatch + balance"
+    assert stage_of("/x/worker/scheduler.py:take") == "worker front"
+    assert stage_of("/x/worker/engine/torch_engine.py:step") == "engine"
 
 
 def test_the_hook_profiles_a_child_between_the_signals(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ Suites latency, scoring, throughput and concurrency run side by side against the
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
 line as their own arguments: `engine`, `cpu-paths`, `worker`, `gateway`, `autoscale`, `formats`,
 `tracing`, `stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of
-`embedfleet serve`); plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No suite
+`embedfleet serve`), `families` (a row of 16-client queries per encoder family); plus the
+helpers `corpus` (rebuild the corpus) and `install-peers`. No suite
 named runs the five comparison suites, then those modules with their defaults.
 """
 
@@ -32,6 +33,7 @@ MODULES = {
     "tracing": "embedfleet.bench.tracing",
     "stages": "embedfleet.bench.stages",
     "layouts": "embedfleet.bench.layouts",
+    "families": "embedfleet.bench.families",
 }
 
 

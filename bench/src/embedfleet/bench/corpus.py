@@ -116,13 +116,16 @@ def paragraphs(rst: str) -> list[str]:
 def _exact_passage(tok: Tokenizer, text: str, length: int) -> str | None:
     """The longest prefix of `text` (cut at a word end) that encodes to exactly `length` tokens."""
     enc = tok.encode(text, add_special_tokens=True)
-    content = length - 2
+    # BERT adds [CLS] before and [SEP] after, Qwen3-Embedding one <|endoftext|> after.
+    mask = enc.special_tokens_mask
+    lead = next((i for i, special in enumerate(mask) if not special), 0)
+    content = length - (len(tok.encode("", add_special_tokens=True).ids))
     if len(enc.ids) < length:
         return None
-    # offsets of the content tokens ([CLS] is index 0); try cutting after token content, then
-    # one or two earlier, since a cut inside a word re-tokenizes differently.
+    # offsets of the content tokens (after `lead` special ones); try cutting after token
+    # content, then one or two earlier, since a cut inside a word re-tokenizes differently.
     for back in range(0, 8):
-        end_token = content - back
+        end_token = lead + content - 1 - back
         end = enc.offsets[end_token][1]
         candidate = text[:end].rstrip()
         n = len(tok.encode(candidate, add_special_tokens=True).ids)

@@ -1,11 +1,12 @@
-"""Where a server process's CPU goes: cProfile inside the gateway and worker processes a benchmark
-starts, grouped into the stages of the request path.
+"""Where a worker process's CPU goes: cProfile inside the worker processes a benchmark starts,
+grouped into the stages of the request path (the gateway is a native binary, which cProfile
+cannot see).
 
 No production code knows about it. `hook_dir(tmp)` writes a `sitecustomize.py` that Python runs at
 start-up in every child whose PYTHONPATH leads with `tmp`; when EMBEDFLEET_BENCH_PROFILE names a
 folder, that child profiles its main thread's CPU time (the event loop: HTTP, JSON, validation,
-inline tokenization, dispatch, gRPC's Python side) between SIGUSR1 and SIGUSR2, and writes
-`<name>-<pid>.prof` there when it exits. Cython and C code (grpc's aio core, uvloop) is not seen
+gRPC's Python side, the scheduler) between SIGUSR1 and SIGUSR2, and writes `<name>-<pid>.prof`
+there when it exits. Cython and C code (grpc's aio core, uvloop) is not seen
 by cProfile: its time lands on the Python call that ran it, mostly the event loop's
 `Context.run` of a callback, counted here as "callbacks (C/Cython inside)".
 cProfile roughly doubles the cost of each Python call, so the shares are the figures, not the µs.
@@ -54,27 +55,18 @@ if os.environ.get("{env}"):
     # The benchmark brackets its measured window with these, so start-up stays out.
     signal.signal(signal.SIGUSR1, _start)
     signal.signal(signal.SIGUSR2, _stop)
-    # uvicorn re-raises the SIGTERM it caught once it has shut down; exit cleanly instead, so
-    # the profile is written.
+    # Exit cleanly on SIGTERM (a worker's drain), so the profile is written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 '''
 
 #: (stage, substrings of "file:function" that put a function there), first match wins
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tokenize", ("tokenization.py", "window.py", "tokenizers.", "'tokenizers")),
-    ("json + validation", ("orjson", "pydantic", "schemas.py", "validate")),
     ("metrics", ("prometheus_client",)),
     ("tracing", ("opentelemetry", "/tracing.py")),
     ("gRPC (Python side)", ("grpc", "protobuf", "_pb2", "cygrpc")),
-    ("codec + numpy", ("codec.py", "numpy", "quantization.py", "splitting.py")),
-    (
-        "dispatch + balance",
-        ("dispatcher.py", "pool.py", "balancer.py", "admission.py", "coalescing.py"),
-    ),
-    ("app + service", ("gateway/app.py", "gateway/service.py", "gateway/hold.py")),
+    ("codec + numpy", ("codec.py", "numpy")),
     ("worker front", ("worker/server.py", "inflight.py", "runner.py", "scheduler.py")),
     ("engine", ("null_engine.py", "engine/", "torch")),
-    ("HTTP server (uvicorn, httptools)", ("uvicorn", "httptools", "connection.py", "h11")),
     ("callbacks (C/Cython inside: gRPC aio core)", ("_contextvars.Context' objects>",)),
     ("event loop (asyncio, uvloop)", ("asyncio", "uvloop", "selectors", "contextvars")),
 )
@@ -123,7 +115,7 @@ def top_functions(paths: Sequence[Path], n: int = 12) -> list[tuple[str, float]]
     return sorted(own.items(), key=lambda kv: -kv[1])[:n]
 
 
-OFF_MAIN = "off the main thread (tokenizer pool, gRPC core threads)"
+OFF_MAIN = "off the main thread (the engine thread, gRPC core threads)"
 
 
 def process_cpu(paths: Sequence[Path]) -> tuple[float, float]:

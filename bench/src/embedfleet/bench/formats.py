@@ -4,21 +4,22 @@ Three measurements, on the benchmark corpus (the calibration's held-out half, co
 1. Bytes per vector on the wire: the HTTP response body of each format from a real gateway,
    divided by the vectors in it, and the worker -> gateway gRPC reply per vector as it is (float32)
    and as it would be if the worker quantized.
-2. Gateway CPU per vector, side by side in this process on the same rows: decoding the gRPC reply
-   (float32, or already quantized), quantizing, and writing the JSON response. This is what
-   decides where quantization happens (docs/gateway.md, "Output formats").
+2. The gateway process's CPU per vector of each format, end to end (when this command starts the
+   fleet).
 3. Fidelity against float: int8/uint8 rows dequantized to bucket centres (cosine to the float row),
    and retrieval agreement, recall@10 of the float cosine top 10 for 64 query passages over the
    256 held-out documents, when ranking by the int8 dot product and by binary Hamming distance.
+Quantization here is sentence-transformers' `quantize_embeddings` with the bundled model's
+calibration, which the gateway matches byte for byte (tests/gateway/test_minilm.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -26,22 +27,30 @@ import orjson
 
 from embedfleet.bench import corpus
 from embedfleet.common.arrays import FloatArray
-from embedfleet.common.codec import pack_floats, unpack_floats
+from embedfleet.common.codec import pack_floats
 from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.fleet import Fleet
-from embedfleet.gateway.quantization import (
-    BUNDLED_CALIBRATION,
-    ENCODINGS,
-    encode_quantized,
-    encode_rows,
-    load_calibration,
-    quantize,
-)
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing import procfs
+from embedfleet.testing.gateway import bundled_calibration
 
-FORMATS = list(ENCODINGS)
+PRECISIONS = ("int8", "uint8", "binary", "ubinary")
+#: every encoding_format: float, base64, and each precision with and without _base64
+FORMATS = ["float", "base64", *PRECISIONS, *(f"{p}_base64" for p in PRECISIONS)]
 BATCH = 64
+
+
+def quantize(rows: FloatArray, precision: str, ranges: FloatArray | None) -> np.ndarray:
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    out = quantize_embeddings(rows, precision, ranges=ranges)  # type: ignore[arg-type]
+    return np.asarray(out)
+
+
+def bundled_ranges() -> FloatArray:
+    """The [min, max] of each of the bundled model's 384 dimensions the gateway quantizes with."""
+    ranges: dict[str, Any] = json.loads(bundled_calibration().read_text())["ranges"]["384"]
+    return np.array([ranges["min"], ranges["max"]], dtype=np.float32)
 
 
 def held_out(c: corpus.Corpus) -> tuple[list[str], list[str]]:
@@ -97,54 +106,18 @@ def gateway_cpu(
     return out
 
 
-def _best_of(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def _cpu_of(encoding: str, rows: FloatArray, ranges: FloatArray, repeats: int) -> dict[str, float]:
-    n = rows.shape[0]
-    reply = pb.EmbedResponse(embeddings=pack_floats(rows), count=n, dimensions=rows.shape[1])
-    wire = reply.SerializeToString()
-    precision, as_base64 = ENCODINGS[encoding]
-    quantized = quantize(rows, precision, ranges)
-    small = pb.EmbedResponse(embeddings=quantized.tobytes(), count=n).SerializeToString()
-
-    def decode_float() -> FloatArray:
-        got = pb.EmbedResponse.FromString(wire)
-        return unpack_floats(got.embeddings, got.count, got.dimensions, got.format)
-
-    def respond(values: list[np.ndarray] | list[str]) -> bytes:
-        data = [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(values)]
-        return orjson.dumps({"data": data}, option=orjson.OPT_SERIALIZE_NUMPY)
-
-    per = 1e6 / n
-    return {
-        "grpc_float32_bytes": len(wire) / n,
-        "grpc_quantized_bytes": len(small) / n,
-        "decode_float32_us": _best_of(decode_float, repeats) * per,
-        "decode_quantized_us": _best_of(lambda: pb.EmbedResponse.FromString(small), repeats) * per,
-        "quantize_us": _best_of(lambda: quantize(rows, precision, ranges), repeats) * per,
-        "quantize_and_json_us": _best_of(
-            lambda: respond(encode_rows(rows, encoding, ranges)), repeats
+def grpc_bytes(rows: FloatArray, ranges: FloatArray) -> dict[str, float]:
+    """The worker -> gateway reply per vector: float32 as it is, and each precision as it would
+    be if the worker quantized."""
+    n, dims = rows.shape
+    out = {"float32": len(pb.EmbedResponse(embeddings=pack_floats(rows), count=n,
+                                           dimensions=dims).SerializeToString()) / n}  # fmt: skip
+    for precision in PRECISIONS:
+        q = quantize(rows, precision, ranges if precision in ("int8", "uint8") else None)
+        out[precision] = (
+            len(pb.EmbedResponse(embeddings=q.tobytes(), count=n).SerializeToString()) / n
         )
-        * per,
-        "json_of_quantized_us": _best_of(
-            lambda: respond(encode_quantized(quantized, precision, as_base64)), repeats
-        )
-        * per,
-    }
-
-
-def cpu_per_vector(
-    rows: FloatArray, ranges: FloatArray, repeats: int
-) -> dict[str, dict[str, float]]:
-    """Microseconds per vector of each gateway step, for the gateway-side and worker-side plans."""
-    return {encoding: _cpu_of(encoding, rows, ranges, repeats) for encoding in FORMATS}
+    return out
 
 
 def _dequantize(q: np.ndarray, ranges: FloatArray, precision: str) -> FloatArray:
@@ -203,7 +176,6 @@ def fidelity(queries: FloatArray, docs: FloatArray, ranges: FloatArray) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench formats")
     parser.add_argument("--url", default="", help="A running gateway (default: start a fleet).")
-    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument(
         "--passes",
         type=int,
@@ -215,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     c = corpus.load()
     queries, docs = held_out(c)
-    ranges = load_calibration(BUNDLED_CALIBRATION).ranges[384]
+    ranges = bundled_ranges()
     fleet = None
     url = args.url
     if not url:
@@ -233,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if fleet is not None:
             fleet.stop()
-    cpu = cpu_per_vector(d_rows, ranges, args.repeats)
+    grpc = grpc_bytes(d_rows, ranges)
     fid = fidelity(q_rows, d_rows, ranges)
     print(
         f"corpus {c.source} sha256 {c.sha256[:12]}; {len(docs)} documents, {len(queries)} queries"
@@ -243,23 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print("|---|---:|---:|---:|")
     for encoding in FORMATS:
+        precision = encoding.removesuffix("_base64")
         print(
             f"| {encoding} | {wire[encoding]:.0f} | {wire['float'] / wire[encoding]:.1f}x | "
-            f"{cpu[encoding]['grpc_quantized_bytes']:.0f} |"
+            f"{grpc.get(precision, grpc['float32']):.0f} |"
         )
-    print(f"(gRPC reply today, float32: {cpu['float']['grpc_float32_bytes']:.0f} bytes/vector)")
-    print(
-        "| format | decode float32 µs | quantize µs | quantize+JSON µs | decode quantized µs "
-        "| JSON of quantized µs |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    for encoding in FORMATS:
-        m = cpu[encoding]
-        print(
-            f"| {encoding} | {m['decode_float32_us']:.2f} | {m['quantize_us']:.2f} | "
-            f"{m['quantize_and_json_us']:.2f} | {m['decode_quantized_us']:.2f} | "
-            f"{m['json_of_quantized_us']:.2f} |"
-        )
+    print(f"(gRPC reply today, float32: {grpc['float32']:.0f} bytes/vector)")
     if end_to_end:
         print("gateway process CPU per vector, end to end (64 x 32-token inputs a request):")
         for encoding, us in end_to_end.items():
@@ -267,6 +228,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, value in fid.items():
         print(f"{key}: {value:.4f}")
     if args.out:
-        figures = {"wire": wire, "cpu": cpu, "gateway_cpu": end_to_end, "fidelity": fid}
+        figures = {"wire": wire, "grpc": grpc, "gateway_cpu": end_to_end, "fidelity": fid}
         args.out.write_text(json.dumps(figures, indent=1))
     return 0

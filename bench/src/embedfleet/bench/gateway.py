@@ -1,7 +1,7 @@
-"""Gateway benchmarks: harness overhead with the null engine, the concurrency suite against the
-worker alone, and the HTTP server candidates behind the same app.
+"""Gateway benchmarks: harness overhead with the null engine, and the concurrency suite against the
+worker alone.
 
-Run: ``python -m embedfleet.bench.gateway [--suites overhead,concurrency,servers,cpu,scaling]
+Run: ``python -m embedfleet.bench.gateway [--suites overhead,concurrency,cpu,scaling]
 [--engine null] [--profile]``; the `cpu` and `scaling` suites (server CPU per request, gateway and
 worker apart, and one against two gateway processes) are gateway_cpu.py's.
 Every system runs in this process tree on the same inputs; ratios are printed side by side. The
@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
-import os
-import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -26,16 +23,12 @@ from pathlib import Path
 import orjson
 
 from embedfleet.bench import gateway_cpu as cpu
-from embedfleet.bench.gateway_procs import (
-    gateway_call,
-    spawn_gateway,
-    worker_call,
-)
+from embedfleet.bench.gateway_procs import gateway_call, worker_call
 from embedfleet.bench.http_load import Call, run_point
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing.procfs import tree_cpu_seconds
 
 TEXT = "The quick brown fox jumps over the lazy dog near the river bank."
@@ -67,36 +60,6 @@ async def measure_row(
     return Row(suite, system, m.clients, m.p50_ms, m.p99_ms, m.requests_per_second, m.errors, cpu)
 
 
-def server_candidates(workers: str, port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """The same gateway app behind each HTTP server (configured by env vars, asgi.py)."""
-    env = {"EMBEDFLEET_GATEWAY_WORKERS": workers, "EMBEDFLEET_GATEWAY_LOG_LEVEL": "warning"}
-    py = sys.executable
-    factory = "embedfleet.gateway.asgi:create_app"
-    uvicorn = [py, "-m", "uvicorn", "--factory", factory, "--port", str(port), "--no-access-log"]
-    granian = [
-        py,
-        "-m",
-        "granian",
-        "--interface",
-        "asgi",
-        "--factory",
-        factory,
-        "--port",
-        str(port),
-    ]
-    granian += ["--loop", "uvloop", "--no-log"]
-    candidates = {
-        "uvicorn+uvloop+httptools": ([*uvicorn, "--loop", "uvloop", "--http", "httptools"], env),
-        "uvicorn+asyncio+h11": ([*uvicorn, "--loop", "asyncio", "--http", "h11"], env),
-        "granian(asgi,uvloop,st)": ([*granian, "--runtime-mode", "st"], env),
-        "granian(asgi,uvloop,mt)": ([*granian, "--runtime-mode", "mt"], env),
-    }
-    if importlib.util.find_spec("granian") is None:  # optional: `pip install granian` to compare
-        print("granian is not installed: its candidates are skipped", file=sys.stderr)
-        candidates = {k: v for k, v in candidates.items() if not k.startswith("granian")}
-    return candidates
-
-
 async def run(args: argparse.Namespace) -> list[Row]:
     suites = set(args.suites.split(","))
     model = load_model_dir(default_model_path())
@@ -124,23 +87,6 @@ async def run(args: argparse.Namespace) -> list[Row]:
             rows.append(await measure_row("concurrency", name, gcall, clients, args.seconds, pid))
             for c in conns:
                 c.close()
-        if "servers" in suites:
-            addresses = ",".join(c.address for c in fleet.worker_children)
-            (port,) = free_ports(1)
-            for name, (argv, env) in server_candidates(addresses, port).items():
-                proc = spawn_gateway(argv, env, port, logs / "server.log")
-                try:
-                    for clients in (1, 16):
-                        call, conns = gateway_call(port, clients, body)
-                        row = await measure_row(
-                            "servers", name, call, clients, args.seconds, proc.pid
-                        )
-                        rows.append(row)
-                        for c in conns:
-                            c.close()
-                finally:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(20)
     return rows
 
 
@@ -182,9 +128,7 @@ def run_cpu_suites(args: argparse.Namespace) -> str:
     if "cpu" in suites:
         shapes = args.shapes.split(",")
         rows = asyncio.run(
-            cpu.run_cpu(
-                args.engine, args.seconds, args.baseline_src, shapes, logs, args.repeat, args.rust
-            )
+            cpu.run_cpu(args.engine, args.seconds, args.baseline_binary, shapes, logs, args.repeat)
         )
         out.append(cpu.cpu_table(rows))
         if args.json:
@@ -202,24 +146,18 @@ def run_cpu_suites(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.gateway")
-    parser.add_argument("--suites", default="overhead,concurrency,servers,cpu,scaling")
+    parser.add_argument("--suites", default="overhead,concurrency,cpu,scaling")
     parser.add_argument("--shapes", default="1x20,16x20,100x512", help="cpu suite's shapes")
     parser.add_argument(
-        "--baseline-src",
+        "--baseline-binary",
         default="",
-        help="cpu suite: also run a gateway from this PYTHONPATH (another tree's */src)",
+        help="cpu suite: also run this gateway binary (another tree's build) beside this tree's",
     )
     parser.add_argument(
         "--profile",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="profile a gateway and a worker at 1x20 x16 clients and 100x512 x1 (cProfile stages)",
-    )
-    parser.add_argument(
-        "--rust",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="cpu suite: also run the Rust gateway (gateway-rs/, built on first use)",
+        help="profile the worker at 1x20 x16 clients and 100x512 x1 (cProfile stages)",
     )
     parser.add_argument("--engine", default="null", help="worker engine: null (harness) or torch")
     parser.add_argument("--workers", type=int, default=1)
@@ -233,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     wanted = set(args.suites.split(","))
-    rows = asyncio.run(run(args)) if wanted & {"overhead", "concurrency", "servers"} else []
+    rows = asyncio.run(run(args)) if wanted & {"overhead", "concurrency"} else []
     if rows:
         print(table(rows))
     print(run_cpu_suites(args))

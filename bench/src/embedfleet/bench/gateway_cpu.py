@@ -9,16 +9,16 @@
   `worker alone` is the same batches sent straight to the worker over gRPC (no gateway).
 - `scaling`: the same 1x20 queries from 16 clients through one gateway process, then through two
   (8 clients each, one worker behind both): the gateway keeps no state, so a second one adds req/s.
-- `--profile` (on by default): a fresh worker and gateway run the `PROFILED` points under
-  cProfile (cpu_profile.py) and the stage tables say where each process's CPU went.
+- `--profile` (on by default): a fresh fleet runs the `PROFILED` points with its worker under
+  cProfile (cpu_profile.py) and the stage table says where the worker's CPU went.
 
-Variants: this tree's gateway as it runs by default and with each option under test switched off
-(`VARIANTS`), the Rust gateway of gateway-rs/ likewise (`RUST_VARIANTS`: unary calls, the stream,
-two calls in flight; built or reused by hack/build-gateway-rs.sh; `--no-rust` leaves it out) and
-tracing every request to a collector that only counts (`TRACED`), plus `--baseline-src` (a
-PYTHONPATH of another source tree, e.g. main's, unpacked with `git archive`) for a before/after
-in one run. The `gateway's own ms/req` column is a gateway's request time less its time waiting
-on workers (its own histograms, mean over the warm-up and the measured window).
+Variants: this tree's gateway binary (gateway/, built or reused by hack/build-gateway.sh) as
+it runs by default and with each option under test switched (`VARIANTS`: no coalescing, unary
+calls instead of the stream, two calls in flight) and tracing every request to a collector that
+only counts (`TRACED`), plus `--baseline-binary` (another tree's build, e.g. main's) for a
+before/after in one run, against the same worker. The `gateway's own ms/req` column is a
+gateway's request time less its time waiting on workers (its own histograms, mean over the
+warm-up and the measured window).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import asyncio
 import math
 import os
 import signal
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -46,8 +45,8 @@ from embedfleet.bench.http_load import Call, Measurement, run_point
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
-from embedfleet.testing.gateway_rs import child_env, gateway_rs_binary
+from embedfleet.fleet.supervisor import Fleet
+from embedfleet.testing.gateway import child_env, gateway_binary
 from embedfleet.testing.otlp import running_collector
 from embedfleet.testing.procfs import tree_cpu_seconds
 from embedfleet.testing.workers import metric_value, scrape
@@ -69,22 +68,15 @@ POOL = 32
 #: gateway variant -> its extra flags (this tree's gateway with an option under test)
 VARIANTS: dict[str, list[str]] = {
     "gateway, no coalescing": ["--coalesce-inflight", "0"],
+    "gateway, unary calls": ["--coalesce-stream", "0"],
     "gateway (default)": [],
     # The default before calls in flight followed the worker's device (one for a CPU worker).
     "gateway, 2 calls in flight": ["--coalesce-inflight", "2"],
 }
-
-
-#: the Rust gateway (issue #20), in front of this tree's worker like the variants
-RUST = "rust gateway"
-#: the Rust gateway exporting a span of every request (to a collector that only counts them)
-TRACED = "rust gateway, traced"
-#: Rust gateway variant -> its extra flags (the same options under test as VARIANTS')
-RUST_VARIANTS: dict[str, list[str]] = {
-    "rust gateway, unary calls": ["--coalesce-stream", "0"],
-    RUST: [],
-    "rust gateway, 2 calls in flight": ["--coalesce-inflight", "2"],
-}
+#: the gateway exporting a span of every request (to a collector that only counts them)
+TRACED = "gateway, traced"
+#: another build of the gateway (--baseline-binary), in front of the same worker
+BASELINE = "baseline gateway"
 
 
 @dataclass(frozen=True)
@@ -231,17 +223,19 @@ class Gateways:
     pids: dict[str, int]
 
 
+#: a system: the gateway binary and its extra flags
+System = tuple[str, list[str]]
+
+
 @contextmanager
-def gateways(
-    workers: str, variants: dict[str, tuple[list[str], dict[str, str]]], log: Path
-) -> Iterator[Gateways]:
+def gateways(workers: str, variants: dict[str, System], log: Path) -> Iterator[Gateways]:
     procs = []
     out = Gateways({}, {})
     try:
-        for name, (flags, env) in variants.items():
+        for name, (binary, flags) in variants.items():
             (port,) = free_ports(1)
-            argv = gateway_argv(name, port, workers, flags)
-            proc = spawn_gateway(argv, env, port, log)
+            argv = [binary, "--port", str(port), "--workers", workers, "--log-level", "warning"]
+            proc = spawn_gateway([*argv, *LIMIT, *flags], child_env(), port, log)
             procs.append(proc)
             out.ports[name], out.pids[name] = port, proc.pid
         yield out
@@ -252,97 +246,41 @@ def gateways(
             proc.wait(20)
 
 
-def gateway_argv(name: str, port: int, workers: str, flags: Sequence[str]) -> list[str]:
-    """The command of one system: this tree's Python gateway, or the Rust binary for RUST (the
-    same settings by the same flag names)."""
-    if name in RUST_VARIANTS or name == TRACED:
-        argv = [str(gateway_rs_binary()), "--port", str(port)]
-    else:
-        argv = [sys.executable, "-m", "embedfleet.gateway.cli", "--port", str(port)]
-    return [*argv, "--workers", workers, "--log-level", "warning", *LIMIT, *flags]
-
-
-def systems(
-    baseline_src: str, rust: bool = True, collector: str = ""
-) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """The systems of a run; with a `collector` endpoint, also the Rust gateway tracing every
-    request to it (TRACED: what tracing costs the gateway; its workers do not trace)."""
-    chosen: dict[str, tuple[list[str], dict[str, str]]] = {
-        name: (flags, {}) for name, flags in VARIANTS.items()
-    }
-    if rust:
-        chosen.update({name: (flags, child_env()) for name, flags in RUST_VARIANTS.items()})
-        if collector:
-            chosen[TRACED] = (["--tracing-endpoint", collector], child_env())
-    if baseline_src:
-        chosen = {BASELINE: ([], {"PYTHONPATH": baseline_src}), **chosen}
+def systems(baseline_binary: str = "", collector: str = "") -> dict[str, System]:
+    """The systems of a run; with a `collector` endpoint, also the gateway tracing every request
+    to it (TRACED: what tracing costs the gateway; its worker does not trace)."""
+    binary = str(gateway_binary())
+    chosen = {name: (binary, flags) for name, flags in VARIANTS.items()}
+    if collector:
+        chosen[TRACED] = (binary, ["--tracing-endpoint", collector])
+    if baseline_binary:
+        chosen = {BASELINE: (baseline_binary, []), **chosen}
     return chosen
-
-
-BASELINE = "baseline gateway"
-
-
-@contextmanager
-def baseline_fleet(
-    baseline_src: str, worker_args: list[str], log_dir: Path
-) -> Iterator[Fleet | None]:
-    """A worker of the baseline tree (its gRPC front is measured too), or None without one."""
-    if not baseline_src:
-        yield None
-        return
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = baseline_src  # the fleet's children inherit it
-    (port,) = free_ports(1)
-    try:
-        fleet = Fleet(workers=1, port=port, worker_args=worker_args, log_dir=log_dir / "base")
-        fleet.__enter__()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    try:
-        yield fleet
-    finally:
-        fleet.__exit__(None, None, None)
 
 
 async def run_cpu(
     engine: str,
     seconds: float,
-    baseline_src: str,
+    baseline_binary: str,
     shapes: Sequence[str],
     log_dir: Path,
     repeat: int = 1,
-    rust: bool = True,
 ) -> list[CpuRow]:
-    """Each variant against this tree's worker; `baseline gateway` against a worker of the
-    baseline tree, so the worker front's before/after is in the same run."""
+    """Each system in front of the same worker, one after the other, then (with a baseline) the
+    baseline and PAIRED at the same time (their worker CPU then shared between them)."""
     rows: list[CpuRow] = []
     worker_args = ["--engine", engine, "--warmup-seconds", "0.5", *LIMIT]
     (gw_port,) = free_ports(1)
     with (
         running_collector(keep=False) as (_, collector),
         Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet,
-        baseline_fleet(baseline_src, worker_args, log_dir) as base,
     ):
-        chosen = systems(baseline_src, rust, collector)
         worker = fleet.worker_children[0]
         assert worker.process is not None
-        workers = {"": (worker.address, worker.process.pid)}
-        if base is not None:
-            bw = base.worker_children[0]
-            assert bw.process is not None
-            workers[BASELINE] = (bw.address, bw.process.pid)
-        # The fleets' own gateways idle; ours are started with the variants' flags.
-        mine = {k: v for k, v in chosen.items() if k != BASELINE}
-        theirs = {k: v for k, v in chosen.items() if k == BASELINE}
-        with (
-            gateways(worker.address, mine, log_dir / "gateways.log") as gws,
-            gateways(workers.get(BASELINE, ("", 0))[0], theirs, log_dir / "base.log") as bgws,
-        ):
-            ports = {**bgws.ports, **gws.ports}
-            pids = {**bgws.pids, **gws.pids}
+        wpid = worker.process.pid
+        # The fleet's own gateway idles; ours are started with the variants' flags.
+        chosen = systems(baseline_binary, collector)
+        with gateways(worker.address, chosen, log_dir / "gateways.log") as gws:
             for shape in shapes:
                 data = inputs(shape)
                 for clients in CLIENTS[engine][shape]:
@@ -351,39 +289,41 @@ async def run_cpu(
                     # Rounds of every system in turn: a neighbour's load that comes and goes
                     # then lands on all of them, and each system's median round is kept.
                     for _ in range(repeat):
-                        for which, (address, wpid) in workers.items():
-                            wcall, channel = worker_call(address, batch)
-                            m, _, w = await measure(wcall, clients, seconds, [], wpid)
-                            await channel.close(None)
-                            alone = f"{'baseline ' if which else ''}worker alone (gRPC)"
-                            point.append(_row(alone, engine, shape, m, 0.0, w))
-                            _print(point[-1])
-                        for name, port in ports.items():
-                            wpid = workers.get(name, workers[""])[1]
+                        wcall, channel = worker_call(worker.address, batch)
+                        m, _, w = await measure(wcall, clients, seconds, [], wpid)
+                        await channel.close(None)
+                        point.append(_row("worker alone (gRPC)", engine, shape, m, 0.0, w))
+                        _print(point[-1])
+                        for name, port in gws.ports.items():
                             call, conns = http_call([port], clients, data.bodies)
                             # counted from the warm-up on too: a mean over both windows
                             before = gateway_seconds(port)
-                            m, g, w = await measure(call, clients, seconds, [pids[name]], wpid)
+                            m, g, w = await measure(call, clients, seconds, [gws.pids[name]], wpid)
                             own = own_ms(before, gateway_seconds(port))
                             for c in conns:
                                 c.close()
                             point.append(_row(name, engine, shape, m, g, w, own))
                             _print(point[-1])
-                        if BASELINE in ports and PAIRED in ports:
-                            pair = [BASELINE, PAIRED]
-                            calls = [http_call([ports[n]], clients, data.bodies) for n in pair]
-                            both = [
-                                (call, [pids[n]], workers.get(n, workers[""])[1])
-                                for n, (call, _) in zip(pair, calls, strict=True)
-                            ]
-                            results = await measure_together(both, clients, seconds)
-                            for n, (_, conns), (m, g, w) in zip(pair, calls, results, strict=True):
-                                for c in conns:
-                                    c.close()
-                                point.append(_row(f"{n}, paired", engine, shape, m, g, w))
-                                _print(point[-1])
+                        if BASELINE in gws.ports:
+                            point += await _paired(gws, wpid, engine, shape, clients, seconds, data)
                     rows += medians(point)
     return rows
+
+
+async def _paired(
+    gws: Gateways, wpid: int, engine: str, shape: str, clients: int, seconds: float, data: Inputs
+) -> list[CpuRow]:
+    pair = [BASELINE, PAIRED]
+    calls = [http_call([gws.ports[n]], clients, data.bodies) for n in pair]
+    both = [(call, [gws.pids[n]], wpid) for n, (call, _) in zip(pair, calls, strict=True)]
+    results = await measure_together(both, clients, seconds)
+    out = []
+    for n, (_, conns), (m, g, w) in zip(pair, calls, results, strict=True):
+        for c in conns:
+            c.close()
+        out.append(_row(f"{n}, paired", engine, shape, m, g, w))
+        _print(out[-1])
+    return out
 
 
 #: the variant that also runs at the same time as the baseline (rows "..., paired")
@@ -411,7 +351,8 @@ async def run_scaling(seconds: float, log_dir: Path, clients: int = 16) -> list[
     with Fleet(workers=1, port=gw_port, worker_args=worker_args, log_dir=log_dir) as fleet:
         worker = fleet.worker_children[0]
         assert worker.process is not None
-        two: dict[str, tuple[list[str], dict[str, str]]] = {"a": ([], {}), "b": ([], {})}
+        binary = str(gateway_binary())
+        two: dict[str, System] = {"a": (binary, []), "b": (binary, [])}
         with gateways(worker.address, two, log_dir / "scaling.log") as gws:
             for n in (1, 2):
                 ports = list(gws.ports.values())[:n]
@@ -428,7 +369,8 @@ async def run_scaling(seconds: float, log_dir: Path, clients: int = 16) -> list[
 async def run_profile(
     engine: str, seconds: float, log_dir: Path, shape: str = "1x20", clients: int = 16
 ) -> str:
-    """Stage tables of a profiled gateway and worker serving `shape` from `clients` clients."""
+    """The stage table of a profiled worker serving `shape` from `clients` clients through the
+    gateway (a native binary: cProfile sees only the worker's Python)."""
     prof = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     hook = cpu_profile.hook_dir(prof / "hook")
     saved = dict(os.environ)
@@ -442,7 +384,7 @@ async def run_profile(
             workers=1, port=gw_port, worker_args=worker_args, gateway_args=LIMIT, log_dir=log_dir
         )
         with fleet:
-            pids = [c.process.pid for c in fleet.children if c.process is not None]
+            pids = [c.process.pid for c in fleet.worker_children if c.process is not None]
             call, conns = http_call([gw_port], clients, data.bodies)
             await run_point(call, clients, 0.5, 0, 0, 1)
             for pid in pids:
@@ -455,16 +397,8 @@ async def run_profile(
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    requests = m.requests
-    gateway = sorted(prof.glob("gateway-cli-*.prof"))
-    worker = sorted(p for p in prof.glob("*.prof") if p not in gateway)
     head = f"Profiled: {engine} engine, {shape}, {clients} clients, {m.requests} requests.\n\n"
-    return (
-        head
-        + cpu_profile.table("gateway", gateway, requests)
-        + "\n"
-        + (cpu_profile.table("worker", worker, requests))
-    )
+    return head + cpu_profile.table("worker", sorted(prof.glob("*.prof")), m.requests)
 
 
 def _row(

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from embedfleet.bench.gpu_peak import Peak, dense_bf16_peak
 from embedfleet.bench.random_models import (
     BERT_BASE,
     MINILM,
@@ -45,8 +46,6 @@ from embedfleet.bench.random_models import (
     matmul_params,
     qwen3_dir,
 )
-
-H200_BF16_TFLOPS = 790.0
 
 
 @dataclass(frozen=True)
@@ -159,9 +158,19 @@ def latency(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
     return out
 
 
+def device_peak(device: str) -> Peak | None:
+    """The dense bf16 peak of the device the figures run on (None on a CPU or an unknown GPU)."""
+    if device != "cuda":
+        return None
+    import torch
+
+    return dense_bf16_peak(torch.cuda.get_device_name())
+
+
 def throughput(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
     """Tokens/s on full batches, every batch launched before the first is read (async path)."""
     out: dict[str, Any] = {}
+    peak = device_peak(sizes.device)
     seqs, length = sizes.batch
     for name, shape in sizes.models.items():
         engine = _engine(dirs[name], sizes.device, "lazy" if sizes.device == "cuda" else "off")
@@ -180,7 +189,9 @@ def throughput(sizes: Sizes, dirs: dict[str, Path]) -> dict[str, Any]:
             "batch_tokens": seqs * length,
             "tokens_per_second": tokens_s,
             "tflops": tflops,
-            "fraction_of_h200_bf16_peak": tflops / H200_BF16_TFLOPS,
+            "peak": peak.label if peak else None,
+            "peak_tflops": peak.tflops if peak else None,
+            "fraction_of_peak": tflops / peak.tflops if peak else None,
             "dtype": engine.info.dtype,
             "graphs": engine.counters().replays > 0,
         }
@@ -326,11 +337,16 @@ def markdown(result: dict[str, Any]) -> str:
     for name, row in result.get("throughput", {}).items():
         if not isinstance(row, dict):
             continue
-        target = ">= 40% of peak" if name == "qwen3-0.6b" else ""
+        target = ">= 40% of peak" if name in ("bert-base", "qwen3-0.6b") else ""
+        share = (
+            f"{row['fraction_of_peak']:.1%} of {row['peak']} ({row['peak_tflops']:.0f})"
+            if row.get("fraction_of_peak") is not None
+            else "no share (no known peak for this device)"
+        )
         rows.append(
             f"| {name} {row['batch_tokens']}-token batches ({row['dtype']}) | "
-            f"{row['tokens_per_second']:,.0f} tok/s, {row['tflops']:.1f} TFLOP/s, "
-            f"{row['fraction_of_h200_bf16_peak']:.1%} of H200 bf16 | {target} |"
+            f"{row['tokens_per_second']:,.0f} tok/s, {row['tflops']:.1f} TFLOP/s, {share} "
+            f"| {target} |"
         )
     for name, row in result.get("engines", {}).items():
         if not isinstance(row, dict):

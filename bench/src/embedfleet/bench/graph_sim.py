@@ -120,25 +120,32 @@ class Figures:
 
 
 def simulate(
-    name: str, policy: BucketPolicy, batches: Sequence[tuple[float, int, int]], max_graphs: int
+    name: str,
+    policy: BucketPolicy,
+    batches: Sequence[tuple[float, int, int]],
+    max_graphs: int,
+    plan: Sequence[GraphKey] = (),
 ) -> Figures:
+    """Lazy mode over `batches`, after pre-capturing `plan` (the worker's warm-up) if given;
+    captures counts those client batches paid for."""
     cap = policy.capacity(MAX_TOKENS)
     cache = GraphCache(
-        mode="lazy",
-        max_graphs=max_graphs,
-        max_tokens=cap.tokens,
-        max_sequences=cap.sequences,
-        max_seqlen=MAX_SEQLEN,
+        mode="lazy", max_graphs=max_graphs, max_tokens=cap.tokens, max_sequences=cap.sequences
     )
+    for key in plan:
+        cache.preload(key)
     half = batches[-1][0] / 2 if batches else 0.0
     met: set[GraphKey] = set()
     captures = late = replays = 0
     real = padded = 0
     peak_before = peak_now = 0.0
     for when, tokens, sequences in batches:
-        key = policy.key(tokens, sequences)
+        # The longest sequence is not traced: at a 512-token limit (MAX_SEQLEN) the attention
+        # length is the bucket's, up to 512, whatever it is.
+        longest = min(tokens, MAX_SEQLEN)
+        key = policy.key(tokens, sequences, longest)
         met.add(key)
-        d = cache.decide(key, (tokens, sequences))
+        d = cache.decide(key, (tokens, sequences, longest))
         real += tokens
         padded += tokens if d.action is Action.EAGER or d.key is None else d.key.tokens
         if d.action is Action.CAPTURE:

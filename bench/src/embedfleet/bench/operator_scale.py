@@ -609,10 +609,7 @@ def _boot(n: int, replicas: int, rate: ClientRate | None, syncs: int | None) -> 
     cluster = Cluster.start(config)
     try:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/embeddingdeployments.embedfleet.dev",
-        )  # fmt: skip
+        cluster.wait_established("embeddingdeployments.embedfleet.dev")
         cluster.create_namespace(NAMESPACE)
     except BaseException:
         cluster.stop()

@@ -42,7 +42,7 @@ import orjson
 
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing.overload import (
     NORMAL_INTERVAL,
     Outcome,

@@ -244,7 +244,7 @@ def _embedfleet_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("embedfleet-gateway")
+        return version("embedfleet-fleet")
     except PackageNotFoundError:
         return "dev"
 
@@ -273,7 +273,7 @@ def embedfleet_spec(workers: int, device: str = "cpu", graphs: bool = True) -> S
         if not graphs:
             env["EMBEDFLEET_WORKER_CUDA_GRAPHS"] = "off"
         # `python -m`, not the console script: runs from a source tree too (the GPU script)
-        argv = [sys.executable, "-m", "embedfleet.gateway.fleet", "serve", "--model", str(model)]
+        argv = [sys.executable, "-m", "embedfleet.fleet.cli", "serve", "--model", str(model)]
         argv += ["--workers", str(workers), "--port", str(port)]
         return Server(
             name,

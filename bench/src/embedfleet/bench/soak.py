@@ -33,7 +33,7 @@ from typing import Any
 from embedfleet.bench.targets import HttpTarget, TargetError
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing import procfs
 
 #: worker flags that turn the memory settings off (for --baseline)

@@ -31,12 +31,12 @@ from embedfleet.bench import peers
 from embedfleet.bench.targets import HttpTarget
 from embedfleet.common.cpus import detect_cores, layout
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet, kept_openvino_args
+from embedfleet.fleet.supervisor import Fleet, kept_openvino_args
 from embedfleet.testing.workers import scrape
 
 #: (row label, process, what it covers), in the order a request meets them
 ROWS = (
-    ("client + HTTP server", "client", "client send/receive and the HTTP server (uvicorn)"),
+    ("client + HTTP server", "client", "client send/receive and the gateway's HTTP server"),
     ("HTTP parse", "gateway", "body read, JSON decoded, request validated"),
     ("tokenize", "gateway", "tokenizer run, incl. the hop to its threads"),
     ("gateway glue", "gateway", "admission, service, event-loop hops"),

@@ -29,7 +29,7 @@ from embedfleet.bench.gateway import TEXT, Row, measure_row
 from embedfleet.bench.gateway_procs import gateway_call
 from embedfleet.common.net import free_ports
 from embedfleet.common.tracing import OFF
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing.otlp import Collector, running_collector
 
 SYSTEMS = ("tracing off", "tracing on (sample 1.0)")
@@ -62,18 +62,15 @@ async def _measure(fleets: dict[str, Fleet], rounds: int, seconds: float) -> lis
 
 
 def off_path_ns(number: int = 200_000) -> tuple[float, float]:
-    """What tracing-off adds to one request in the gateway, in ns: its three spans (request,
-    tokenize, compute) entered and left with their attribute calls, each the shared null span;
-    and, for scale, one empty Python function call."""
-    headers = [(b"host", b"127.0.0.1")]
+    """What tracing-off adds to one call in the worker, in ns: its server span entered and left
+    with its attribute calls, the shared null span; and, for scale, one empty Python function
+    call."""
+    metadata = [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
     def request() -> None:
-        with OFF.server_span("POST /v1/embeddings", headers) as span:
-            with OFF.span("tokenize"):
-                pass
-            with OFF.span("compute") as fanout:
-                fanout.set_attribute("embedfleet.chunks", 1)
-            span.set_attribute("http.response.status_code", 200)
+        with OFF.server_span("embedfleet.v1.Worker/Embed", metadata) as span:
+            span.set_attribute("rpc.system", "grpc")
+            span.set_attribute("rpc.grpc.status_code", 0)
 
     def empty() -> None:
         pass
@@ -152,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(combined, sink))
     spans, call = off_path_ns()
     print(
-        f"tracing off, per gateway request: {spans:.0f} ns for its null spans ({call:.0f} ns "
+        f"tracing off, per worker call: {spans:.0f} ns for its null span ({call:.0f} ns "
         "for one empty function call)"
     )
     if args.json:
