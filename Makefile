@@ -3,14 +3,18 @@ SHELL := /bin/bash
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-COMPONENTS := common worker gateway operator bench testing
+COMPONENTS := common worker fleet operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Each build step and the tests report their wall and CPU seconds on stderr (hack/timed.sh).
+TIMED = bash hack/timed.sh
 
-.PHONY: install prepare run test lint format proto tools gateway-rs node prometheus image-tools images \
+.PHONY: install prepare run test lint format proto tools gateway node prometheus image-tools images \
 	images-lock bench clean
 
-install: $(STAMP)
+# The Python components in .venv, then the gateway binary (cargo; its progress on the terminal),
+# both reused when unchanged.
+install: $(STAMP) gateway
 
 # Reinstall only when a pyproject changes; pip keeps its cache so a fresh venv is quick too.
 $(STAMP): pyproject.toml $(foreach c,$(COMPONENTS),$(c)/pyproject.toml)
@@ -25,7 +29,7 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(TIMED) mypy $(BIN)/mypy
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -37,54 +41,60 @@ proto: install
 
 # Builds (or reuses from ~/.cache/embedfleet) etcd, kube-apiserver, ..., kubectl, helm, kwok.
 tools:
-	bash hack/build-tools.sh
+	$(TIMED) tools bash hack/build-tools.sh
 
-# The Rust gateway (gateway-rs/, docs/gateway.md "Rust gateway"), built or reused from
-# ~/.cache/embedfleet/gateway-rs; cargo fetches its crates from crates.io on a cold machine.
-gateway-rs:
-	bash hack/build-gateway-rs.sh
+# The gateway (gateway/, docs/gateway.md), built or reused from ~/.cache/embedfleet/gateway;
+# cargo fetches its crates from crates.io on a cold machine. `embedfleet serve` finds the build.
+# CARGO_JOBS: cargo's jobs (default CARGO_BUILD_JOBS, else every core; `make prepare` sets 2).
+CARGO_JOBS ?= $(or $(CARGO_BUILD_JOBS),$(shell nproc))
+gateway:
+	CARGO_BUILD_JOBS=$(CARGO_JOBS) $(TIMED) gateway bash hack/build-gateway.sh
 
 # One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
 # kube-proxy, containerd, CNI plugins and the harness images, built or reused from
-# ~/.cache/embedfleet/node.
-node:
-	bash hack/install-node-deps.sh
-	bash hack/build-node.sh
+# ~/.cache/embedfleet/node. After `tools`: kubelet and kube-proxy reuse its compiled packages.
+node: tools
+	$(TIMED) node-deps bash hack/install-node-deps.sh
+	$(TIMED) node bash hack/build-node.sh
 
 # Debian's prometheus + promtool, for the dashboard and alert tests (idempotent).
 prometheus:
-	bash hack/install-prometheus.sh
+	$(TIMED) prometheus bash hack/install-prometheus.sh
 
 # Debian's buildah, debootstrap and runc, for `make images` and tests/images (idempotent).
 image-tools:
-	bash hack/install-image-tools.sh
+	$(TIMED) image-tools bash hack/install-image-tools.sh
 
 # Builds (or reuses, keyed by content) the operator, gateway and CPU worker images on a Debian base
 # made by debootstrap, with no registry and no network in the build; writes each as a docker-archive
 # under ~/.cache/embedfleet/images and prints {image ref: archive} as JSON. The gateway image
-# carries the Rust gateway, built first by hack/build-gateway-rs.sh when not cached.
+# carries the Rust gateway, built first by hack/build-gateway.sh when not cached.
 # IMAGES=operator,gateway,worker-cpu,worker adds the CUDA worker. See docs/development.md, "Images".
 IMAGES ?= operator,gateway,worker-cpu
 images: install image-tools
-	$(BIN)/python -m embedfleet.testing.images --images $(IMAGES)
+	$(TIMED) images $(BIN)/python -m embedfleet.testing.images --images $(IMAGES)
 
 # Re-resolves docker/locks/*.txt (the images' pinned dependencies) against PyPI.
 images-lock: install
 	$(BIN)/python -m embedfleet.testing.images lock
 
-# Everything a test needs, built or reused. `gateway-rs` then `tools` (Rust and Go compiles: CPU,
-# tens of minutes cold) run beside the rest (pip, apt, debootstrap: mostly network and disk), so a
-# cold machine waits for the longer of the two chains, not their sum. The Rust gateway comes first
-# because the gateway image carries it: `images` waits for that build (one builder per cache).
+# Everything a test needs, built or reused, each step as soon as its prerequisites are done (make -j):
+# the CPU-bound compiles (`tools` then `node` in Go, `gateway` in Rust: tens of minutes cold) run
+# beside pip, apt and the image builds, which mostly wait on the network and the disk, so a cold
+# machine waits for the longest chain, not the sum. The installers take turns at apt
+# (hack/lib/apt.sh). `images` builds the gateway image, which carries the gateway binary, last.
 prepare:
-	@$(MAKE) --no-print-directory gateway-rs tools & tools=$$!; \
-	$(MAKE) --no-print-directory install node prometheus images lint; rc=$$?; \
-	wait $$tools || rc=$$?; exit $$rc
+	@export EMBEDFLEET_PREPARE_START=$$(date +%s); \
+	$(TIMED) prepare $(MAKE) --no-print-directory -j CARGO_JOBS=$(or $(CARGO_BUILD_JOBS),2) \
+		tools node gateway install prometheus image-tools images lint
 
 # Images first (reused when their content key is cached): a build inside a test would count
-# against that test's timeout. The 40 slowest tests are listed at the end: where CI time goes.
+# against that test's timeout. Each test's id and result on its own line as it ends (-v, its
+# duration in place of the percentage), written through (PYTHONUNBUFFERED: a CI log reads a pipe);
+# the 40 slowest tests are listed at the end: where CI time goes.
 test: prepare
-	$(BIN)/pytest --durations=40 $(PYTEST_ARGS)
+	PYTHONUNBUFFERED=1 $(TIMED) pytest $(BIN)/pytest -v -o console_output_style=times \
+		--durations=40 $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m embedfleet.bench

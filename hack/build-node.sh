@@ -2,7 +2,8 @@
 # Builds (or reuses) what one real Kubernetes node needs besides Debian's runc:
 #   bin/     kubelet, kube-proxy (the Kubernetes release in hack/tools), containerd, ctr,
 #            containerd-shim-runc-v2 (hack/node/containerd), testserver (hack/node/testserver)
-#   cni/     bridge, host-local, loopback, portmap (hack/node/cni)
+#   cni/     bridge, host-local (hack/node/cni): the only plugins the node's CNI config names
+#            (containerd raises the pods' loopback itself; no hostPorts, so no portmap)
 #   images/  pause.tar (a static pause from the Kubernetes module, compiled with gcc) and
 #            testserver.tar: one-layer image archives; images.json names their references.
 #
@@ -22,6 +23,8 @@ node_dir="$hack_dir/node"
 . "$tools_dir/versions.env"
 # shellcheck source=lib/k8s-ldflags.sh
 . "$hack_dir/lib/k8s-ldflags.sh"
+# shellcheck source=lib/go-build.sh
+. "$hack_dir/lib/go-build.sh"
 
 # The pins live in each module's go.mod; read them rather than repeat them.
 module_version() { sed -n "s#^[[:space:]]*$2 \(v[^[:space:]]*\).*#\1#p" "$1/go.mod" | head -1; }
@@ -35,18 +38,14 @@ cni_version="$(module_version "$node_dir/cni" github.com/containernetworking/plu
 # Without btrfs, devmapper and zfs containerd needs no C libraries (CGO_ENABLED=0).
 containerd_tags="no_btrfs no_devmapper no_zfs"
 pause_cflags="-Os -Wall -Werror -static"
-# dir=module:package:output, in build order.
-targets=(
-  "containerd:github.com/containerd/containerd/v2/cmd/containerd:bin/containerd"
-  "containerd:github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2:bin/containerd-shim-runc-v2"
-  "containerd:github.com/containerd/containerd/v2/cmd/ctr:bin/ctr"
-  "cni:github.com/containernetworking/plugins/plugins/main/bridge:cni/bridge"
-  "cni:github.com/containernetworking/plugins/plugins/ipam/host-local:cni/host-local"
-  "cni:github.com/containernetworking/plugins/plugins/main/loopback:cni/loopback"
-  "cni:github.com/containernetworking/plugins/plugins/meta/portmap:cni/portmap"
-  "testserver:.:bin/testserver"
-  "tools:k8s.io/kubernetes/cmd/kubelet:bin/kubelet"
-  "tools:k8s.io/kubernetes/cmd/kube-proxy:bin/kube-proxy"
+# module dir:output dir:packages. One `go build` per module, so the packages its commands share
+# compile once; kubelet and kube-proxy come after hack/build-tools.sh, whose control plane has
+# compiled nearly all of their packages with the same flags.
+builds=(
+  "containerd:bin:github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr"
+  "cni:cni:github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local"
+  "testserver:bin:."
+  "tools:bin:k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy"
 )
 
 toolchains="$(go env GOVERSION GOOS GOARCH | tr '\n' ' ') $(gcc -dumpfullversion 2>/dev/null || echo no-gcc)"
@@ -55,8 +54,8 @@ digest="$(
     cat "$tools_dir/go.mod" "$tools_dir/go.sum"
     for m in containerd cni testserver; do cat "$node_dir/$m/go.mod" "$node_dir/$m"/go.sum 2>/dev/null || true; done
     cat "$node_dir/testserver/main.go" "$node_dir/image-archive.py"
-    echo "$toolchains"; echo "$k8s_ldflags"; echo "$containerd_tags"; echo "$pause_cflags"
-    printf '%s\n' "${targets[@]}"
+    echo "$toolchains"; echo "${go_flags[*]}"; echo "$k8s_ldflags"; echo "$containerd_tags"
+    echo "$pause_cflags"; printf '%s\n' "${builds[@]}"
   } | sha256sum | cut -c1-12
 )"
 key="k8s-${K8S_VERSION}_containerd-${containerd_version}_cni-${cni_version}_${digest}"
@@ -88,18 +87,22 @@ trap 'rm -rf "$staging"' EXIT
 mkdir -p "$staging/bin" "$staging/cni" "$staging/images"
 echo "build-node: building $key" >&2
 total_start=$SECONDS
-for target in "${targets[@]}"; do
-  IFS=: read -r module pkg output <<<"$target"
-  flags=(-trimpath)
+for build in "${builds[@]}"; do
+  IFS=: read -r module output pkgs <<<"$build"
+  flags=("${go_flags[@]}")
   case "$module" in
-    tools) flags+=(-ldflags "$k8s_ldflags"); module_dir="$tools_dir" ;;
+    tools)
+      # Compiles the control plane's packages first (or finds it built): kubelet then only links.
+      bash "$hack_dir/build-tools.sh" >/dev/null
+      flags+=(-ldflags "$k8s_ldflags"); module_dir="$tools_dir" ;;
     containerd) flags+=(-ldflags "-s -w" -tags "$containerd_tags"); module_dir="$node_dir/containerd" ;;
     *) flags+=(-ldflags "-s -w"); module_dir="$node_dir/$module" ;;
   esac
   start=$SECONDS
-  echo "build-node: go build $pkg" >&2
-  (cd "$module_dir" && CGO_ENABLED=0 go build "${flags[@]}" -o "$staging/$output" "$pkg")
-  echo "$(basename "$output") $((SECONDS - start))s" | tee -a "$staging/build-times.txt" >&2
+  echo "build-node: go build $pkgs" >&2
+  # shellcheck disable=SC2086 # the packages are words
+  (cd "$module_dir" && go build "${flags[@]}" -o "$staging/$output/" $pkgs)
+  echo "$module $((SECONDS - start))s" | tee -a "$staging/build-times.txt" >&2
 done
 
 # The pause binary and its version come from the pinned Kubernetes module, as upstream builds it.

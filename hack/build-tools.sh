@@ -4,7 +4,7 @@
 #
 # Binaries land in ${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/bin/<key>/, outside the clone, so
 # every checkout and CI run on a machine shares them. <key> names the pinned versions plus a hash of
-# go.mod, go.sum, the Go toolchain and the link flags: it changes exactly when a rebuild is needed.
+# go.mod, go.sum, the Go toolchain and the build flags: it changes exactly when a rebuild is needed.
 # A cached build is reused without invoking the compiler. Progress goes to stderr; the last line on
 # stdout is the binary directory.
 #
@@ -18,6 +18,8 @@ tools_dir="$(cd "$(dirname "$0")/tools" && pwd)"
 
 # shellcheck source=lib/k8s-ldflags.sh
 . "$tools_dir/../lib/k8s-ldflags.sh"
+# shellcheck source=lib/go-build.sh
+. "$tools_dir/../lib/go-build.sh"
 helm_ver="${HELM_VERSION#v}"
 # The variables the upstream release builds set (kubernetes hack/lib/version.sh, helm's Makefile,
 # kwok's hack/releases.sh), so /version, `kubectl version` and Helm's kubeVersion checks are real.
@@ -43,7 +45,10 @@ targets=(
 
 go_version="$(go env GOVERSION GOOS GOARCH | tr '\n' ' ')"
 digest="$(
-  { cat "$tools_dir/go.mod" "$tools_dir/go.sum"; echo "$go_version"; echo "$ldflags"; printf '%s\n' "${targets[@]}"; } |
+  {
+    cat "$tools_dir/go.mod" "$tools_dir/go.sum"
+    echo "$go_version"; echo "${go_flags[*]}"; echo "$ldflags"; printf '%s\n' "${targets[@]}"
+  } |
     sha256sum | cut -c1-12
 )"
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-v${helm_ver}_${digest}"
@@ -98,13 +103,14 @@ trap 'rm -rf "$staging"' EXIT
 echo "build-tools: building $key (cold builds take tens of minutes)" >&2
 cd "$tools_dir"
 total_start=$SECONDS
-# One `go build` for all seven: one action graph, so a link (single-threaded, tens of seconds for
-# the big ones) overlaps with compiling the next binary's packages instead of idling a core.
+# One `go build` for all seven: one action graph, so the packages they share compile once and a link
+# (single-threaded, tens of seconds for the big ones) overlaps with compiling the next binary's
+# packages instead of idling a core.
 pkgs=()
 for target in "${targets[@]}"; do pkgs+=("${target#*=}"); done
 echo "build-tools: go build ${pkgs[*]}" >&2
 mkdir "$staging/out"
-CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$staging/out/" "${pkgs[@]}"
+go build "${go_flags[@]}" -ldflags "$ldflags" -o "$staging/out/" "${pkgs[@]}"
 for target in "${targets[@]}"; do
   name="${target%%=*}"
   pkg="${target#*=}"

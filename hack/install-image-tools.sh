@@ -4,21 +4,15 @@
 #
 #   hack/install-image-tools.sh     install whichever of them is missing
 set -euo pipefail
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 missing=()
 for tool in buildah debootstrap runc; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
-if [[ "$(id -u)" != 0 ]]; then
-  echo "install-image-tools: need root for apt-get (or install Debian's ${missing[*]})" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-# Another apt run (a second engineer, CI's other jobs) holds the lock: wait for it, up to 10 min.
-apt() { apt-get -o DPkg::Lock::Timeout=600 "$@"; }
-apt-get install -y --no-install-recommends --dry-run "${missing[@]}" >/dev/null 2>&1 || apt update -qq
-apt install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_install "${missing[@]}"
 for tool in "${missing[@]}"; do
   command -v "$tool" >/dev/null || { echo "install-image-tools: $tool still missing" >&2; exit 1; }
 done

@@ -5,6 +5,8 @@
 #
 #   hack/install-node-deps.sh      apt-get install only what is missing
 set -euo pipefail
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 # command -> Debian package
 declare -A packages=(
@@ -24,12 +26,5 @@ done
 if [[ ${#missing[@]} -eq 0 ]]; then
   exit 0
 fi
-if [[ "$(id -u)" != 0 ]]; then
-  echo "install-node-deps: need root for apt-get: ${missing[*]}" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt_opts=(-o DPkg::Lock::Timeout=600 -qq)
-apt-get "${apt_opts[@]}" update
-apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}" >/dev/null
+apt_install "${missing[@]}"
 echo "install-node-deps: installed ${missing[*]}" >&2

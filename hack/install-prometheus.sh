@@ -6,6 +6,8 @@
 #
 #   hack/install-prometheus.sh      install if `prometheus` or `promtool` is missing
 set -euo pipefail
+# shellcheck source=lib/apt.sh
+. "$(dirname "$0")/lib/apt.sh"
 
 if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
   exit 0
@@ -28,9 +30,7 @@ trap cleanup EXIT
 printf '#!/bin/sh\n# install-prometheus.sh: no service starts while packages install\nexit 101\n' >"$policy"
 chmod 0755 "$policy"
 
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
 # --no-install-recommends: skips the node exporter and other services the tests do not use.
-apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+apt_install prometheus
 command -v prometheus >/dev/null && command -v promtool >/dev/null
 prometheus --version 2>&1 | head -1 >&2

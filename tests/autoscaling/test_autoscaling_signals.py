@@ -1,5 +1,6 @@
-"""Signals against real exposition: the worker's and gateway's own registries, and real processes
-serving them over HTTP."""
+"""Signals against real exposition: the worker's own registry, the gateway's families by name
+(tests/gateway/test_metrics.py reads the gateway binary's own /metrics with these signals), and
+real processes serving them over HTTP."""
 
 from __future__ import annotations
 
@@ -12,14 +13,26 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from embedfleet.gateway.balancer import Balancer
-from embedfleet.gateway.metrics import Metrics as GatewayMetrics
 from embedfleet.operator.autoscaling import signals
 from embedfleet.operator.autoscaling.signals import Scrape
 from embedfleet.testing.stub_worker import StubWorker, start_stub
 from embedfleet.worker.metrics import WorkerMetrics
+
+
+class GatewayMetrics:
+    """The gateway's families the operator reads, by their names."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.input_tokens = Counter("embedfleet_gateway_input_tokens", "", registry=r)
+        self.request_seconds = Histogram(
+            "embedfleet_gateway_request_seconds", "", ["route"], registry=r
+        )
+        self.held_requests = Gauge("embedfleet_gateway_held_requests", "", registry=r)
+        self.held_tokens = Gauge("embedfleet_gateway_held_tokens", "", registry=r)
 
 
 def exposition(metrics: WorkerMetrics | GatewayMetrics) -> str:
@@ -27,8 +40,7 @@ def exposition(metrics: WorkerMetrics | GatewayMetrics) -> str:
 
 
 def gateway_metrics() -> GatewayMetrics:
-    balancer = Balancer(eject_seconds=5.0)
-    return GatewayMetrics(lambda: balancer)
+    return GatewayMetrics()
 
 
 def test_parses_the_worker_registry() -> None:

@@ -21,6 +21,7 @@ import itertools
 import json
 import threading
 import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .e2efleet import FIGURES, NAME, NAMESPACE, SYSTEM, Fleet, Load, condition, is_ready
 
@@ -448,15 +450,14 @@ def test_scale_to_zero_and_back_on_the_first_request(scaling: Fleet, reference: 
         ("listening", "engine loaded", "warm-up done", "self-check passed", "serving"),
     )
     gw = _gateway_saw(fleet, gateway["metadata"]["name"], facts["ip"])
-    held = fleet.node.cluster.kubectl(
-        "exec", "-n", NAMESPACE, gateway["metadata"]["name"], "--", "python3", "-c",
-        "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/metrics').read()"
-        ".decode())",
-    ).stdout  # fmt: skip
+    # The host routes to pod IPs.
+    url = f"http://{gateway['status']['podIP']}:8080/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        held = reply.read().decode()
     # The request reached the gateway when its hold began: the hold ends as the gateway finds the
     # worker ready. "request sent" is the client process's start (a fresh Python in the node).
-    (hold,) = [float(line.split()[1]) for line in held.splitlines()
-               if line.startswith("embedfleet_gateway_hold_seconds_sum")]  # fmt: skip
+    (hold,) = [s.value for f in text_string_to_metric_families(held) for s in f.samples
+               if s.name == "embedfleet_gateway_hold_seconds_sum"]  # fmt: skip
     woke = _operator_woke(fleet)
     sent = answer["sent"]
     points = [

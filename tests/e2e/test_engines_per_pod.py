@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from .e2efleet import EXAMPLE, NAMESPACE, Fleet, condition
 
@@ -17,18 +19,17 @@ TEXTS = ["two engines in one pod", "each on its own port", "the gateway balances
 
 
 def _gateway_workers(fleet: Fleet) -> dict[str, float]:
-    pod = fleet.pods("gateway")[0]["metadata"]["name"]
-    scrape = (
-        "import urllib.request; print(urllib.request.urlopen("
-        "'http://127.0.0.1:8080/metrics', timeout=5).read().decode())"
-    )
-    text = fleet.kubectl("exec", "-n", NAMESPACE, pod, "--", "python3", "-c", scrape)
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("embedfleet_gateway_workers{"):
-            state = line.split('state="')[1].split('"')[0]
-            out[state] = float(line.rsplit(" ", 1)[1])
-    return out
+    """The gateway's workers by state, from its /metrics (the host routes to pod IPs)."""
+    pod = fleet.pods("gateway")[0]
+    url = f"http://{pod['status']['podIP']}:8080/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        s.labels["state"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "embedfleet_gateway_workers"
+        for s in family.samples
+    }
 
 
 def test_two_engines_per_pod_are_two_balanced_workers(installed: Fleet) -> None:

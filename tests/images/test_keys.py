@@ -12,10 +12,12 @@ from embedfleet.testing.imagespec import (
     SPECS,
     ImageSpec,
     base_key,
+    build_args,
     content_key,
     declared_dependencies,
+    dependency_image,
     disk_needed,
-    gateway_rs_ref,
+    gateway_binary_ref,
     ignore_patterns,
     image_key,
     is_ignored,
@@ -30,7 +32,9 @@ from embedfleet.testing.imagespec import (
 from embedfleet.testing.tools import REPO_ROOT
 
 BASE = "localhost/embedfleet/base:0123"
-TREE = ("docker", "common", "worker", "gateway", "operator", "hack/build-base-image.sh")
+TREE = (
+    "docker", "common", "worker", "operator", "gateway/Cargo.toml", "hack/build-base-image.sh"
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 def keys(root: Path, base: str = BASE, binary: bytes = b"\x7fELF 1") -> dict[str, str]:
-    rust = gateway_rs_ref(binary)
+    rust = gateway_binary_ref(binary)
     return {name: image_key(root, spec, base, rust) for name, spec in SPECS.items()}
 
 
@@ -81,28 +85,57 @@ def test_a_worker_source_changes_only_the_worker_images(tree: Path) -> None:
     assert changed(before, keys(tree)) == {"worker", "worker-cpu"}
 
 
-def test_a_gateway_source_changes_only_the_gateway_image(tree: Path) -> None:
-    before = keys(tree)
-    touch(tree / "gateway" / "src" / "embedfleet" / "gateway" / "cli.py")
-    assert changed(before, keys(tree)) == {"gateway"}
+def deps(root: Path, base: str = BASE) -> dict[str, str]:
+    return {
+        name: dependency_image(root, spec, base) for name, spec in SPECS.items() if spec.layered
+    }
 
 
-def test_another_rust_gateway_binary_changes_only_the_gateway_image(tree: Path) -> None:
+def test_a_worker_source_keeps_the_dependency_layer_a_lock_changes_it(tree: Path) -> None:
+    """The worker images are their lock's dependency image (gigabytes, built once per lock) plus
+    a code layer: a source change rebuilds only the code layer."""
+    assert set(deps(tree)) == {"worker", "worker-cpu"}
+    before = deps(tree)
+    touch(tree / "worker" / "src" / "embedfleet" / "worker" / "cli.py")
+    touch(tree / "common" / "pyproject.toml")
+    assert deps(tree) == before
+    touch(tree / "docker" / "locks" / "worker-cpu.txt")
+    assert changed(before, deps(tree)) == {"worker-cpu"}
+    assert changed(before, deps(tree, "localhost/embedfleet/base:4567")) == set(before)
+    assert before["worker"].startswith("localhost/embedfleet/worker-deps:")
+
+
+def test_a_layered_image_is_not_built_without_its_dependency_image() -> None:
+    with pytest.raises(ValueError, match="DEPS_IMAGE"):
+        build_args(SPECS["worker-cpu"], BASE)
+    args = build_args(SPECS["worker-cpu"], BASE, deps="localhost/embedfleet/worker-cpu-deps:1")
+    assert args["DEPS_IMAGE"] == "localhost/embedfleet/worker-cpu-deps:1"
+
+
+def test_the_gateway_image_follows_its_dockerfile_and_lock(tree: Path) -> None:
+    """Its sources are the binary's (keyed by its content, below), not common/ or Python's."""
+    for path in ("docker/gateway.Dockerfile", "docker/locks/gateway.txt"):
+        before = keys(tree)
+        touch(tree / path)
+        assert changed(before, keys(tree)) == {"gateway"}, path
+
+
+def test_another_gateway_binary_changes_only_the_gateway_image(tree: Path) -> None:
     assert changed(keys(tree), keys(tree, binary=b"\x7fELF 2")) == {"gateway"}
-    assert gateway_rs_ref(b"\x7fELF 1") == gateway_rs_ref(b"\x7fELF 1")
+    assert gateway_binary_ref(b"\x7fELF 1") == gateway_binary_ref(b"\x7fELF 1")
 
 
-def test_the_gateway_image_is_not_keyed_without_its_rust_binary(tree: Path) -> None:
-    with pytest.raises(ValueError, match="GATEWAY_RS"):
+def test_the_gateway_image_is_not_keyed_without_its_binary(tree: Path) -> None:
+    with pytest.raises(ValueError, match="gateway binary"):
         image_key(tree, SPECS["gateway"], BASE)
     # The others carry no binary: their keys do not depend on one.
     assert image_key(tree, SPECS["operator"], BASE) == keys(tree)["operator"]
 
 
-def test_common_sources_are_in_every_image(tree: Path) -> None:
+def test_common_sources_are_in_every_python_image(tree: Path) -> None:
     before = keys(tree)
     touch(tree / "common" / "pyproject.toml")
-    assert changed(before, keys(tree)) == set(SPECS)
+    assert changed(before, keys(tree)) == set(SPECS) - {"gateway"}
 
 
 def test_a_lock_or_dockerfile_changes_its_images_only(tree: Path) -> None:
@@ -221,10 +254,10 @@ def test_wheel_prefixes_and_the_disk_a_build_needs() -> None:
 
 
 def test_an_image_carries_its_extras_and_names_only_declared_ones() -> None:
-    gateway = SPECS["gateway"]
-    names = {requirement_name(r) for r in declared_dependencies(REPO_ROOT, gateway)}
+    worker = SPECS["worker"]
+    names = {requirement_name(r) for r in declared_dependencies(REPO_ROOT, worker)}
     assert "opentelemetry-sdk" in names
-    plain = ImageSpec("x", "gateway", lock="x")
+    plain = ImageSpec("x", "worker", lock="x")
     assert "opentelemetry-sdk" not in {
         requirement_name(r) for r in declared_dependencies(REPO_ROOT, plain)
     }

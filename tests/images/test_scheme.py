@@ -20,7 +20,7 @@ from embedfleet.operator.settings import (
 )
 from embedfleet.operator.spec import parse_spec
 from embedfleet.testing.containers import WRITABLE_DIR
-from embedfleet.testing.imagespec import SPECS, component_version, image_ref
+from embedfleet.testing.imagespec import SPECS, component_version, image_ref, image_version
 from embedfleet.testing.tools import REPO_ROOT
 
 CHART = REPO_ROOT / "charts" / "embedfleet"
@@ -32,9 +32,11 @@ def _version() -> str:
 
 
 def test_one_version_everywhere() -> None:
-    """The release version is the chart's appVersion and every component's package version."""
-    components = ("common", "worker", "gateway", "operator")
+    """The release version is the chart's appVersion, every component's package version and the
+    gateway crate's."""
+    components = ("common", "worker", "fleet", "operator")
     assert {component_version(REPO_ROOT, c) for c in components} == {_version()}
+    assert image_version(REPO_ROOT, SPECS["gateway"]) == _version()
 
 
 def test_operator_defaults_follow_the_scheme() -> None:
@@ -121,10 +123,14 @@ def _pod_mounts(pod: dict[str, Any]) -> set[str]:
 @pytest.mark.parametrize("component", ["worker", "gateway", "operator"])
 def test_the_images_write_only_under_the_writable_dir(component: str) -> None:
     env = _final_stage_env(REPO_ROOT / "docker" / f"{component}.Dockerfile")
+    python = component != "gateway"  # the gateway image holds a native binary alone
     for name in (*WRITING_ENV, "HF_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        if name in env or name in WRITING_ENV:
+        if name in env or (python and name in WRITING_ENV):
             assert env[name].startswith(WRITABLE_DIR), f"{component}: {name}={env.get(name)}"
-    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    if python:
+        assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    else:
+        assert {"HOME", "TMPDIR"} <= set(env)
 
 
 def test_the_operator_pods_mount_the_writable_dir() -> None:

@@ -173,12 +173,7 @@ def _widget(name: str, spec: dict[str, Any]) -> str:
 def test_crd_schema_rejects_bad_objects(k8s_cluster: Cluster, k8s_namespace: str) -> None:
     k8s_cluster.kubectl("apply", "-f", "-", input=json.dumps(WIDGET_CRD))
     try:
-        k8s_cluster.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/widgets.harness.embedfleet.dev",
-            "--timeout=30s",
-        )
+        k8s_cluster.wait_established("widgets.harness.embedfleet.dev", timeout=30)
         ns = ("-n", k8s_namespace)
         k8s_cluster.kubectl("apply", *ns, "-f", "-", input=_widget("good", {"replicas": 2}))
 

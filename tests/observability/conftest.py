@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 
 from .helpers import Load, worker_metrics_targets
 

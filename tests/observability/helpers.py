@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from embedfleet.common.net import free_ports
-from embedfleet.gateway.fleet import Fleet
+from embedfleet.fleet.supervisor import Fleet
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import ProcessRecord, log_tail, spawn, stop
 

@@ -1,10 +1,10 @@
 """Every query of every dashboard panel returns data from a real Prometheus scraping a real fleet.
 
-The fleet: `embedfleet.gateway.fleet.Fleet` (the code behind `embedfleet serve`: a gateway and two
-MiniLM workers on 127.0.0.1) under load from two clients, plus the operator (run locally against
-the test control plane) reconciling examples/minilm.yaml, whose pods are KWOK fakes. Prometheus
-(Debian's package) scrapes all of them every second and also loads the alert rules, which must
-evaluate without errors. A failing query is reported by dashboard and panel title.
+The fleet: `embedfleet.fleet.supervisor.Fleet` (the code behind `embedfleet serve`: the gateway
+and two MiniLM workers on 127.0.0.1) under load from two clients, plus the operator (run locally
+against the test control plane) reconciling examples/minilm.yaml, whose pods are KWOK fakes.
+Prometheus (Debian's package) scrapes all of them every second and also loads the alert rules,
+which must evaluate without errors. A failing query is reported by dashboard and panel title.
 """
 
 from __future__ import annotations
@@ -53,9 +53,7 @@ def operator_target(
     k8s_cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds")
     )
-    k8s_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/embeddingdeployments.embedfleet.dev"
-    )
+    k8s_cluster.wait_established("embeddingdeployments.embedfleet.dev")
     k8s_cluster.create_namespace(namespace)
     metrics_port, health_port = free_ports(2)
     log = tmp_path_factory.mktemp("operator") / "operator.log"

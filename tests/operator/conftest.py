@@ -18,10 +18,7 @@ from .helpers import CRD_PATH, OPERATOR_NAMESPACE, RBAC, OperatorProcess, operat
 @pytest.fixture(scope="session")
 def crd_installed(k8s_cluster: Cluster) -> Cluster:
     k8s_cluster.kubectl("apply", "--server-side", "-f", str(CRD_PATH))
-    k8s_cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/embeddingdeployments.embedfleet.dev",
-    )  # fmt: skip
+    k8s_cluster.wait_established("embeddingdeployments.embedfleet.dev")
     return k8s_cluster
 
 

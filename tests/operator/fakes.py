@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
+from embedfleet.operator.informer import trim
 from embedfleet.operator.kube import KubeError
 
 
@@ -88,3 +90,78 @@ class TerminatingNamespaceKube:
     def request(self, method: str, path: str, body: Any = None, **_: Any) -> Any:
         self.writes.append(f"{method} {path}")
         return None
+
+
+FLEET: dict[str, Any] = {
+    "apiVersion": "embedfleet.dev/v1alpha1",
+    "kind": "EmbeddingDeployment",
+    "metadata": {
+        "name": "f", "namespace": "ns", "uid": "u-f", "generation": 1, "resourceVersion": "1",
+    },
+    "spec": {"model": {"source": "hf://org/model"}},
+}  # fmt: skip
+
+
+class FakeInformer:
+    """A FAKE of the informer's lookups over a dict (the real one lists and watches an API
+    server)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def informs(self, kind: str) -> bool:
+        return kind != "ServiceMonitor"
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((kind, namespace, name))
+
+    def put(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[(kind, meta["namespace"], meta["name"])] = trim(kind, obj)
+
+    def wait_synced(self, timeout: float) -> bool:
+        return True
+
+    def shared_gateways(self, namespace: str) -> set[str]:
+        return set()
+
+
+class ApplyingKube:
+    """A FAKE API server that accepts every apply and status write, numbering versions in order
+    (the test's own edits take theirs from it too, as etcd's revisions would); the worker pods
+    it lists are `pods`."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+        self.applied: dict[str, Any] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.pod_lists = 0
+        self.version = 100
+
+    def next_version(self) -> str:
+        self.version += 1
+        return str(self.version)
+
+    def has_resource(self, group_version: str, plural: str) -> bool:
+        return False
+
+    def apply(self, path: str, body: Any, manager: str) -> Any:
+        self.writes.append(f"APPLY {path}")
+        self.applied[path] = body
+        reply = copy.deepcopy(body)
+        reply["metadata"]["resourceVersion"] = self.next_version()
+        reply["metadata"]["generation"] = 1
+        return reply
+
+    def request(self, method: str, path: str, **_: Any) -> Any:
+        """Lists of pods (the workers of a fleet that is not ready yet)."""
+        assert (method, path.rsplit("/", 1)[-1]) == ("GET", "pods")
+        self.pod_lists += 1
+        return {"items": copy.deepcopy(self.pods)}
+
+    def merge_status(self, path: str, status: Any) -> Any:
+        self.writes.append(f"STATUS {path}")
+        fleet = copy.deepcopy(FLEET)
+        fleet["metadata"]["resourceVersion"] = self.next_version()
+        fleet["status"] = status
+        return fleet

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,15 @@ from embedfleet.testing.polling import wait_for
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "embedfleet.dev_embeddingdeployments.yaml"
 EXAMPLES = REPO / "examples"
+GATEWAY_DOC = REPO / "docs" / "gateway.md"
+
+
+def gateway_settings() -> set[str]:
+    """The gateway binary's settings by name (max_input_tokens, ...): docs/gateway.md's settings
+    table, which tests/gateway/test_docs.py holds to the binary's --help."""
+    text = GATEWAY_DOC.read_text()
+    table = text[text.index("<!-- settings:begin -->") : text.index("<!-- settings:end -->")]
+    return {flag.replace("-", "_") for flag in re.findall(r"`--([a-z][a-z0-9-]+)`", table)}
 
 
 def load_yaml(path: Path) -> Any:

@@ -5,7 +5,6 @@ from typing import Any
 
 import pytest
 
-from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.operator.manifests import (
     CONFIG_HASH,
     LABEL_OWNER,
@@ -15,10 +14,10 @@ from embedfleet.operator.manifests import (
     gateway_env,
     worker_env,
 )
-from embedfleet.operator.spec import SpecError, parse_spec
+from embedfleet.operator.spec import parse_spec
 from embedfleet.worker.settings import WorkerSettings
 
-from .helpers import EXAMPLES, MINILM_CHILDREN, load_yaml
+from .helpers import EXAMPLES, MINILM_CHILDREN, gateway_settings, load_yaml
 
 OWNER = Owner(name="minilm", namespace="ml", uid="1234-uid")
 IMAGES = Images(worker="reg/worker:1", gateway="reg/gateway:1")
@@ -170,14 +169,16 @@ def _fields(cls: type[Any]) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-@pytest.mark.parametrize("example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml"])
+@pytest.mark.parametrize(
+    "example", ["minilm.yaml", "qwen3-embedding-gpu.yaml", "reranker.yaml", "pplx-embed.yaml"]
+)
 def test_env_names_are_real_settings(example: str) -> None:
     """Every variable the operator sets is a field of the component's settings object."""
     spec = parse_spec(_example(example))
     worker = {k.removeprefix("EMBEDFLEET_WORKER_").lower() for k in worker_env(spec)}
     gateway = {k.removeprefix("EMBEDFLEET_GATEWAY_").lower() for k in gateway_env(OWNER, spec)}
     assert worker <= _fields(WorkerSettings), worker - _fields(WorkerSettings)
-    assert gateway <= _fields(GatewaySettings), gateway - _fields(GatewaySettings)
+    assert gateway <= gateway_settings(), gateway - gateway_settings()
 
 
 def test_gateway_discovers_the_headless_worker_service() -> None:
@@ -369,13 +370,9 @@ def test_gateway_auth_and_calibration_are_mounted_as_updatable_files() -> None:
     assert plain["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_API_KEYS_FILE"] == ""
 
 
-def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The rendered env, read back by the gateway's own settings loader."""
-    from embedfleet.common.settings import load
-    from embedfleet.gateway.settings import ENV_PREFIX
-
+def test_a_gateway_setting_from_the_env_is_what_the_operator_meant() -> None:
+    """The rendered values as the binary reads them (tests/gateway/test_operator_env.py starts it
+    from them)."""
     raw = {
         "model": {"source": "file:///m"},
         "gateway": {
@@ -384,46 +381,55 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant(
             "maxQueueSeconds": 4.5,
         },
     }
-    for name, value in gateway_env(OWNER, parse_spec(raw)).items():
-        monkeypatch.setenv(name, value)
-    settings = load(GatewaySettings, ENV_PREFIX, [])
-    assert settings.api_keys_file == "/etc/embedfleet/auth/api-keys"
-    assert settings.split_long_inputs is True
-    assert settings.api_key_metrics is False
-    assert settings.quantization_file == ""
-    assert settings.max_queue_seconds == 4.5
-    assert parse_spec({"model": {"source": "file:///m"}}).gateway.max_queue_seconds == (
-        GatewaySettings().max_queue_seconds
-    )  # the CRD's default is the gateway's
+    env = gateway_env(OWNER, parse_spec(raw))
+    assert env["EMBEDFLEET_GATEWAY_API_KEYS_FILE"] == "/etc/embedfleet/auth/api-keys"
+    assert env["EMBEDFLEET_GATEWAY_SPLIT_LONG_INPUTS"] == "true"
+    assert env["EMBEDFLEET_GATEWAY_API_KEY_METRICS"] == "false"
+    assert env["EMBEDFLEET_GATEWAY_QUANTIZATION_FILE"] == ""
+    assert env["EMBEDFLEET_GATEWAY_MAX_QUEUE_SECONDS"] == "4.5"
+    # the CRD's default is the gateway's (docs/gateway.md, "Settings")
+    assert parse_spec({"model": {"source": "file:///m"}}).gateway.max_queue_seconds == 30.0
 
 
-@pytest.mark.parametrize(
-    ("implementation", "command"),
-    [
-        (None, "embedfleet-gateway-rs"),
-        ("python", "embedfleet-gateway"),
-        ("rust", "embedfleet-gateway-rs"),
-    ],
-)
-def test_gateway_implementation_picks_the_images_binary(
-    implementation: str | None, command: str
+@pytest.mark.parametrize("stored", [{}, {"implementation": "python"}, {"implementation": "rust"}])
+def test_the_gateway_pod_runs_the_binary_whatever_a_stored_fleet_says(
+    stored: dict[str, str],
 ) -> None:
-    gateway = {"implementation": implementation} if implementation else {}
-    objs = child_objects({"model": {"source": "file:///m"}, "gateway": gateway})
+    """gateway.implementation is gone: an object stored before the CRD pruned it renders as one
+    that never set it."""
+    objs = child_objects({"model": {"source": "file:///m"}, "gateway": stored})
+    assert objs == child_objects({"model": {"source": "file:///m"}})
     pod = objs["Deployment/minilm-gateway"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == [command]
-    # One image, one env for both: the Rust binary takes the Python gateway's settings by name.
+    assert container["command"] == ["embedfleet-gateway"]
     assert container["image"] == IMAGES.gateway
     assert objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_K8S_SERVICE"] == (
         "minilm-worker"
     )
 
 
-def test_the_rust_gateway_is_traced_by_the_same_settings() -> None:
+@pytest.mark.parametrize(("gpus", "image"), [(0, "cpu"), (1, "gpu")])
+def test_an_hf_model_is_fetched_for_the_gateway_by_the_fleets_worker_image(
+    gpus: int, image: str
+) -> None:
+    """The gateway image holds the binary alone; the worker image has `hf`."""
+    images = Images(worker="reg/worker:gpu", gateway="reg/gateway:1", worker_cpu="reg/worker:cpu")
+    raw = {"model": {"source": "hf://BAAI/bge-small-en-v1.5"}, "worker": {"gpus": gpus}}
+    by_name = _by_key(children(OWNER, parse_spec(raw), 1, images, False))
+    pod = by_name["Deployment/minilm-gateway"]["spec"]["template"]["spec"]
+    (fetch,) = pod["initContainers"]
+    assert fetch["image"] == f"reg/worker:{image}"
+    assert fetch["command"][:2] == ["hf", "download"]
+    assert pod["containers"][0]["image"] == "reg/gateway:1"
+    own = {**raw, "worker": {"gpus": gpus, "image": "mine/worker:2", "imagePullPolicy": "Always"}}
+    by_name = _by_key(children(OWNER, parse_spec(own), 1, images, False))
+    (fetch,) = by_name["Deployment/minilm-gateway"]["spec"]["template"]["spec"]["initContainers"]
+    assert (fetch["image"], fetch["imagePullPolicy"]) == ("mine/worker:2", "Always")
+
+
+def test_the_gateway_is_traced_by_the_same_settings() -> None:
     raw = {
         "model": {"source": "file:///m"},
-        "gateway": {"implementation": "rust"},
         "monitoring": {"tracing": {"endpoint": "http://otel:4317", "sampleRatio": 0.25}},
     }
     objs = child_objects(raw)
@@ -431,10 +437,6 @@ def test_the_rust_gateway_is_traced_by_the_same_settings() -> None:
     assert data["EMBEDFLEET_GATEWAY_TRACING_ENDPOINT"] == "http://otel:4317"
     assert data["EMBEDFLEET_GATEWAY_TRACING_SAMPLE_RATIO"] == "0.25"
     assert data["EMBEDFLEET_GATEWAY_TRACING_SERVICE_NAME"] == "embedfleet-gateway"
-    with pytest.raises(
-        SpecError, match=r"gateway\.implementation 'go' must be one of python, rust"
-    ):
-        parse_spec({"model": {"source": "file:///m"}, "gateway": {"implementation": "go"}})
 
 
 def test_graph_settings_reach_the_worker() -> None:
@@ -516,20 +518,12 @@ def test_engines_per_gpu_gives_one_port_per_engine_everywhere(gpus: int) -> None
     }
     monitor = objs["ServiceMonitor/minilm"]["spec"]["endpoints"]
     assert [e["port"] for e in monitor] == ["metrics", "metrics-1", "metrics-2", "http"]
-    # The gateway's discovery takes every engine port of the Service's slices.
-    from embedfleet.gateway.discovery import slice_addresses
-
-    endpoint_slice = {
-        "metadata": {"name": "s"},
-        "ports": [{"name": p["name"], "port": p["port"]} for p in service],
-        "endpoints": [{"addresses": ["10.1.0.7"]}],
-    }
+    # The gateway takes the port named by its setting and that name's numbered siblings (-1, -2)
+    # as one endpoint each (the gateway's discovery; tests/e2e/test_engines_per_pod.py).
     port_name = objs["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_GATEWAY_K8S_PORT_NAME"]
-    assert slice_addresses(endpoint_slice, port_name) == {
-        "10.1.0.7:50051",
-        "10.1.0.7:50052",
-        "10.1.0.7:50053",
-    }
+    assert port_name == "grpc"
+    assert [p["name"] for p in service if p["name"].startswith(port_name)] == [
+        "grpc", "grpc-1", "grpc-2"]  # fmt: skip
 
 
 TRACED = {
@@ -555,7 +549,7 @@ def test_tracing_reaches_both_components_as_their_settings() -> None:
     assert _hash(TRACED, "worker") != _hash(base, "worker")
     assert _hash(TRACED, "gateway") != _hash(base, "gateway")
     # The rendered values parse as the settings the processes load.
-    fields = _fields(WorkerSettings) & _fields(GatewaySettings)
+    fields = _fields(WorkerSettings) & gateway_settings()
     assert {"tracing_endpoint", "tracing_sample_ratio", "tracing_service_name"} <= fields
 
 

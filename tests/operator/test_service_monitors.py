@@ -67,10 +67,7 @@ def chart_rbac(cluster: Cluster, *values: str) -> list[dict[str, Any]]:
 @pytest.fixture
 def service_monitor_crd(k8s_cluster: Cluster) -> Iterator[None]:
     k8s_cluster.kubectl("apply", "--server-side", "-f", "-", input=CRD)
-    k8s_cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )  # fmt: skip
+    k8s_cluster.wait_established("servicemonitors.monitoring.coreos.com")
     try:
         yield
     finally:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from embedfleet.gateway.catalog import parse_models
-from embedfleet.gateway.settings import GatewaySettings
 from embedfleet.operator import shared_gateway
 from embedfleet.operator.manifests import CONFIG_HASH, LABEL_OWNER, LABEL_SHARED, Images, Owner
 from embedfleet.operator.shared_gateway import Member, members, objects, routable
 from embedfleet.operator.spec import SpecError, parse_spec
+
+from .helpers import gateway_settings
 
 IMAGES = Images(worker="reg/worker:1", gateway="reg/gateway:1")
 NS = "ml"
@@ -102,26 +101,24 @@ def test_every_member_owns_it_and_none_is_its_controller() -> None:
     assert objects(NS, "search", [], IMAGES) == []
 
 
-def test_the_models_file_routes_each_member_to_its_workers_and_the_gateway_reads_it() -> None:
-    objs = _objects()
-    text = objs["ConfigMap"]["data"]["models.json"]
-    base = GatewaySettings()
-    bge, minilm, ranker = parse_models(text, base)
-    assert (bge.served_model_name, bge.k8s_service, bge.k8s_port_name) == (
+def test_the_models_file_routes_each_member_to_its_workers() -> None:
+    """Per-model settings by the binary's names (tests/gateway/test_operator_env.py starts it on
+    such a file)."""
+    text = _objects()["ConfigMap"]["data"]["models.json"]
+    bge, minilm, ranker = json.loads(text)["models"]
+    assert (bge["served_model_name"], bge["k8s_service"], bge["k8s_port_name"]) == (
         "bge",
         "bge-worker",
         "grpc",
     )
-    assert bge.model == "/models/0/BAAI--bge-small-en-v1.5/default"
-    assert bge.split_long_inputs
-    assert bge.quantization_file == "/etc/embedfleet/quantization/0/embedfleet_quantization.json"
-    assert (minilm.model, minilm.k8s_service, minilm.quantization_file) == (
-        "/opt/minilm",
-        "minilm-worker",
-        "",
-    )
-    assert (ranker.served_model_name, ranker.model) == ("rerank-v2", "/models/2/rerank")
-    assert json.loads(text)["models"][2]["task"] == "auto"
+    assert bge["model"] == "/models/0/BAAI--bge-small-en-v1.5/default"
+    assert bge["split_long_inputs"] is True
+    assert bge["quantization_file"] == "/etc/embedfleet/quantization/0/embedfleet_quantization.json"
+    assert (minilm["model"], minilm["k8s_service"]) == ("/opt/minilm", "minilm-worker")
+    assert minilm.get("quantization_file", "") == ""
+    assert (ranker["served_model_name"], ranker["model"]) == ("rerank-v2", "/models/2/rerank")
+    assert ranker["task"] == "auto"
+    assert set().union(*(m.keys() for m in (bge, minilm, ranker))) <= gateway_settings()
 
 
 def test_each_model_is_mounted_at_a_root_of_its_own() -> None:
@@ -153,24 +150,18 @@ def test_process_settings_are_the_first_members_and_keys_anyones() -> None:
     assert env["EMBEDFLEET_GATEWAY_MODELS_FILE"] == "/etc/embedfleet/models/models.json"
     assert env["EMBEDFLEET_GATEWAY_API_KEYS_FILE"] == "/etc/embedfleet/auth/api-keys"
     assert deployment["spec"]["replicas"] == 3  # bge's: first by name
-    fields = {f.name for f in dataclasses.fields(GatewaySettings)}
+    fields = gateway_settings()
     for name in env:
         if name.startswith("EMBEDFLEET_GATEWAY_"):
             assert name.removeprefix("EMBEDFLEET_GATEWAY_").lower() in fields, name
 
 
-@pytest.mark.parametrize(
-    ("implementation", "command"),
-    [("python", "embedfleet-gateway"), ("rust", "embedfleet-gateway-rs")],
-)
-def test_the_first_member_picks_the_gateway_binary(implementation: str, command: str) -> None:
-    fleets = [
-        _body("a", _fleet("file:///opt/a", implementation=implementation)),
-        _body("b", _fleet("file:///opt/b", implementation="python")),
-    ]
-    served, _ = routable(members(fleets, NS, "search"))
-    (deployment,) = (o for o in objects(NS, "search", served, IMAGES) if o["kind"] == "Deployment")
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"] == [command]
+def test_the_gateway_pod_runs_the_binary_and_fetches_with_a_worker_image() -> None:
+    pod = _objects()["Deployment"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["embedfleet-gateway"]
+    assert pod["containers"][0]["image"] == IMAGES.gateway
+    (fetch,) = pod["initContainers"]  # bge's hf:// model: the worker image has `hf`
+    assert fetch["image"] == IMAGES.worker
 
 
 def test_a_change_of_members_rolls_the_pods() -> None:

@@ -9,73 +9,12 @@ from typing import Any, cast
 import pytest
 
 from embedfleet.operator import metrics, reconciler
-from embedfleet.operator.informer import Bodies, Informer, trim
+from embedfleet.operator.informer import Bodies, Informer
 from embedfleet.operator.kube import Kube
 from embedfleet.operator.manifests import Images
 from embedfleet.operator.reconciler import Reconciler
 
-
-class FakeInformer:
-    """The informer's lookups over a dict (the real one lists and watches an API server)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-
-    def informs(self, kind: str) -> bool:
-        return kind != "ServiceMonitor"
-
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.objects.get((kind, namespace, name))
-
-    def put(self, kind: str, obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        self.objects[(kind, meta["namespace"], meta["name"])] = trim(kind, obj)
-
-    def wait_synced(self, timeout: float) -> bool:
-        return True
-
-    def shared_gateways(self, namespace: str) -> set[str]:
-        return set()
-
-
-class ApplyingKube:
-    """An API server that accepts every apply and status write, numbering versions in order
-    (the test's own edits take theirs from it too, as etcd's revisions would)."""
-
-    def __init__(self) -> None:
-        self.writes: list[str] = []
-        self.version = 100
-
-    def next_version(self) -> str:
-        self.version += 1
-        return str(self.version)
-
-    def has_resource(self, group_version: str, plural: str) -> bool:
-        return False
-
-    def apply(self, path: str, body: Any, manager: str) -> Any:
-        self.writes.append(f"APPLY {path}")
-        reply = copy.deepcopy(body)
-        reply["metadata"]["resourceVersion"] = self.next_version()
-        reply["metadata"]["generation"] = 1
-        return reply
-
-    def merge_status(self, path: str, status: Any) -> Any:
-        self.writes.append(f"STATUS {path}")
-        fleet = copy.deepcopy(FLEET)
-        fleet["metadata"]["resourceVersion"] = self.next_version()
-        fleet["status"] = status
-        return fleet
-
-
-FLEET: dict[str, Any] = {
-    "apiVersion": "embedfleet.dev/v1alpha1",
-    "kind": "EmbeddingDeployment",
-    "metadata": {
-        "name": "f", "namespace": "ns", "uid": "u-f", "generation": 1, "resourceVersion": "1",
-    },
-    "spec": {"model": {"source": "hf://org/model"}},
-}  # fmt: skip
+from .fakes import FLEET, ApplyingKube, FakeInformer
 
 
 def test_nothing_read_changed_renders_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

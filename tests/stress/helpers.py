@@ -1,4 +1,4 @@
-"""A local fleet (`embedfleet.gateway.fleet.Fleet`: the gateway and real worker processes on
+"""A local fleet (`embedfleet.fleet.supervisor.Fleet`: the gateway and real worker processes on
 127.0.0.1) for the stress tests, and what they read from its workers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import grpc
 
 from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.gateway.fleet import Child, Fleet
+from embedfleet.fleet.supervisor import Child, Fleet
 from embedfleet.testing.workers import metric_value, scrape, worker_stub
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from embedfleet.common.modeldir import default_model_path, load_model_dir
-from embedfleet.gateway.fleet import SUPERVISE_SECONDS, Child, Fleet
+from embedfleet.fleet.supervisor import SUPERVISE_SECONDS, Child, Fleet
 from embedfleet.testing.overload import Outcome, closed_loop, mixed_bodies, words_of
 from embedfleet.testing.polling import wait_for
 

@@ -5,8 +5,6 @@ go 1.26.8
 tool (
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 	github.com/containernetworking/plugins/plugins/main/bridge
-	github.com/containernetworking/plugins/plugins/main/loopback
-	github.com/containernetworking/plugins/plugins/meta/portmap
 )
 
 require (
@@ -17,7 +15,6 @@ require (
 	github.com/coreos/go-iptables v0.8.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/nftables v0.3.0 // indirect
-	github.com/mattn/go-shellwords v1.0.16 // indirect
 	github.com/mdlayher/netlink v1.11.2 // indirect
 	github.com/mdlayher/socket v0.6.1 // indirect
 	github.com/networkplumbing/go-nft v0.4.0 // indirect

@@ -86,6 +86,12 @@ class Images:
     def worker_for(self, gpus: int) -> str:
         return self.worker if gpus or not self.worker_cpu else self.worker_cpu
 
+    def fetcher(self, spec: Spec) -> tuple[str, str]:
+        """The image (and its pull policy) whose `hf` fetches an hf:// model: the fleet's worker
+        image, which has it (the gateway image holds the gateway binary alone)."""
+        worker = spec.worker
+        return worker.image or self.worker_for(worker.gpus), worker.image_pull_policy
+
 
 @dataclass(frozen=True)
 class Names:
@@ -298,7 +304,7 @@ def worker_env(spec: Spec) -> dict[str, str]:
 
 
 def gateway_env(owner: Owner, spec: Spec) -> dict[str, str]:
-    """EMBEDFLEET_GATEWAY_* settings (names match embedfleet.gateway.settings.GatewaySettings)."""
+    """EMBEDFLEET_GATEWAY_* settings (the gateway binary's, docs/gateway.md "Settings")."""
     gateway = spec.gateway
     return _env(
         GATEWAY_PREFIX,
@@ -493,7 +499,7 @@ def _grpc_probe(period: int, failures: int) -> dict[str, Any]:
 
 def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -> Manifest:
     worker = spec.worker
-    image = worker.image or images.worker_for(worker.gpus)
+    image, _ = images.fetcher(spec)
     env = worker_env(spec)
     names = Names.of(owner.name)
     container: dict[str, Any] = {
@@ -523,6 +529,9 @@ def worker_deployment(owner: Owner, spec: Spec, replicas: int, images: Images) -
         "livenessProbe": _grpc_probe(period=10, failures=6),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
         "securityContext": _container_security(),
+        # A refused model's one line is the termination message (refusal.py reads it); should
+        # the worker fail to write the file, the log's tail, which ends with that line, is.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if resources := _resources(worker.resources, worker.gpus):
         container["resources"] = resources
@@ -607,8 +616,8 @@ def gateway_probes() -> dict[str, Any]:
     }
 
 
-GATEWAY_COMMANDS = {"python": "embedfleet-gateway", "rust": "embedfleet-gateway-rs"}
-"""gateway.implementation -> the gateway image's binary; both read the same EMBEDFLEET_GATEWAY_*."""
+GATEWAY_COMMAND = ["embedfleet-gateway"]
+"""The gateway image's binary, reading its settings from EMBEDFLEET_GATEWAY_* (docs/gateway.md)."""
 
 
 def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
@@ -621,7 +630,7 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
         "name": "gateway",
         "image": image,
         "imagePullPolicy": gateway.image_pull_policy,
-        "command": [GATEWAY_COMMANDS[gateway.implementation]],
+        "command": GATEWAY_COMMAND,
         "envFrom": [{"configMapRef": {"name": names.config}}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "ports": [http],
@@ -630,7 +639,7 @@ def gateway_deployment(owner: Owner, spec: Spec, images: Images) -> Manifest:
     }
     if resources := _resources(gateway.resources):
         container["resources"] = resources
-    model = model_mount(spec, image, gateway.image_pull_policy)
+    model = model_mount(spec, *images.fetcher(spec))
     volumes, mounts = gateway_files(gateway)
     mount = ModelMount(model.volumes + volumes, model.mounts + mounts, model.init_containers)
     pod = _pod_spec(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from embedfleet.operator import metrics, paths, shared_gateway
-from embedfleet.operator.conditions import MONITORED, Condition, find
+from embedfleet.operator.conditions import DEGRADED, MONITORED, Condition, find
 from embedfleet.operator.desired import Live, Seen, needs_apply, stamped
 from embedfleet.operator.informer import Bodies, Informer, read_by_reconciles
 from embedfleet.operator.kube import Kube, KubeError
@@ -23,14 +23,23 @@ from embedfleet.operator.manifests import (
     Names,
     Owner,
     children,
+    config_hash,
     endpoint,
     service_monitor,
+    worker_env,
     worker_selector,
 )
+from embedfleet.operator.refusal import must_look, recorded, reported
 from embedfleet.operator.replicas import worker_replicas
 from embedfleet.operator.shared_gateway import object_name
 from embedfleet.operator.spec import Spec, SpecError, parse_spec
-from embedfleet.operator.status import changed, compute_status, monitored, rollout_state
+from embedfleet.operator.status import (
+    UNSUPPORTED_MODEL,
+    changed,
+    compute_status,
+    monitored,
+    rollout_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +90,13 @@ def _notable(old: dict[str, Any], new: dict[str, Any], error: str) -> list[Event
         events.append(Event(kind, f"Available{cond['status']}", cond["message"]))
     if error:
         events.append(Event("Warning", "ReconcileFailed", error))
+    refused = find(new.get("conditions"), DEGRADED)
+    if (
+        refused
+        and refused["reason"] == UNSUPPORTED_MODEL
+        and refused != find(old.get("conditions"), DEGRADED)
+    ):
+        events.append(Event("Warning", UNSUPPORTED_MODEL, str(refused["message"])))
     return events
 
 
@@ -112,7 +128,10 @@ class Reconciler:
         self._seen: dict[tuple[str, str], dict[str, Seen]] = {}
         # Per fleet: what its last clean reconcile read (`_fingerprint`), its outcome and its
         # shared gateway's name.
-        self._done: dict[tuple[str, str], tuple[tuple[Any, ...], Outcome, str]] = {}
+        # And, when its workers were wanted but not ready then, their pods' config hash: those
+        # pods are read again on each pass, as a refusal of the model (refusal.py) changes no
+        # child ("" when there is nothing to look for).
+        self._done: dict[tuple[str, str], tuple[tuple[Any, ...], Outcome, str, str]] = {}
 
     def service_monitors_available(self) -> bool:
         """Whether prometheus-operator's ServiceMonitor CRD is served (re-checked each minute)."""
@@ -148,7 +167,11 @@ class Reconciler:
         # the next pass a full one, even when this pass already saw the change.
         fingerprint = self._fingerprint(namespace, name, body)
         done = self._done.get((namespace, name))
-        if done is not None and done[0] == fingerprint:
+        if (
+            done is not None
+            and done[0] == fingerprint
+            and not (done[3] and reported(self._worker_pods(namespace, name), done[3]))
+        ):
             # Nothing it reads changed since its last clean reconcile, so rendering and hashing
             # ten children would find each as applied: a resync of a thousand fleets used to
             # keep the reconcile threads busy (and the GIL, which every reconcile shares) for
@@ -160,6 +183,7 @@ class Reconciler:
                 log.warning("shared gateway %s/%s: %s", namespace, done[2], err)
             return done[1]
         meta = body["metadata"]
+        key = (namespace, name)
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
         old = body.get("status") or {}
         generation = int(meta.get("generation", 0))
@@ -167,9 +191,19 @@ class Reconciler:
             spec = parse_spec(body.get("spec") or {})
         except SpecError as err:
             return self._write_invalid(path, body, owner, str(err))
-        desired = worker_replicas(spec, old)
+        refusal = recorded(old, generation)
+        desired = 0 if refusal else worker_replicas(spec, old)
         try:
             observed, error, monitoring = self._apply(owner, spec, desired, old)
+            workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
+            pods_config = config_hash(worker_env(spec))
+            if must_look(refusal, workers) and (
+                refusal := reported(self._worker_pods(*key), pods_config)
+            ):
+                log.warning("%s/%s: %s", namespace, name, refusal)
+                desired = 0  # held there while the spec stays as it is
+                observed, error, monitoring = self._apply(owner, spec, desired, old)
+                workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
         except KubeError as err:
             if not err.namespace_terminating:
                 raise
@@ -186,7 +220,6 @@ class Reconciler:
         except KubeError as err:
             log.warning("shared gateway %s/%s: %s", namespace, spec.gateway.shared, err)
             error = error or f"shared gateway {spec.gateway.shared}: {err.message}"
-        workers = rollout_state(self._deployment(observed, owner, "worker"), desired)
         gateways = rollout_state(
             self._deployment(observed, owner, "gateway"), spec.gateway.replicas
         )
@@ -201,6 +234,7 @@ class Reconciler:
             error=error,
             now=_now(),
             monitoring=monitoring,
+            refusal=refusal,
         )
         events = _notable(old, new, error)
         if changed(old, new):
@@ -216,7 +250,8 @@ class Reconciler:
             # Its own writes changed versions: the next pass is a full one that finds them in
             # place, and the pass after that is skipped. Its Events were posted once.
             quiet = Outcome(body, desired, workers.ready)
-            self._done[(namespace, name)] = (fingerprint, quiet, spec.gateway.shared)
+            waiting = pods_config if must_look(refusal, workers) else ""
+            self._done[key] = (fingerprint, quiet, spec.gateway.shared, waiting)
         else:
             self._done.pop((namespace, name), None)
         return outcome
@@ -372,6 +407,13 @@ class Reconciler:
                 raise
             # Without the right to delete, the operator could not have made one either.
             log.info("no rights on ServiceMonitors in %s: nothing to delete", owner.namespace)
+
+    def _worker_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The fleet's worker pods, from the API server's watch cache (resourceVersion 0)."""
+        owner = Owner(name=name, namespace=namespace, uid="")
+        query = {"labelSelector": worker_selector(owner), "resourceVersion": "0"}
+        found = self.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods", query=query)
+        return list(found.get("items") or ())
 
     def _deployment(
         self, observed: dict[str, Any], owner: Owner, component: str

@@ -27,7 +27,7 @@ from typing import Any
 from embedfleet.operator.manifests import (
     API_KEYS_FILE,
     CONFIG_HASH,
-    GATEWAY_COMMANDS,
+    GATEWAY_COMMAND,
     GATEWAY_PORT,
     GATEWAY_PREFIX,
     GRACE_MARGIN_SECONDS,
@@ -171,7 +171,7 @@ def _root(index: int) -> str:
 
 
 def models_file(served: list[Member]) -> dict[str, Any]:
-    """The gateway's --models-file: each member's own settings (keys as GatewaySettings')."""
+    """The gateway's --models-file: each member's own settings, by the gateway's setting names."""
     out = []
     for i, m in enumerate(served):
         spec, gateway = m.spec, m.spec.gateway
@@ -221,13 +221,13 @@ def gateway_env(served: list[Member]) -> dict[str, str]:
     ) | tracing_env(GATEWAY_PREFIX, lead, "embedfleet-gateway")
 
 
-def _mounts(shared: str, served: list[Member], image: str, pull_policy: str) -> ModelMount:
+def _mounts(shared: str, served: list[Member], images: Images) -> ModelMount:
     """Each member's model at /models/N, its calibration ConfigMap, the API keys, models.json."""
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
     inits: list[dict[str, Any]] = []
     for i, m in enumerate(served):
-        one = model_mount(m.spec, image, pull_policy, _root(i), f"model-{i}")
+        one = model_mount(m.spec, *images.fetcher(m.spec), _root(i), f"model-{i}")
         volumes += one.volumes
         mounts += one.mounts
         inits += one.init_containers
@@ -278,13 +278,12 @@ def deployment(namespace: str, shared: str, served: list[Member], images: Images
     gateway = lead.gateway
     image = gateway.image or images.gateway
     env = gateway_env(served)
-    mount = _mounts(shared, served, image, gateway.image_pull_policy)
+    mount = _mounts(shared, served, images)
     container: dict[str, Any] = {
         "name": "gateway",
         "image": image,
         "imagePullPolicy": gateway.image_pull_policy,
-        # The first member's, as every process-wide setting: both binaries read the models file.
-        "command": [GATEWAY_COMMANDS[gateway.implementation]],
+        "command": GATEWAY_COMMAND,
         "env": [
             {"name": "HOME", "value": "/tmp"},
             # An empty value is each setting's default, and the API server would drop it anyway.

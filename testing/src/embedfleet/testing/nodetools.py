@@ -17,7 +17,7 @@ DEPS_SCRIPT = REPO_ROOT / "hack" / "install-node-deps.sh"
 NODE_DIR_ENV = "EMBEDFLEET_NODE_BIN_DIR"
 
 BINARIES = ("kubelet", "kube-proxy", "containerd", "ctr", "containerd-shim-runc-v2")
-CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+CNI_PLUGINS = ("bridge", "host-local")
 HOST_PROGRAMS = ("runc", "nft", "ip", "nsenter", "sysctl")
 
 
