@@ -29,15 +29,14 @@ from embedfleet.testing.polling import wait_for
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "embedfleet.dev_embeddingdeployments.yaml"
 EXAMPLES = REPO / "examples"
-GATEWAY_DOC = REPO / "docs" / "gateway.md"
+GATEWAY_SETTINGS = REPO / "gateway" / "contract" / "settings.md"
 
 
 def gateway_settings() -> set[str]:
-    """The gateway binary's settings by name (max_input_tokens, ...): docs/gateway.md's settings
-    table, which tests/gateway/test_docs.py holds to the binary's --help."""
-    text = GATEWAY_DOC.read_text()
-    table = text[text.index("<!-- settings:begin -->") : text.index("<!-- settings:end -->")]
-    return {flag.replace("-", "_") for flag in re.findall(r"`--([a-z][a-z0-9-]+)`", table)}
+    """The gateway binary's settings by name (max_input_tokens, ...): its contract's table, which
+    tests/gateway/test_docs.py holds to the binary's --help."""
+    text = GATEWAY_SETTINGS.read_text()
+    return {flag.replace("-", "_") for flag in re.findall(r"^\| `--([a-z][a-z0-9-]+)`", text, re.M)}
 
 
 def load_yaml(path: Path) -> Any:

@@ -387,7 +387,7 @@ def test_a_gateway_setting_from_the_env_is_what_the_operator_meant() -> None:
     assert env["EMBEDFLEET_GATEWAY_API_KEY_METRICS"] == "false"
     assert env["EMBEDFLEET_GATEWAY_QUANTIZATION_FILE"] == ""
     assert env["EMBEDFLEET_GATEWAY_MAX_QUEUE_SECONDS"] == "4.5"
-    # the CRD's default is the gateway's (docs/gateway.md, "Settings")
+    # the CRD's default is the gateway's (gateway/contract/settings.md)
     assert parse_spec({"model": {"source": "file:///m"}}).gateway.max_queue_seconds == 30.0
 
 

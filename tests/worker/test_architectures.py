@@ -58,7 +58,7 @@ def test_refusals_name_the_type_what_is_served_and_where_to_ask(
     assert "\n" not in line
     assert f"model_type {config['model_type']!r}" in line
     assert why in line
-    assert "embed: bert, camembert, distilbert, modernbert, mpnet, qwen3" in line
+    assert "embed: bert, camembert, distilbert, gemma3_text, mistral, modernbert, mpnet" in line
     assert line.endswith(ISSUES_URL)
 
 
@@ -72,11 +72,11 @@ def test_a_served_type_for_another_task_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_served_type_has_an_encoder_or_a_head() -> None:
-    from embedfleet.worker.engine.models.family import ENCODERS
+    from embedfleet.worker.engine.models.family import DECODER_TYPES, ENCODERS
 
     for kind, heads in SERVED.items():
         assert "pool" in heads
-        assert kind in ENCODERS or kind == "qwen3"
+        assert kind in ENCODERS or kind in DECODER_TYPES
     assert not set(SERVED) & set(REFUSED)
 
 
