@@ -29,6 +29,7 @@ from embedfleet.worker.engine.models.decoder import load_decoder
 from embedfleet.worker.engine.models.family import GEMMA3_TYPES
 from embedfleet.worker.engine.models.gemma3 import gemma3_decoder
 from embedfleet.worker.engine.models.llama import llama_decoder
+from embedfleet.worker.engine.pooling import Pooler
 from embedfleet.worker.engine.weights import load_tensors
 
 from .helpers import (
@@ -92,13 +93,13 @@ def test_the_window_is_applied(decoder_dirs: dict[str, Path]) -> None:
     config = {**model_dir.config, "sliding_window": None}
     tensors = load_tensors(path)
     seqs = random_sequences(int(config["vocab_size"]), (8, 40), seed=4)
-    pooling = model_dir.pooling
     tokens = item(seqs).tokens
     cpu = torch.device("cpu")
+    pooler = Pooler.of(model_dir, cpu)
     windowed = load_decoder(llama_decoder, model_dir.config, tensors, torch.float32, cpu)
     full = load_decoder(llama_decoder, config, tensors, torch.float32, cpu)
-    a = default_outputs(windowed, GroupedBackend(), pooling, tokens, cpu)
-    b = default_outputs(full, GroupedBackend(), pooling, tokens, cpu)
+    a = default_outputs(windowed, GroupedBackend(), pooler, tokens, cpu)
+    b = default_outputs(full, GroupedBackend(), pooler, tokens, cpu)
     assert min_cosine(a[:1], b[:1]) > 0.99999  # within the window: the same
     assert min_cosine(a[1:], b[1:]) < 0.999
 
@@ -127,7 +128,7 @@ def test_fused_path_parity(
     seqs, ref = references[family]
     count = 6  # up to 33 tokens: the interpreter runs each program in numpy
     tokens = item(seqs[:count]).tokens
-    got = default_outputs(model, GroupedBackend(), model_dir.pooling, tokens, cpu)
+    got = default_outputs(model, GroupedBackend(), Pooler.of(model_dir, cpu), tokens, cpu)
     got = got / np.linalg.norm(got, axis=-1, keepdims=True)
     assert min_cosine(got, ref[:count]) >= 0.999
 
