@@ -71,27 +71,6 @@ def openvino_available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def resolve_runtime(
-    choice: str, device: torch.device, *, max_tokens: int = 0, kept_cache: bool = False
-) -> RuntimeName:
-    """The runtime `choice` names on `device` for a model allowing `max_tokens`. CUDA runs eager
-    (with CUDA graphs). auto on a CPU: `auto_runtime`."""
-    if choice not in RUNTIMES:
-        raise ValueError(f"unknown CPU runtime {choice!r}; use one of {list(RUNTIMES)}")
-    if device.type != "cpu":
-        if choice in ("inductor", "openvino"):
-            raise ValueError(f"--cpu-runtime {choice} runs on a CPU only (device is {device})")
-        return "eager"
-    if choice == "auto":
-        return auto_runtime(openvino_available(), kept_cache, max_tokens)
-    if choice == "openvino" and not openvino_available():
-        raise ValueError(
-            "--cpu-runtime openvino needs the openvino package (pip install "
-            "'embedfleet-worker[openvino]')"
-        )
-    return next(r for r in RUNTIMES if r == choice)
-
-
 def auto_runtime(installed: bool, kept_cache: bool, max_tokens: int) -> RuntimeName:
     """What auto runs on a CPU. OpenVINO is the fastest per batch on every measured point
     (docs/benchmarks/README.md, "CPU engine paths"), but its first conversion of a model is most
