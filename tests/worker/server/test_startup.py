@@ -80,6 +80,8 @@ def test_null_engine_serves_replies_derived_from_the_ids(tmp_path: Path) -> None
 
 
 def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path) -> None:
+    """Through the OpenVINO runtime, whose converter (its telemetry) used to fork() after gRPC
+    started: each fork wrote a `fork_posix.cc ... skipping fork() handlers` line to stderr."""
     import torch
     from transformers import BertForSequenceClassification
 
@@ -96,7 +98,8 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
         ]
     expected = np.array([float(x[0, 0]) for x in logits])
     args = ("--model", str(model), "--warmup-seconds", "0.2", "--dtype", "float32")
-    with running_worker(tmp_path, *args) as worker:
+    openvino = ("--cpu-runtime", "openvino", "--openvino-cache-dir", str(tmp_path / "graphs"))
+    with running_worker(tmp_path, *args, *openvino) as worker:
         stub = worker_stub(worker.channel())
         batch = pack_tokens(pairs, types)
         raw = stub.Score(pb.ScoreRequest(batch=batch), timeout=60)
@@ -111,6 +114,9 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
             stub.Embed(embed_request(pairs), timeout=10)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert worker_stub(worker.channel()).Info(pb.InfoRequest()).task == "score"
+    log = worker.log.read_text()
+    assert "openvino runtime ready" in log
+    assert "fork_posix" not in log
 
 
 def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Path) -> None:

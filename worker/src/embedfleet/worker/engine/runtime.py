@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import logging
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -65,6 +66,20 @@ OV_PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f
 #: scores per head (16 heads x 2,048^2 x 4 bytes = 268 MB), so a model allowing more serves
 #: this many tokens under it (the gateway reads the worker's limit, and answers past it as usual)
 OPENVINO_MAX_TOKENS = 2048
+
+
+def openvino() -> Any:
+    """The openvino module, imported without its usage telemetry.
+
+    `import openvino` loads its converter, which reports each conversion (a few dozen events) to
+    Google Analytics unless the user opted out in their home directory: each event a `fork()`ed
+    process, and each fork after gRPC started wrote `fork_posix.cc ... skipping fork() handlers`
+    to stderr. A missing openvino_telemetry package is the converter's own supported case (it
+    falls back to a no-op stub), so the package is marked missing before the first import.
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    return importlib.import_module("openvino")
 
 
 def openvino_available() -> bool:
@@ -144,7 +159,7 @@ class InductorRuntime:
 def convert(model: Model) -> Any:
     """The encoder as an `openvino.Model` (float32 weights as constants; every dimension
     dynamic), traced once from the module with a small example batch."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     with torch.no_grad(), warnings.catch_warnings():
         # The head counts are read as ints while tracing: constants of the model, as intended.
         warnings.simplefilter("ignore", TracerWarning)
@@ -166,7 +181,7 @@ def cache_dir(configured: str = "") -> Path:
 def cache_key(model_dir: ModelDir, bidirectional: bool | None) -> str:
     """What the converted graph depends on: the checkpoint's files, the code that builds the
     encoder, and the converter's and torch's versions."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     digest = hashlib.sha256()
     for file in sorted(model_dir.path.iterdir()):
         if file.is_file():
@@ -186,7 +201,7 @@ def converted_model(
     code were converted before (a start then costs a read, not a trace and a conversion), else
     converted and saved there. A cache that cannot be written only costs the next start the
     conversion."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     entry = root / cache_key(model_dir, bidirectional)
     path = entry / "encoder.xml"
     if path.is_file():
@@ -247,7 +262,7 @@ class OpenVINORuntime:
     name = "openvino"
 
     def __init__(self, converted: Any, precision: str, threads: int = 0) -> None:
-        ov: Any = importlib.import_module("openvino")
+        ov = openvino()
         config: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": precision,
             # One request at a time (the engine thread): no streams, every core on the request.
