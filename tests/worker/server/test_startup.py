@@ -1,8 +1,11 @@
-"""Workers of their own: a failing self-check, the null engine, a scoring model."""
+"""Workers of their own: a failing self-check, the null engine, a scoring model, a taken port."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -173,3 +176,22 @@ def test_a_slow_workers_batches_hold_about_a_second_of_its_measured_work(tmp_pat
         assert worker.metric("embedfleet_worker_batch_tokens_count") - before >= 3
     (measured,) = [r for r in worker.log_records() if r.get("msg") == "capacity measured"]
     assert 1500 <= measured["batch_tokens"] <= 2500
+
+
+def test_a_taken_port_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        argv = [sys.executable, "-m", "embedfleet.worker.cli", "--engine", "null"]
+        argv += ["--port", str(port), "--metrics-port", "0", "--log-format", "text"]
+        done = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith(
+        f"cannot listen on 127.0.0.1:{port} (--port): another process holds it; stop that "
+        "process or give --port a free port (0 picks one)"
+    )
