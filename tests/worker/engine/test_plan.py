@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from embedfleet.worker.contract import UnservableError
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.plan import DeviceFacts, EnginePlan, ModelFacts, plan_engine
 from embedfleet.worker.engine.runtime import OPENVINO_MAX_TOKENS
@@ -45,9 +46,9 @@ def test_capacity_covers_the_larger_of_batch_and_input_limit() -> None:
 
 
 def test_device_and_memory_settings_refused() -> None:
-    with pytest.raises(ValueError, match="CUDA is not available"):
+    with pytest.raises(UnservableError, match="CUDA is not available here; use --device cpu"):
         plan(CPU, device="cuda")
-    with pytest.raises(ValueError, match="between 0 and 1"):
+    with pytest.raises(UnservableError, match="between 0 and 1"):
         plan(GPU, cuda_memory_fraction=1.5)
 
 

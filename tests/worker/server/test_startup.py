@@ -178,20 +178,34 @@ def test_a_slow_workers_batches_hold_about_a_second_of_its_measured_work(tmp_pat
     assert 1500 <= measured["batch_tokens"] <= 2500
 
 
+def _worker_exits(tmp_path: Path, *args: str) -> tuple[int, str]:
+    """A worker's exit code and its error line, once it has exited without a traceback."""
+    argv = [sys.executable, "-m", "embedfleet.worker.cli", "--metrics-port", "0", *args]
+    done = subprocess.run(
+        [*argv, "--log-format", "text"],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if " error " in x]
+    return done.returncode, line
+
+
 def test_a_taken_port_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        argv = [sys.executable, "-m", "embedfleet.worker.cli", "--engine", "null"]
-        argv += ["--port", str(port), "--metrics-port", "0", "--log-format", "text"]
-        done = subprocess.run(
-            argv, check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path
-        )
-    assert done.returncode == 2
-    assert "Traceback" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.endswith(
+        code, line = _worker_exits(tmp_path, "--engine", "null", "--port", str(port))
+    assert code == 2
+    assert line.endswith(
         f"cannot listen on 127.0.0.1:{port} (--port): another process holds it; stop that "
         "process or give --port a free port (0 picks one)"
+    )
+
+
+def test_settings_the_engine_cannot_run_are_one_line(tmp_path: Path) -> None:
+    code, line = _worker_exits(tmp_path, "--port", "0", "--cuda-memory-fraction", "2")
+    assert code == 1
+    assert line.endswith(
+        "start-up failed: --cuda-memory-fraction must be between 0 and 1  error=UnservableError"
     )

@@ -26,9 +26,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common import heap
-from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path, weight_files
+from embedfleet.common.modeldir import (
+    ModelDir,
+    ModelDirError,
+    load_model_dir,
+    resolve_model_path,
+    weight_files,
+)
 from embedfleet.worker import memory, tracing
-from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup
+from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup, UnservableError
 from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
@@ -367,8 +373,11 @@ async def serve(settings: WorkerSettings) -> int:
     losing = asyncio.create_task(lost.wait())
     await asyncio.wait({startup, stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
-    if startup.done() and startup.exception() is not None:
-        log.error("start-up failed", exc_info=startup.exception())
+    if startup.done() and (failure := startup.exception()) is not None:
+        if isinstance(failure, UnservableError | ModelDirError):  # what to change, not a bug
+            log.error("start-up failed: %s", failure, extra={"error": type(failure).__name__})
+        else:
+            log.error("start-up failed", exc_info=failure)
         code = 1
     else:
         await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embedfleet.worker.contract import UnservableError
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.graph_policy import (
     BucketPolicy,
@@ -95,9 +96,9 @@ class EnginePlan:
 
 def plan_engine(config: EngineConfig, facts: DeviceFacts, model: ModelFacts) -> EnginePlan:
     """The engine `config` makes on a machine with `facts` for a model with `model`'s limits.
-    Raises ValueError for settings that cannot run there."""
+    Raises UnservableError for settings that cannot run there."""
     if not 0.0 <= config.cuda_memory_fraction <= 1.0:
-        raise ValueError("cuda_memory_fraction must be between 0 and 1")
+        raise UnservableError("--cuda-memory-fraction must be between 0 and 1")
     device = _device(config.device, facts)
     device_type, _, index = device.partition(":")
     runtime = _runtime(config, device, facts, model.max_tokens)
@@ -140,7 +141,9 @@ def _device(name: str, facts: DeviceFacts) -> str:
     if name == "auto":
         return "cuda" if facts.cuda else "cpu"
     if name.partition(":")[0] == "cuda" and not facts.cuda:
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
+        raise UnservableError(
+            f"--device {name}: CUDA is not available here; use --device cpu (or auto)"
+        )
     return name
 
 
@@ -149,15 +152,15 @@ def _runtime(config: EngineConfig, device: str, facts: DeviceFacts, limit: int) 
     a CPU: `runtime.auto_runtime`."""
     choice = config.cpu_runtime
     if choice not in RUNTIMES:
-        raise ValueError(f"unknown CPU runtime {choice!r}; use one of {list(RUNTIMES)}")
+        raise UnservableError(f"unknown CPU runtime {choice!r}; use one of {list(RUNTIMES)}")
     if device.partition(":")[0] != "cpu":
         if choice in ("inductor", "openvino"):
-            raise ValueError(f"--cpu-runtime {choice} runs on a CPU only (device is {device})")
+            raise UnservableError(f"--cpu-runtime {choice} runs on a CPU only (device is {device})")
         return "eager"
     if choice == "auto":
         return auto_runtime(facts.openvino, bool(config.openvino_cache_dir), limit)
     if choice == "openvino" and not facts.openvino:
-        raise ValueError(
+        raise UnservableError(
             "--cpu-runtime openvino needs the openvino package (pip install "
             "'embedfleet-worker[openvino]')"
         )
