@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from embedfleet.common.logs import LOG_FORMATS
+
 from .helpers import CHART, REPO_ROOT, VALUES_FULL, by_kind, helm, leaf_paths, render
 
 RULES = CHART / "alerts" / "embedfleet.rules.yaml"
@@ -57,6 +59,7 @@ def test_full_values_reach_the_deployment() -> None:
     assert env["EMBEDFLEET_OPERATOR_RECONCILE_WORKERS"] == "8"
     assert env["EMBEDFLEET_OPERATOR_AUTOSCALER_STATUS_SECONDS"] == "15"
     assert env["EMBEDFLEET_OPERATOR_WATCH_SERVER_TIMEOUT"] == "120"
+    assert env["EMBEDFLEET_OPERATOR_LOG_FORMAT"] == "text"
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert pod["tolerations"][0]["key"] == "dedicated"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -182,6 +185,9 @@ def test_schema_is_valid_json_schema() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["$schema"].startswith("http://json-schema.org/draft-07")
     assert set(schema["properties"]) == set(yaml.safe_load((CHART / "values.yaml").read_text()))
+    # The chart offers the operator's own --log-format choices.
+    log_format = schema["properties"]["operator"]["properties"]["logFormat"]
+    assert tuple(log_format["enum"]) == LOG_FORMATS
 
 
 def test_chart_crds_match_the_source() -> None:

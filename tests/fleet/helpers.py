@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 from embedfleet.testing.polling import wait_for
 
@@ -42,14 +43,18 @@ def cmdline(pid: int) -> list[bytes]:
 
 
 def serve(
-    port: int, *argv: str, workers: int = 2, env: Mapping[str, str] | None = None
+    port: int,
+    *argv: str,
+    workers: int = 2,
+    env: Mapping[str, str] | None = None,
+    stderr: IO[str] | int = subprocess.DEVNULL,
 ) -> subprocess.Popen[str]:
     """`embedfleet serve --workers N --port P ...`, its stdout piped."""
     script = Path(sys.executable).parent / "embedfleet"
     return subprocess.Popen(
         [str(script), "serve", "--workers", str(workers), "--port", str(port), *argv],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         env={**os.environ, **NULL_WORKERS, **(env or {})},
         text=True,
     )

@@ -25,9 +25,10 @@ from embedfleet.testing.workers import health_status, metric_value
 from .helpers import children, cmdline, kill, serve, url_of, wait_until
 
 
-def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
+def test_serve_prints_url_serves_and_stops_children_on_sigterm(tmp_path: Path) -> None:
     (port,) = free_ports(1)
-    proc = serve(port)
+    with (tmp_path / "stderr").open("w") as stderr:
+        proc = serve(port, "--log-format", "text", stderr=stderr)
     try:
         url = url_of(proc)
         assert url == f"http://127.0.0.1:{port}"
@@ -41,6 +42,9 @@ def test_serve_prints_url_serves_and_stops_children_on_sigterm() -> None:
         assert all(start_ticks(pid) is None for pid in kids)
     finally:
         kill(proc)
+    # Text lines, each after its child's name (padded to the longest), passed on to them all.
+    said = {line.partition(" | ")[0] for line in (tmp_path / "stderr").read_text().splitlines()}
+    assert said == {"worker-0", "worker-1", "gateway "}
 
 
 def test_a_killed_serve_leaves_no_children() -> None:

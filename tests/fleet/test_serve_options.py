@@ -1,10 +1,12 @@
 """`embedfleet serve`'s own options: several models behind one gateway, each on workers of its
 own and routed by the request's `model`; API keys passed to the gateway; where the gateway binary
-is found, and the one line said when it is not."""
+is found; the one line said when it is not, or a model directory is missing, or the port is
+taken."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +87,9 @@ def _serve_once(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[
     )  # fmt: skip
 
 
-def test_a_missing_keys_file_or_gateway_binary_is_one_line(tmp_path: Path) -> None:
+def test_a_missing_keys_file_model_or_gateway_binary_or_a_taken_port_is_one_line(
+    tmp_path: Path,
+) -> None:
     env = {**os.environ, binary.BINARY_ENV: ""}
     done = _serve_once("--api-keys-file", str(tmp_path / "missing"), env=env)
     assert done.returncode != 0
@@ -96,6 +100,20 @@ def test_a_missing_keys_file_or_gateway_binary_is_one_line(tmp_path: Path) -> No
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [
         f"embedfleet serve: the gateway binary {tmp_path / 'nothing'} is not an executable file"
+    ]
+    done = _serve_once("--model", f"mini={tmp_path / 'nowhere'}", env=env)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"--model {tmp_path / 'nowhere'}: no such directory (a model directory, or NAME=DIR)"
+    ]
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = _serve_once("--port", str(port), env=env)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"embedfleet serve: port {port} is in use; stop what holds it or choose another with --port"
     ]
 
 

@@ -107,7 +107,14 @@ def test_the_worker_refuses_in_one_line_before_loading_anything(tmp_path: Path) 
 
 
 def test_a_directory_that_is_no_model_is_refused_the_same_way(tmp_path: Path) -> None:
-    code, stderr, _ = run_worker(tmp_path, tmp_path / "nothing", tmp_path / "absent")
+    code, stderr, _ = run_worker(tmp_path, tmp_path, tmp_path / "absent")
     assert code == EXIT_REFUSED
     assert "no config.json" in stderr.strip().splitlines()[-1]
     assert "Traceback" not in stderr
+    # A wrong path says what to do instead.
+    code, stderr, _ = run_worker(tmp_path, tmp_path / "nothing", tmp_path / "absent")
+    assert code == EXIT_REFUSED
+    assert stderr.strip().splitlines()[-1] == (
+        f"no model directory at {tmp_path / 'nothing'}: give --model a directory holding "
+        "config.json and the weights"
+    )

@@ -32,15 +32,6 @@ def test_candidate_dtype() -> None:
         precision.candidate_dtype("int8", cpu)
 
 
-def test_auto_device() -> None:
-    if torch.cuda.is_available():
-        assert precision.resolve_device("auto").type == "cuda"
-    else:
-        assert precision.resolve_device("auto").type == "cpu"
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            precision.resolve_device("cuda")
-
-
 def test_probe_and_reference_outputs(minilm_fp32: TorchEngine) -> None:
     from embedfleet.worker.engine.probe import agreement, probe_items
     from embedfleet.worker.selfcheck import reference_outputs

@@ -48,30 +48,6 @@ def test_padded_plan_attends_like_the_grouped_backend(causal: bool, kv_heads: in
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_runtime_choice() -> None:
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    # Eager although openvino is installed here: without a kept cache its conversion would cost
-    # every new pod most of a minute of start-up.
-    assert runtimes.openvino_available()
-    assert runtimes.resolve_runtime("auto", cpu, max_tokens=256) == "eager"
-    assert runtimes.resolve_runtime("auto", cpu, max_tokens=256, kept_cache=True) == "openvino"
-    assert runtimes.resolve_runtime("auto", cuda, kept_cache=True) == "eager"
-    assert runtimes.resolve_runtime("openvino", cpu) == "openvino"
-    assert runtimes.resolve_runtime("inductor", cpu) == "inductor"
-    assert runtimes.resolve_runtime("auto", cuda) == "eager"  # CUDA graphs instead
-    with pytest.raises(ValueError, match="CPU only"):
-        runtimes.resolve_runtime("openvino", cuda)
-    with pytest.raises(ValueError, match="unknown CPU runtime"):
-        runtimes.resolve_runtime("tensorrt", cpu)
-
-
-def test_openvino_by_name_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtimes, "openvino_available", lambda: False)
-    assert runtimes.resolve_runtime("auto", torch.device("cpu"), kept_cache=True) == "eager"
-    with pytest.raises(ValueError, match=r"embedfleet-worker\[openvino\]"):
-        runtimes.resolve_runtime("openvino", torch.device("cpu"))
-
-
 @pytest.mark.parametrize(
     ("installed", "kept_cache", "max_tokens", "want"),
     [

@@ -1,8 +1,11 @@
-"""Workers of their own: a failing self-check, the null engine, a scoring model."""
+"""Workers of their own: a failing self-check, the null engine, a scoring model, a taken port."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -80,6 +83,8 @@ def test_null_engine_serves_replies_derived_from_the_ids(tmp_path: Path) -> None
 
 
 def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path) -> None:
+    """Through the OpenVINO runtime, whose converter (its telemetry) used to fork() after gRPC
+    started: each fork wrote a `fork_posix.cc ... skipping fork() handlers` line to stderr."""
     import torch
     from transformers import BertForSequenceClassification
 
@@ -96,7 +101,8 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
         ]
     expected = np.array([float(x[0, 0]) for x in logits])
     args = ("--model", str(model), "--warmup-seconds", "0.2", "--dtype", "float32")
-    with running_worker(tmp_path, *args) as worker:
+    openvino = ("--cpu-runtime", "openvino", "--openvino-cache-dir", str(tmp_path / "graphs"))
+    with running_worker(tmp_path, *args, *openvino) as worker:
         stub = worker_stub(worker.channel())
         batch = pack_tokens(pairs, types)
         raw = stub.Score(pb.ScoreRequest(batch=batch), timeout=60)
@@ -111,6 +117,9 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
             stub.Embed(embed_request(pairs), timeout=10)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert worker_stub(worker.channel()).Info(pb.InfoRequest()).task == "score"
+    log = worker.log.read_text()
+    assert "openvino runtime ready" in log
+    assert "fork_posix" not in log
 
 
 def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Path) -> None:
@@ -167,3 +176,36 @@ def test_a_slow_workers_batches_hold_about_a_second_of_its_measured_work(tmp_pat
         assert worker.metric("embedfleet_worker_batch_tokens_count") - before >= 3
     (measured,) = [r for r in worker.log_records() if r.get("msg") == "capacity measured"]
     assert 1500 <= measured["batch_tokens"] <= 2500
+
+
+def _worker_exits(tmp_path: Path, *args: str) -> tuple[int, str]:
+    """A worker's exit code and its error line, once it has exited without a traceback."""
+    argv = [sys.executable, "-m", "embedfleet.worker.cli", "--metrics-port", "0", *args]
+    done = subprocess.run(
+        [*argv, "--log-format", "text"],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if " error " in x]
+    return done.returncode, line
+
+
+def test_a_taken_port_is_one_line_that_says_what_to_do(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, line = _worker_exits(tmp_path, "--engine", "null", "--port", str(port))
+    assert code == 2
+    assert line.endswith(
+        f"cannot listen on 127.0.0.1:{port} (--port): another process holds it; stop that "
+        "process or give --port a free port (0 picks one)"
+    )
+
+
+def test_settings_the_engine_cannot_run_are_one_line(tmp_path: Path) -> None:
+    code, line = _worker_exits(tmp_path, "--port", "0", "--cuda-memory-fraction", "2")
+    assert code == 1
+    assert line.endswith(
+        "start-up failed: --cuda-memory-fraction must be between 0 and 1  error=UnservableError"
+    )

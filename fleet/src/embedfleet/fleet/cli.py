@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from embedfleet.common import logs
+from embedfleet.common.logs import LOG_FORMATS
 from embedfleet.fleet import calibrate
 from embedfleet.fleet.binary import BINARY, BINARY_ENV, GatewayBinaryError
 from embedfleet.fleet.supervisor import (
@@ -57,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
         "and re-reads the file when it changes.",
     )
     serve.add_argument(
+        "--log-format",
+        default="auto",
+        choices=LOG_FORMATS,
+        help="The children's log lines: json, text (each after its child's name), or auto "
+        "(default: text at a terminal, else json).",
+    )
+    serve.add_argument(
         "--gateway-binary",
         default="",
         help=f"The gateway binary (default: ${BINARY_ENV}, else {BINARY} on PATH, else this "
@@ -71,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def port_free(port: int) -> bool:
+    """Whether the gateway could listen on `port` now (its own bind says no with a traceback-free
+    line too, but only after every worker started)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "calibrate":
@@ -80,6 +103,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit("--workers must be at least 1 (or 0: from the cores)")
     if args.api_keys_file and not Path(args.api_keys_file).is_file():
         raise SystemExit(f"--api-keys-file {args.api_keys_file}: no such file")
+    for value in args.model:
+        path = served_model(value)[1]
+        if not Path(path).expanduser().is_dir():
+            raise SystemExit(f"--model {path}: no such directory (a model directory, or NAME=DIR)")
+    if not port_free(args.port):
+        raise SystemExit(
+            f"embedfleet serve: port {args.port} is in use; stop what holds it or choose "
+            "another with --port"
+        )
+    text = not logs.is_json(args.log_format, sys.stderr)
     stop = threading.Event()
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
@@ -106,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         worker_args=(*task, *kept),
         gateway_args=(*task, *keys, *named),
         gateway_binary=args.gateway_binary,
+        log_format="text" if text else "json",
+        prefix=text,
     )
     try:
         fleet.plan()

@@ -17,12 +17,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TextIO
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -87,6 +89,9 @@ class Child:
     #: when the exited child is due to start again (None: running, or not supervised)
     restart_at: float | None = None
     restarts: int = 0
+    #: the last line the child wrote (relayed children only): why it exited, when it says
+    last_line: str = ""
+    relay: threading.Thread | None = None
 
     def exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -113,6 +118,10 @@ class Fleet:
     #: the gateway binary; empty: found as binary.find_gateway_binary finds it
     gateway_binary: str = ""
     backoff: Backoff = field(default_factory=Backoff)
+    #: every child's --log-format ("" leaves it to the children: auto)
+    log_format: str = ""
+    #: relay the children's lines to stderr, each after its child's name (without a log_dir)
+    prefix: bool = False
     children: list[Child] = field(default_factory=list)
     _files: tempfile.TemporaryDirectory[str] | None = None
     #: the split of the cores `plan` decided (None before it ran)
@@ -152,6 +161,7 @@ class Fleet:
                     "--metrics-port",
                     str(ports[2 * i + 1]),
                     *threads,
+                    *self._log_args(),
                     *self.worker_args,
                 ]
                 mine.append(Child(f"worker-{i}", argv, ports[2 * i], ports[2 * i + 1]))
@@ -159,7 +169,7 @@ class Fleet:
             entry = {"model": path, "workers": [c.address for c in mine]}
             entries.append({**entry, "served_model_name": name} if name else entry)
         binary = str(find_gateway_binary(self.gateway_binary))
-        gateway = [binary, "--port", str(self.port)]
+        gateway = [binary, "--port", str(self.port), *self._log_args()]
         if self.models:
             self._files = tempfile.TemporaryDirectory(prefix="embedfleet-serve-")
             models_file = Path(self._files.name) / "models.json"
@@ -173,9 +183,15 @@ class Fleet:
         found = {"VIRTUAL_ENV": sys.prefix}
         self.children.append(Child("gateway", [*gateway, *self.gateway_args], self.port, env=found))
 
+    def _log_args(self) -> list[str]:
+        return ["--log-format", self.log_format] if self.log_format else []
+
     def _spawn(self, child: Child) -> None:
         out: int | None = None
-        if self.log_dir is not None:
+        relay = self.prefix and self.log_dir is None
+        if relay:
+            out = subprocess.PIPE
+        elif self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = os.open(
                 self.log_dir / f"{child.name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -192,9 +208,18 @@ class Fleet:
                 start_new_session=True,
             )
         finally:
-            if out is not None:
+            if out is not None and not relay:
                 os.close(out)
         child.started_at = time.monotonic()
+        if relay:
+            width = max(len(c.name) for c in self.children)
+            child.relay = threading.Thread(
+                target=relay_lines,
+                args=(child, f"{child.name:<{width}} | ", sys.stderr),
+                name=f"relay-{child.name}",
+                daemon=True,
+            )
+            child.relay.start()
 
     def start(self, timeout: float = 180.0) -> Fleet:
         if not self.children:
@@ -214,7 +239,7 @@ class Fleet:
         while True:
             for child in self.children:
                 if child.process is not None and child.process.poll() is not None:
-                    raise FleetError(f"{child.name} exited with {child.process.returncode}")
+                    raise FleetError(self._exit_reason(child))
             try:
                 with urllib.request.urlopen(self.url + "/ready", timeout=2) as reply:
                     if reply.status == 200 and self.all_workers_ready():
@@ -224,6 +249,13 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise FleetError(f"the fleet was not ready within {timeout:.0f}s")
             time.sleep(0.2)
+
+    def _exit_reason(self, child: Child) -> str:
+        assert child.process is not None
+        if child.relay is not None:
+            child.relay.join(1.0)  # its last lines
+        why = f"{child.name} exited with {child.process.returncode}"
+        return f"{why}: {child.last_line}" if child.last_line else why
 
     def all_workers_ready(self) -> bool:
         """Every live worker is in the gateway's rotation (from its metrics)."""
@@ -306,6 +338,23 @@ def kept_openvino_args() -> tuple[str, ...]:
     if os.environ.get(OPENVINO_CACHE_ENV):
         return ()
     return ("--openvino-cache-dir", str(user_cache_dir("openvino")))
+
+
+_RELAY_LOCK = threading.Lock()
+
+
+def relay_lines(child: Child, prefix: str, sink: TextIO) -> None:
+    """Copy the child's output to `sink` line by line, each after `prefix`, until it closes (the
+    child exited): a person sees which child said what."""
+    source = child.process.stdout if child.process else None
+    if source is None:
+        return
+    with source:
+        for raw in source:
+            child.last_line = line = raw.decode(errors="replace").rstrip("\n")
+            with _RELAY_LOCK:  # whole lines only, though children write at once
+                sink.write(f"{prefix}{line}\n")
+                sink.flush()
 
 
 def served_model(value: str) -> tuple[str, str]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import kopf
 
+from embedfleet.common import logs
 from embedfleet.common.settings import load
 from embedfleet.operator import handlers  # noqa: F401  (registers the kopf handlers)
 from embedfleet.operator.settings import ENV_PREFIX, OperatorSettings
@@ -20,9 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="embedfleet-operator",
         description="Reconciles EmbeddingDeployments into serving fleets.",
     )
+    json_lines = logs.is_json(settings.log_format)
     kopf.configure(
         verbose=settings.log_level == "debug",
-        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
+        log_format=kopf.LogFormat.JSON if json_lines else kopf.LogFormat.FULL,
     )
     logging.getLogger().setLevel(settings.log_level.upper())
     if settings.log_level != "debug":

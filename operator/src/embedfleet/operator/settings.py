@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import version
 
+from embedfleet.common.logs import LOG_FORMATS
 from embedfleet.common.settings import setting
 
 ENV_PREFIX = "EMBEDFLEET_OPERATOR_"
@@ -88,7 +89,11 @@ class OperatorSettings:
         "every 60 s, so silence means a stalled connection.",
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
-    log_format: str = setting("json", "Log format.", choices=("json", "plain"))
+    log_format: str = setting(
+        "auto",
+        "Log lines as json, as text, or auto (JSON unless stderr is a terminal).",
+        choices=LOG_FORMATS,
+    )
 
 
 def cpu_worker_image(op: OperatorSettings) -> str:

@@ -17,6 +17,7 @@ from embedfleet.common.modeldir import (
     Head,
     ModelDir,
     ModelDirError,
+    NoModelDirError,
     load_model_dir,
     resolve_model_path,
 )
@@ -113,6 +114,8 @@ def check(model: str, task: str) -> str | None:
     directory that is not one we can read (its ModelDirError's message); None to go on."""
     try:
         return refusal(load_model_dir(resolve_model_path(model), task))
+    except NoModelDirError as err:
+        return str(err)
     except ModelDirError as err:
         return f"unsupported model: {err}. Ask at {ISSUES_URL}"
 

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="embedfleet-worker",
         description="Serve an embedding or reranking model over gRPC with FCFS token batching.",
     )
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, log_format=settings.log_format)
     if settings.engine == "torch" and (line := check(settings.model, settings.task)):
         exit_refused(line, settings.termination_message_path)
     settings = fit_machine(settings, os.environ, detect_cores)

@@ -20,6 +20,12 @@ from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import Activation, ModelDir, Pooling, Task
 
 
+class UnservableError(ValueError):
+    """Settings this machine cannot serve the model with (a device it lacks, a runtime not
+    installed, an attention backend that cannot run it). The worker says so in one line and
+    exits, without a traceback: restarting it changes nothing."""
+
+
 class InvalidInputError(ValueError):
     """A request the model cannot take (empty, too long, id outside the vocabulary).
 

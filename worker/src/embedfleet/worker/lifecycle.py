@@ -26,9 +26,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common import heap
-from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.modeldir import (
+    ModelDir,
+    ModelDirError,
+    load_model_dir,
+    resolve_model_path,
+    weight_files,
+)
 from embedfleet.worker import memory, tracing
-from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup
+from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup, UnservableError
 from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
@@ -152,6 +158,16 @@ async def _start_serving(
     lost: asyncio.Event,
 ) -> None:
     t0 = time.monotonic()
+    if settings.engine != "null":
+        size = sum(f.stat().st_size for f in weight_files(state.model.path))
+        log.info(
+            "loading weights",
+            extra={
+                "model": state.model.name,
+                "mb": round(size / 1e6, 1),
+                "device": settings.device,
+            },
+        )
     engine = await asyncio.to_thread(build_engine, settings, state.model)
     info = engine.info
     log.info(
@@ -163,6 +179,7 @@ async def _start_serving(
         },
     )
     state.engine = engine  # its counters and GPU memory are scraped from here on
+    log.info("warming up", extra={"max_batch_tokens": state.budget.max_tokens})
     await _warm_graphs(settings, engine)  # before the engine thread: one caller at a time
     queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
     trimmer = memory.Trimmer.for_process(settings.malloc_trim_seconds)
@@ -289,6 +306,14 @@ async def _drain(
         await asyncio.to_thread(state.runner.join, 5.0)
 
 
+def port_taken(host: str, port: int, flag: str) -> str:
+    """What to do when `port` cannot be listened on: one line, no traceback."""
+    return (
+        f"cannot listen on {host}:{port} ({flag}): another process holds it; stop that process "
+        f"or give {flag} a free port (0 picks one)"
+    )
+
+
 async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     memory.bound_caches(settings.library_cache_capacity)  # before anything imports torch
@@ -320,10 +345,18 @@ async def serve(settings: WorkerSettings) -> int:
     servicer: _Health = health.aio.HealthServicer()  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     await _set_health(servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
-    port = server.add_insecure_port(f"{settings.host}:{settings.port}")
-    await server.start()
+    try:
+        port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+    except RuntimeError:  # gRPC's message only says to set GRPC_VERBOSITY
+        log.error(port_taken(settings.host, settings.port, "--port"))
+        return 2
     if settings.metrics_port:
-        metrics.serve(settings.host, settings.metrics_port)
+        try:
+            metrics.serve(settings.host, settings.metrics_port)
+        except OSError:
+            log.error(port_taken(settings.host, settings.metrics_port, "--metrics-port"))
+            return 2
+    await server.start()
     if settings.port_file:
         tmp = Path(settings.port_file + ".tmp")
         tmp.write_text(
@@ -340,8 +373,11 @@ async def serve(settings: WorkerSettings) -> int:
     losing = asyncio.create_task(lost.wait())
     await asyncio.wait({startup, stopping, losing}, return_when=asyncio.FIRST_COMPLETED)
     code = 0
-    if startup.done() and startup.exception() is not None:
-        log.error("start-up failed", exc_info=startup.exception())
+    if startup.done() and (failure := startup.exception()) is not None:
+        if isinstance(failure, UnservableError | ModelDirError):  # what to change, not a bug
+            log.error("start-up failed: %s", failure, extra={"error": type(failure).__name__})
+        else:
+            log.error("start-up failed", exc_info=failure)
         code = 1
     else:
         await asyncio.wait({stopping, losing}, return_when=asyncio.FIRST_COMPLETED)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embedfleet.common.logs import LOG_FORMATS
 from embedfleet.common.modeldir import TASK_HELP, TASKS
 from embedfleet.common.settings import setting
 from embedfleet.common.tracing import ENDPOINT_HELP, SAMPLE_HELP, SERVICE_HELP
@@ -213,6 +214,11 @@ class WorkerSettings:
         30.0, "On SIGTERM, how long in-flight requests may take before the process exits."
     )
     log_level: str = setting("info", "Log level.", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting(
+        "auto",
+        "Log lines as json, as text, or auto (JSON unless stderr is a terminal).",
+        choices=LOG_FORMATS,
+    )
     # --- tracing (OpenTelemetry; see docs/gateway.md "Tracing") ----------------------------
     tracing_endpoint: str = setting("", ENDPOINT_HELP)
     tracing_sample_ratio: float = setting(1.0, SAMPLE_HELP)

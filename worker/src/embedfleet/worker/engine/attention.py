@@ -52,6 +52,8 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F  # noqa: N812 - the universal alias
 
+from embedfleet.worker.contract import UnservableError
+
 log = logging.getLogger(__name__)
 
 
@@ -574,7 +576,7 @@ class GroupedBackend:
 BACKEND_NAMES = ("auto", "torch", "flash-attn", "flashinfer")
 
 
-class BackendUnavailableError(RuntimeError):
+class BackendUnavailableError(RuntimeError, UnservableError):
     """The requested attention backend cannot run on this device or dtype."""
 
 

@@ -1,4 +1,4 @@
-"""Choosing the device and the compute dtype, before the engine exists.
+"""Choosing the compute dtype, before the engine exists (the device: `plan`).
 
 `load_model_at_dtype` makes the whole choice: the dtype asked for, or for `auto` bf16 on CUDA and,
 on a CPU, bf16 only where it is both faster and as accurate as float32 on the probe inputs. It
@@ -32,15 +32,6 @@ PARITY_MAX_SCORE_DIFF = 1e-3
 REDUCED_MARGIN = 0.9
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available")
-    return device
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import logging
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -67,29 +68,22 @@ OV_PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f
 OPENVINO_MAX_TOKENS = 2048
 
 
+def openvino() -> Any:
+    """The openvino module, imported without its usage telemetry.
+
+    `import openvino` loads its converter, which reports each conversion (a few dozen events) to
+    Google Analytics unless the user opted out in their home directory: each event a `fork()`ed
+    process, and each fork after gRPC started wrote `fork_posix.cc ... skipping fork() handlers`
+    to stderr. A missing openvino_telemetry package is the converter's own supported case (it
+    falls back to a no-op stub), so the package is marked missing before the first import.
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    return importlib.import_module("openvino")
+
+
 def openvino_available() -> bool:
     return importlib.util.find_spec("openvino") is not None
-
-
-def resolve_runtime(
-    choice: str, device: torch.device, *, max_tokens: int = 0, kept_cache: bool = False
-) -> RuntimeName:
-    """The runtime `choice` names on `device` for a model allowing `max_tokens`. CUDA runs eager
-    (with CUDA graphs). auto on a CPU: `auto_runtime`."""
-    if choice not in RUNTIMES:
-        raise ValueError(f"unknown CPU runtime {choice!r}; use one of {list(RUNTIMES)}")
-    if device.type != "cpu":
-        if choice in ("inductor", "openvino"):
-            raise ValueError(f"--cpu-runtime {choice} runs on a CPU only (device is {device})")
-        return "eager"
-    if choice == "auto":
-        return auto_runtime(openvino_available(), kept_cache, max_tokens)
-    if choice == "openvino" and not openvino_available():
-        raise ValueError(
-            "--cpu-runtime openvino needs the openvino package (pip install "
-            "'embedfleet-worker[openvino]')"
-        )
-    return next(r for r in RUNTIMES if r == choice)
 
 
 def auto_runtime(installed: bool, kept_cache: bool, max_tokens: int) -> RuntimeName:
@@ -165,7 +159,7 @@ class InductorRuntime:
 def convert(model: Model) -> Any:
     """The encoder as an `openvino.Model` (float32 weights as constants; every dimension
     dynamic), traced once from the module with a small example batch."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     with torch.no_grad(), warnings.catch_warnings():
         # The head counts are read as ints while tracing: constants of the model, as intended.
         warnings.simplefilter("ignore", TracerWarning)
@@ -187,7 +181,7 @@ def cache_dir(configured: str = "") -> Path:
 def cache_key(model_dir: ModelDir, bidirectional: bool | None) -> str:
     """What the converted graph depends on: the checkpoint's files, the code that builds the
     encoder, and the converter's and torch's versions."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     digest = hashlib.sha256()
     for file in sorted(model_dir.path.iterdir()):
         if file.is_file():
@@ -207,7 +201,7 @@ def converted_model(
     code were converted before (a start then costs a read, not a trace and a conversion), else
     converted and saved there. A cache that cannot be written only costs the next start the
     conversion."""
-    ov: Any = importlib.import_module("openvino")
+    ov = openvino()
     entry = root / cache_key(model_dir, bidirectional)
     path = entry / "encoder.xml"
     if path.is_file():
@@ -268,7 +262,7 @@ class OpenVINORuntime:
     name = "openvino"
 
     def __init__(self, converted: Any, precision: str, threads: int = 0) -> None:
-        ov: Any = importlib.import_module("openvino")
+        ov = openvino()
         config: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": precision,
             # One request at a time (the engine thread): no streams, every core on the request.

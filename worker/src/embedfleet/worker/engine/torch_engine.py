@@ -9,7 +9,6 @@ decided elsewhere: the device and dtype before the engine exists (`precision`), 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -44,21 +43,19 @@ from embedfleet.worker.engine.graph_policy import (
     Action,
     GraphCache,
     GraphKey,
-    graphs_plan,
     warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
 from embedfleet.worker.engine.outputs import apply_options, default_rows
 from embedfleet.worker.engine.pending import InFlight, Slice, split
+from embedfleet.worker.engine.plan import DeviceFacts, ModelFacts, plan_engine
 from embedfleet.worker.engine.pooling import Pooler
-from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype, resolve_device
+from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype
 from embedfleet.worker.engine.runtime import (
-    OPENVINO_MAX_TOKENS,
     InductorRuntime,
     filler_batch,
     openvino_at_dtype,
     openvino_seqlen,
-    resolve_runtime,
     seqlen_probe_lengths,
 )
 from embedfleet.worker.engine.staging import HostOutputs, Staging, packed_views
@@ -72,68 +69,33 @@ class TorchEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.threads > 0:
-            # Process-wide, and set before the first op: the engine is the process's only user.
-            torch.set_num_threads(config.threads)
         self.model_dir: ModelDir = load_model_dir(resolve_model_path(config.model), config.task)
-        if not 0.0 <= config.cuda_memory_fraction <= 1.0:
-            raise ValueError("cuda_memory_fraction must be between 0 and 1")
-        self.device = resolve_device(config.device)
-        if self.device.type == "cuda" and config.cuda_memory_fraction > 0:
-            # Several engines share one GPU (enginesPerGPU): each keeps to its own share, so one
-            # engine's allocator growth cannot starve the others.
+        model = ModelFacts(
+            self.model_dir.task, self.model_dir.max_input_tokens(config.max_input_tokens)
+        )
+        self.plan = plan = plan_engine(config, DeviceFacts.probe(config.device), model)
+        if plan.set_threads:
+            # Process-wide, and set before the first op: the engine is the process's only user.
+            torch.set_num_threads(plan.set_threads)
+        self.device = torch.device(plan.device)
+        if plan.memory_fraction > 0:
             # torch >= 2.11 wants the device's index: a bare "cuda" raises ValueError.
-            index = (
-                self.device.index if self.device.index is not None else torch.cuda.current_device()
+            index = torch.cuda.current_device() if plan.memory_index is None else plan.memory_index
+            torch.cuda.set_per_process_memory_fraction(plan.memory_fraction, index)
+        self.max_tokens = plan.max_tokens
+        if self.max_tokens < model.max_tokens:
+            log.warning(
+                "openvino runtime: input limit lowered to its bound",
+                extra={"model_limit": model.max_tokens, "limit": self.max_tokens},
             )
-            torch.cuda.set_per_process_memory_fraction(config.cuda_memory_fraction, index)
-        self.max_tokens = self.model_dir.max_input_tokens(config.max_input_tokens)
+        self.runtime_name = plan.runtime
         #: the compiled CPU runtime the encoder runs in; None runs it eager
         self.runtime: Runtime | None = None
-        #: torch's threads for eager batches, and around a compiled runtime's graph calls
-        self._eager_threads = self._graph_threads = self._threads_now = torch.get_num_threads()
+        self._eager_threads, self._graph_threads = plan.eager_threads, plan.graph_threads
+        self._threads_now = torch.get_num_threads()
         #: the longest sequence of a batch the compiled runtime runs; longer ones run eager
         self.compiled_seqlen = self.max_tokens
-        self.runtime_name = resolve_runtime(
-            config.cpu_runtime,
-            self.device,
-            max_tokens=self.max_tokens,
-            kept_cache=bool(config.openvino_cache_dir),
-        )
-        if self.runtime_name == "openvino":
-            if self.max_tokens > OPENVINO_MAX_TOKENS:
-                # Its attention materializes each sequence's L x L scores per head: a Qwen3's
-                # 40,960-token limit took a worker past 22 GB in the start-up probe alone.
-                log.warning(
-                    "openvino runtime: input limit lowered to its bound",
-                    extra={"model_limit": self.max_tokens, "limit": OPENVINO_MAX_TOKENS},
-                )
-                self.max_tokens = OPENVINO_MAX_TOKENS
-            self.dtype, self.model, self.runtime = openvino_at_dtype(
-                self.model_dir,
-                config.dtype,
-                config.threads,
-                self.max_tokens,
-                config.bidirectional,
-                config.openvino_cache_dir,
-            )
-            if self.model_dir.task != "sparse":
-                # Around the graph torch runs only pooling and small heads, and its OpenMP
-                # threads, spinning after each op, took the cores from OpenVINO's: one thread
-                # made a 16-token batch 0.77x and a 128-token one 0.83x (docs/engine.md). A
-                # SPLADE head (a vocabulary-wide GEMM per token) keeps them.
-                self._graph_threads = 1
-        else:
-            self.dtype, self.model = load_model_at_dtype(
-                self.model_dir,
-                self.device,
-                config.dtype,
-                config.attention,
-                self.max_tokens,
-                config.bidirectional,
-            )
-        if self.runtime_name == "inductor":
-            self.runtime = InductorRuntime(self.model)
+        self._load()
         self.shape = self.model.shape
         #: sentence-transformers' pooling and Dense modules (embedders; unused by other heads)
         self.pooler = Pooler.of(self.model_dir, self.device)
@@ -142,14 +104,72 @@ class TorchEngine:
             self.device,
             self.dtype,
             self._attention_shape(),
-            graphs=config.cuda_graphs != "off",
+            graphs=plan.prefer_graph_safe,
             features=self.shape.attention_features,
         )
         if self.runtime is not None and self.runtime_name == "openvino":
-            if config.cpu_runtime == "auto":
+            if plan.measure_seqlen:
                 self.compiled_seqlen = self._measured_seqlen(self.runtime)
             self._use_threads(self.runtime)
-        self._info = EngineInfo(
+        self._info = self._engine_info()
+        self.buckets = plan.buckets
+        self._capacity = plan.capacity
+        self._cache = GraphCache(
+            mode=config.cuda_graphs,
+            max_graphs=config.max_graphs,
+            max_tokens=self._capacity.tokens,
+            max_sequences=self._capacity.sequences,
+        )
+        self._runner: GraphRunner | None = None
+        graphs = plan.graphs(
+            config.cuda_graphs,
+            self.backend.name,
+            self.backend.graph_safe,
+            needs=", ".join(sorted(self.shape.attention_features & {"bias"})),
+        )
+        self._graphs_enabled = graphs.enabled
+        #: why graphs are off ("" when on), exported with the engine's metrics
+        self.graphs_off_reason = graphs.reason
+        if graphs.refuse:
+            raise BackendUnavailableError(graphs.reason)
+        if graphs.warn:
+            log.error("CUDA graphs off: %s", graphs.reason)
+        self._staging = (
+            Staging(self._capacity.tokens, self._capacity.sequences, pin=True)
+            if plan.pinned
+            else None
+        )
+        self._host_outputs = HostOutputs(pin=True) if plan.pinned else None
+        self._counts = {"captures": 0, "replays": 0, "eager_runs": 0, "rejects": 0}
+        if self._graphs_enabled and config.cuda_graphs == "eager":
+            self._capture_listed()
+
+    def _load(self) -> None:
+        """The model's weights in the plan's runtime: `dtype`, `model` and `runtime`."""
+        config = self.config
+        if self.runtime_name == "openvino":
+            self.dtype, self.model, self.runtime = openvino_at_dtype(
+                self.model_dir,
+                config.dtype,
+                config.threads,
+                self.max_tokens,
+                config.bidirectional,
+                config.openvino_cache_dir,
+            )
+            return
+        self.dtype, self.model = load_model_at_dtype(
+            self.model_dir,
+            self.device,
+            config.dtype,
+            config.attention,
+            self.max_tokens,
+            config.bidirectional,
+        )
+        if self.runtime_name == "inductor":
+            self.runtime = InductorRuntime(self.model)
+
+    def _engine_info(self) -> EngineInfo:
+        return EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
             dimensions=output_dimensions(self.model_dir),
@@ -161,40 +181,6 @@ class TorchEngine:
             default_normalize=self.model_dir.normalize,
             activation=self.model_dir.activation,
         )
-        # Padding sequences and the graphs' attention launch stop at the longest real sequence.
-        self.buckets = dataclasses.replace(
-            config.buckets, max_sequences=config.max_batch_sequences, max_seqlen=self.max_tokens
-        )
-        self._capacity = self.buckets.capacity(max(config.max_batch_tokens, self.max_tokens))
-        self._cache = GraphCache(
-            mode=config.cuda_graphs,
-            max_graphs=config.max_graphs,
-            max_tokens=self._capacity.tokens,
-            max_sequences=self._capacity.sequences,
-        )
-        self._runner: GraphRunner | None = None
-        plan = graphs_plan(
-            self.device.type,
-            config.cuda_graphs,
-            self.backend.name,
-            self.backend.graph_safe,
-            needs=", ".join(sorted(self.shape.attention_features & {"bias"})),
-        )
-        self._graphs_enabled = plan.enabled
-        #: why graphs are off ("" when on), exported with the engine's metrics
-        self.graphs_off_reason = plan.reason
-        if plan.refuse:
-            raise BackendUnavailableError(plan.reason)
-        if plan.warn:
-            log.error("CUDA graphs off: %s", plan.reason)
-        cuda = self.device.type == "cuda"
-        self._staging = (
-            Staging(self._capacity.tokens, self._capacity.sequences, pin=True) if cuda else None
-        )
-        self._host_outputs = HostOutputs(pin=True) if cuda else None
-        self._counts = {"captures": 0, "replays": 0, "eager_runs": 0, "rejects": 0}
-        if self._graphs_enabled and config.cuda_graphs == "eager":
-            self._capture_listed()
 
     @classmethod
     def from_settings(cls, settings: WorkerSettings) -> TorchEngine:

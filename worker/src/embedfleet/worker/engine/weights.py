@@ -7,22 +7,22 @@ from pathlib import Path
 
 import torch
 
-from embedfleet.common.modeldir import ModelDirError
+from embedfleet.common.modeldir import ModelDirError, weight_files
 
 Tensors = dict[str, torch.Tensor]
 
 
 def load_tensors(path: Path) -> Tensors:
     """Every tensor of the directory, on the CPU, in its stored dtype."""
-    shards = sorted(path.glob("*.safetensors"))
-    if shards:
+    files = weight_files(path)
+    if files and files[0].suffix == ".safetensors":
         from safetensors.torch import load_file
 
         out: Tensors = {}
-        for shard in shards:
+        for shard in files:
             out.update(load_file(str(shard), device="cpu"))
         return out
-    bins = sorted(path.glob("pytorch_model*.bin"))
+    bins = files
     if not bins:
         raise ModelDirError(f"{path} has no *.safetensors or pytorch_model.bin")
     out = {}
