@@ -174,8 +174,17 @@ pub fn optional_bool(
 
 /// A strict boolean defaulting to false (null is refused).
 pub fn flag(doc: &Map<String, Value>, key: &'static str) -> Result<bool, ApiError> {
+    flag_or(doc, key, false)
+}
+
+/// A strict boolean defaulting to `default` (null is refused).
+pub fn flag_or(
+    doc: &Map<String, Value>,
+    key: &'static str,
+    default: bool,
+) -> Result<bool, ApiError> {
     match doc.get(key) {
-        None => Ok(false),
+        None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(field_error(key, "Input should be a valid boolean")),
     }

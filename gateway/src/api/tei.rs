@@ -6,9 +6,9 @@ use serde_json::{Map, Value};
 
 use crate::api::errors::ApiError;
 use crate::api::request::{
-    field_error, flag, input, object, optional_bool, optional_positive, optional_str, query,
-    strict_int, texts, Call, ClassifyRequest, EmbeddingRequest, Input, PairRequest, RerankRequest,
-    ScoreRequest, Side, SparseRequest, FLOAT,
+    field_error, flag, flag_or, input, object, optional_bool, optional_positive, optional_str,
+    query, strict_int, texts, Call, ClassifyRequest, EmbeddingRequest, Input, PairRequest,
+    RerankRequest, ScoreRequest, Side, SparseRequest, FLOAT,
 };
 
 /// How TEI writes the answer of a call.
@@ -57,7 +57,7 @@ const DIRECTIONS: &[&str] = &["Left", "Right", "left", "right"];
 fn truncation(doc: &Map<String, Value>) -> Result<(bool, Side), ApiError> {
     let truncate = optional_bool(doc, "truncate")?.unwrap_or(false);
     let side = match doc.get("truncation_direction") {
-        None | Some(Value::Null) => Side::Right,
+        None => Side::Right,
         Some(Value::String(s)) if DIRECTIONS.contains(&s.as_str()) => {
             if s.eq_ignore_ascii_case("left") {
                 Side::Left
@@ -86,7 +86,7 @@ fn inputs(doc: &Map<String, Value>) -> Result<Input, ApiError> {
 fn embed(doc: &Map<String, Value>) -> Result<Call, ApiError> {
     let model = optional_str(doc, "model")?;
     let input = inputs(doc)?;
-    let normalize = optional_bool(doc, "normalize")?.unwrap_or(true);
+    let normalize = flag_or(doc, "normalize", true)?;
     let (truncate, side) = truncation(doc)?;
     let input_type = optional_str(doc, "prompt_name")?;
     let dimensions = optional_positive(doc, "dimensions")?;
@@ -229,7 +229,7 @@ fn similarity(doc: &Map<String, Value>) -> Result<Call, ApiError> {
 fn tokenize(doc: &Map<String, Value>) -> Result<TokenizeRequest, ApiError> {
     let model = optional_str(doc, "model")?;
     let inputs = texts(doc, "inputs")?;
-    let add_special_tokens = optional_bool(doc, "add_special_tokens")?.unwrap_or(true);
+    let add_special_tokens = flag_or(doc, "add_special_tokens", true)?;
     let prompt_name = optional_str(doc, "prompt_name")?;
     Ok(TokenizeRequest {
         model,
@@ -264,7 +264,7 @@ fn decode(doc: &Map<String, Value>) -> Result<DecodeRequest, ApiError> {
             .ok_or_else(bad)?],
         Some(_) => return Err(bad()),
     };
-    let skip_special_tokens = optional_bool(doc, "skip_special_tokens")?.unwrap_or(true);
+    let skip_special_tokens = flag_or(doc, "skip_special_tokens", true)?;
     Ok(DecodeRequest {
         model,
         ids,

@@ -477,7 +477,8 @@ impl Tokenization {
                 _ => Token {
                     id,
                     // Offsets are bytes; a token inside a character shows its bytes lossily.
-                    text: String::from_utf8_lossy(&text.as_bytes()[start..stop]).into_owned(),
+                    text: String::from_utf8_lossy(text.as_bytes().get(start..stop).unwrap_or(&[]))
+                        .into_owned(),
                     special: false,
                     span: Some((start, stop)),
                 },
