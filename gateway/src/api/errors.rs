@@ -427,6 +427,39 @@ mod tests {
     }
 
     #[test]
+    fn tei_and_cohere_shapes_and_statuses() {
+        let cases = [
+            (ApiError::Required { param: "inputs" }, 422, "Validation"),
+            (
+                ApiError::EmptyItem {
+                    param: "inputs",
+                    index: 0,
+                },
+                400,
+                "Empty",
+            ),
+            (
+                ApiError::DimensionsOutOfRange { most: 4, got: 9 },
+                413,
+                "Validation",
+            ),
+            (ApiError::WorkerBusy { retry_after: 1 }, 429, "Overloaded"),
+            (ApiError::NoReadyWorker {}, 503, "Unhealthy"),
+            (ApiError::WorkerTimeout {}, 424, "Backend"),
+            (ApiError::KeyMissing {}, 401, "Validation"),
+        ];
+        for (e, status, kind) in cases {
+            assert_eq!(e.tei(), (status, kind), "{e:?}");
+            let doc: serde_json::Value = serde_json::from_slice(&e.tei_body()).unwrap();
+            assert_eq!(doc["error"], e.message());
+            assert_eq!(doc["error_type"], kind);
+            let doc: serde_json::Value = serde_json::from_slice(&e.cohere_body()).unwrap();
+            assert_eq!(doc["message"], e.message());
+            assert_eq!(doc["id"].as_str().unwrap().len(), 32);
+        }
+    }
+
+    #[test]
     fn a_close_response_is_complete() {
         let text = String::from_utf8(ApiError::HeadersTimeout {}.close_response()).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
