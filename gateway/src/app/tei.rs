@@ -29,7 +29,11 @@ fn check_prompt(service: &Service, name: Option<&str>) -> Result<(), ApiError> {
 /// logit; a cosine (an embedding model's relevance) is raw already.
 fn raw(service: &Service, score: f32) -> f32 {
     match service.model.task {
-        Task::Score => (score / (1.0 - score)).ln(),
+        // A float32 sigmoid saturates at 0 and 1: their logits are kept finite.
+        Task::Score => {
+            let p = score.clamp(1e-7, 1.0 - 1e-7);
+            (p / (1.0 - p)).ln()
+        }
         _ => score,
     }
 }
