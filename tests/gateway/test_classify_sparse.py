@@ -98,6 +98,25 @@ def test_classify_answers_each_text_with_its_labels(classifier: Served, name: st
     assert doc["usage"] == {"prompt_tokens": total, "total_tokens": total}
 
 
+def test_tei_predict_and_its_default_route(classifier: Served) -> None:
+    """TEI's /predict (and POST /, a classifier's route there): each text's labels best first,
+    ties in label order; one text answers a list, a batch a list of lists."""
+    labels = classifier.model.labels
+
+    def predictions(text: str) -> list[dict[str, Any]]:
+        probs = [*classifier.row(text), *[0.0] * (len(labels) - 3)]
+        ranked = sorted(range(len(labels)), key=lambda k: -probs[k])
+        return [{"score": probs[k], "label": labels[k]} for k in ranked]
+
+    gateway = classifier.gateway
+    assert gateway.ok("/predict", {"inputs": TEXTS[0]}) == predictions(TEXTS[0])
+    batch = {"inputs": [[t] for t in TEXTS[:2]]}
+    assert gateway.ok("/", batch) == [predictions(t) for t in TEXTS[:2]]
+    pair = gateway.post("/predict", {"inputs": ["a", "b"]})
+    assert pair.status == 422
+    assert pair.json()["error_type"] == "Validation"
+
+
 #: name -> (body, status, param, code, a part of the message)
 CLASSIFY_REFUSED: dict[str, tuple[dict[str, Any], int, str, str | None, str]] = {
     "token ids": ({"input": [1, 2]}, 400, "input", None, INPUT_FORMS),
@@ -215,6 +234,19 @@ def test_sparse_vectors_keep_the_largest_weights_over_the_threshold(
             "dimensions": splade.model.vocab_size,
         }
     assert doc["usage"] == {"prompt_tokens": total, "total_tokens": total}
+
+
+def test_tei_embed_sparse_and_its_default_route(splade: Served) -> None:
+    """TEI's /embed_sparse (and POST /, a SPLADE model's route there): each input's non-zero
+    weights as {index, value}, ids ascending."""
+
+    def weights(text: str) -> list[dict[str, Any]]:
+        row = splade.row(text)
+        return [{"index": k, "value": row[k]} for k in range(3) if row[k] > 0]
+
+    for route in ("/embed_sparse", "/"):
+        got = splade.gateway.ok(route, {"inputs": list(TEXTS[:2])})
+        assert got == [weights(t) for t in TEXTS[:2]]
 
 
 #: name -> (body, status, param, a part of the message)

@@ -256,6 +256,67 @@ impl ApiError {
         .into_bytes()
     }
 
+    /// TEI's status and `error_type` for this refusal, by TEI's own mapping: a request it
+    /// cannot take is "Validation" (413; 422 for a body of the wrong shape, as TEI's JSON
+    /// extractor answers), an empty one "Empty" (400), then "Overloaded" (429), "Unhealthy"
+    /// (503) and "Backend" (424). The connection's, the route's and the key's refusals keep
+    /// their own status.
+    pub fn tei(&self) -> (u16, &'static str) {
+        use ApiError as E;
+        match self {
+            E::MalformedRequest {}
+            | E::HeadersTooLarge { .. }
+            | E::UriTooLong {}
+            | E::HeadersTimeout {}
+            | E::NoRoute { .. }
+            | E::MethodNotAllowed { .. }
+            | E::KeyMissing {}
+            | E::KeyWrong {}
+            | E::BodyTooLarge { .. }
+            | E::NotJson {}
+            | E::BodyTimeout {}
+            | E::MalformedBody { .. }
+            | E::BodyNotJson { .. }
+            | E::ModelRequired { .. }
+            | E::ModelNotFound { .. } => (self.status(), "Validation"),
+            E::BodyNotObject {}
+            | E::Required { .. }
+            | E::Field { .. }
+            | E::InputShape {}
+            | E::TextsShape { .. }
+            | E::QueryNotString {}
+            | E::DocumentsShape {} => (422, "Validation"),
+            E::Empty { .. } | E::EmptyItem { .. } | E::EmptyPairText {} => (400, "Empty"),
+            _ => match self.status() {
+                429 => (429, "Overloaded"),
+                503 => (503, "Unhealthy"),
+                502 | 504 => (424, "Backend"),
+                500 => (500, "Backend"),
+                _ => (413, "Validation"),
+            },
+        }
+    }
+
+    /// TEI's error body: `{"error", "error_type"}`.
+    pub fn tei_body(&self) -> Vec<u8> {
+        format!(
+            r#"{{"error":{},"error_type":"{}"}}"#,
+            json_string(&self.message()),
+            self.tei().1
+        )
+        .into_bytes()
+    }
+
+    /// Cohere's error body: `{"id", "message"}`, the id a fresh random one.
+    pub fn cohere_body(&self) -> Vec<u8> {
+        format!(
+            r#"{{"id":"{:032x}","message":{}}}"#,
+            fastrand::u128(..),
+            json_string(&self.message())
+        )
+        .into_bytes()
+    }
+
     /// A whole HTTP/1.1 response that closes the connection, for refusals made below the
     /// router (the connection's own).
     pub fn close_response(&self) -> Vec<u8> {
@@ -304,7 +365,9 @@ pub fn markdown() -> String {
          Generated from `gateway/src/api/errors.rs` (`cargo test` checks it is current; \
          `EMBEDFLEET_UPDATE_CONTRACT=1 cargo test` rewrites it). Every refusal is sent as \
          `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; `{name}` in a message is \
-         the refusal's value, and a `param` in plain words is the field the refusal names.\n\n\
+         the refusal's value, and a `param` in plain words is the field the refusal names. On \
+         TEI's routes the same message goes as `{\"error\", \"error_type\"}` with TEI's status \
+         (`ApiError::tei`), on Cohere's as `{\"id\", \"message\"}` (docs/clients.md).\n\n\
          | name | status | type | code | param | message |\n|---|---|---|---|---|---|\n",
     );
     for row in CATALOG {
@@ -361,6 +424,39 @@ mod tests {
         assert_eq!(ApiError::Internal {}.status(), 500);
         let names: std::collections::HashSet<_> = CATALOG.iter().map(|r| r.name).collect();
         assert_eq!(names.len(), CATALOG.len());
+    }
+
+    #[test]
+    fn tei_and_cohere_shapes_and_statuses() {
+        let cases = [
+            (ApiError::Required { param: "inputs" }, 422, "Validation"),
+            (
+                ApiError::EmptyItem {
+                    param: "inputs",
+                    index: 0,
+                },
+                400,
+                "Empty",
+            ),
+            (
+                ApiError::DimensionsOutOfRange { most: 4, got: 9 },
+                413,
+                "Validation",
+            ),
+            (ApiError::WorkerBusy { retry_after: 1 }, 429, "Overloaded"),
+            (ApiError::NoReadyWorker {}, 503, "Unhealthy"),
+            (ApiError::WorkerTimeout {}, 424, "Backend"),
+            (ApiError::KeyMissing {}, 401, "Validation"),
+        ];
+        for (e, status, kind) in cases {
+            assert_eq!(e.tei(), (status, kind), "{e:?}");
+            let doc: serde_json::Value = serde_json::from_slice(&e.tei_body()).unwrap();
+            assert_eq!(doc["error"], e.message());
+            assert_eq!(doc["error_type"], kind);
+            let doc: serde_json::Value = serde_json::from_slice(&e.cohere_body()).unwrap();
+            assert_eq!(doc["message"], e.message());
+            assert_eq!(doc["id"].as_str().unwrap().len(), 32);
+        }
     }
 
     #[test]

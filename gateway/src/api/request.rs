@@ -112,9 +112,11 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<i64>,
     pub split_long_inputs: Option<bool>,
     pub input_type: Option<String>,
+    /// None: the model's way (TEI's `normalize` sets it)
+    pub normalize: Option<bool>,
 }
 
-fn field_error(param: &'static str, detail: &'static str) -> ApiError {
+pub fn field_error(param: &'static str, detail: &'static str) -> ApiError {
     ApiError::Field {
         param,
         at: param,
@@ -122,7 +124,7 @@ fn field_error(param: &'static str, detail: &'static str) -> ApiError {
     }
 }
 
-const SIDES: (&[&str], &str) = (&["left", "right"], "Input should be 'left' or 'right'");
+pub const SIDES: (&[&str], &str) = (&["left", "right"], "Input should be 'left' or 'right'");
 const INPUT_TYPES: (&[&str], &str) = (
     &["query", "document"],
     "Input should be 'query' or 'document'",
@@ -130,7 +132,10 @@ const INPUT_TYPES: (&[&str], &str) = (
 const ENCODING_CHOICES: &str = "Input should be 'float', 'base64', 'int8', 'uint8', 'binary', \
     'ubinary', 'int8_base64', 'uint8_base64', 'binary_base64' or 'ubinary_base64'";
 
-fn optional_str(doc: &Map<String, Value>, key: &'static str) -> Result<Option<String>, ApiError> {
+pub fn optional_str(
+    doc: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<String>, ApiError> {
     match doc.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -139,7 +144,10 @@ fn optional_str(doc: &Map<String, Value>, key: &'static str) -> Result<Option<St
 }
 
 /// An optional strict integer of at least 1, or null.
-fn optional_positive(doc: &Map<String, Value>, key: &'static str) -> Result<Option<i64>, ApiError> {
+pub fn optional_positive(
+    doc: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<i64>, ApiError> {
     match doc.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match strict_int(v) {
@@ -153,7 +161,10 @@ fn optional_positive(doc: &Map<String, Value>, key: &'static str) -> Result<Opti
     }
 }
 
-fn optional_bool(doc: &Map<String, Value>, key: &'static str) -> Result<Option<bool>, ApiError> {
+pub fn optional_bool(
+    doc: &Map<String, Value>,
+    key: &'static str,
+) -> Result<Option<bool>, ApiError> {
     match doc.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -162,16 +173,25 @@ fn optional_bool(doc: &Map<String, Value>, key: &'static str) -> Result<Option<b
 }
 
 /// A strict boolean defaulting to false (null is refused).
-fn flag(doc: &Map<String, Value>, key: &'static str) -> Result<bool, ApiError> {
+pub fn flag(doc: &Map<String, Value>, key: &'static str) -> Result<bool, ApiError> {
+    flag_or(doc, key, false)
+}
+
+/// A strict boolean defaulting to `default` (null is refused).
+pub fn flag_or(
+    doc: &Map<String, Value>,
+    key: &'static str,
+    default: bool,
+) -> Result<bool, ApiError> {
     match doc.get(key) {
-        None => Ok(false),
+        None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
         Some(_) => Err(field_error(key, "Input should be a valid boolean")),
     }
 }
 
 /// One of `choices.0`, else refused with `choices.1` ("Input should be 'a' or 'b'").
-fn literal<'a>(
+pub fn literal<'a>(
     doc: &'a Map<String, Value>,
     key: &'static str,
     choices: (&[&str], &'static str),
@@ -187,7 +207,7 @@ fn literal<'a>(
 
 /// A strict integer: JSON floats (2.0) and booleans are not; integers past i64 keep their sign
 /// (they are outside any vocabulary either way).
-fn strict_int(v: &Value) -> Option<i64> {
+pub fn strict_int(v: &Value) -> Option<i64> {
     match v {
         Value::Number(n) if n.is_i64() => n.as_i64(),
         Value::Number(n) if n.is_u64() => Some(i64::MAX),
@@ -200,7 +220,7 @@ fn ids(items: &[Value]) -> Option<Vec<i64>> {
 }
 
 /// string | list[string] | list[int] | list[list[int]]; a flat id list is one input.
-fn input(v: &Value) -> Result<Input, ApiError> {
+pub fn input(v: &Value) -> Result<Input, ApiError> {
     let bad = || ApiError::InputShape {};
     match v {
         Value::String(s) => Ok(Input::Texts(vec![s.clone()])),
@@ -225,7 +245,7 @@ fn input(v: &Value) -> Result<Input, ApiError> {
 }
 
 /// The body as a JSON object.
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     let doc: Value = serde_json::from_slice(body).map_err(|e| ApiError::BodyNotJson {
         detail: e.to_string(),
     })?;
@@ -236,7 +256,7 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// The fields every request has first: model, truncate, its side.
-fn common(doc: &Map<String, Value>) -> Result<(Option<String>, bool, Side), ApiError> {
+pub fn common(doc: &Map<String, Value>) -> Result<(Option<String>, bool, Side), ApiError> {
     let model = optional_str(doc, "model")?;
     let truncate = flag(doc, "truncate")?;
     let side = match literal(doc, "truncation_side", SIDES, false)? {
@@ -247,7 +267,7 @@ fn common(doc: &Map<String, Value>) -> Result<(Option<String>, bool, Side), ApiE
 }
 
 /// A string or an array of strings.
-fn texts(doc: &Map<String, Value>, key: &'static str) -> Result<Vec<String>, ApiError> {
+pub fn texts(doc: &Map<String, Value>, key: &'static str) -> Result<Vec<String>, ApiError> {
     let bad = || ApiError::TextsShape { param: key };
     match doc.get(key) {
         None => Err(ApiError::Required { param: key }),
@@ -281,6 +301,33 @@ fn pair_request(doc: &Map<String, Value>) -> Result<PairRequest, ApiError> {
     })
 }
 
+/// `query`: a string.
+pub fn query(doc: &Map<String, Value>) -> Result<String, ApiError> {
+    match doc.get("query") {
+        None => Err(ApiError::Required { param: "query" }),
+        Some(Value::String(q)) => Ok(q.clone()),
+        Some(_) => Err(ApiError::QueryNotString {}),
+    }
+}
+
+/// `documents`: strings or {"text": string} objects.
+pub fn documents(doc: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::DocumentsShape {};
+    match doc.get("documents") {
+        None => Err(ApiError::Required { param: "documents" }),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|d| match d {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("text").and_then(Value::as_str).map(str::to_string),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
+}
+
 /// POST /v1/rerank.
 #[derive(Debug, Clone)]
 pub struct RerankRequest {
@@ -294,25 +341,8 @@ pub struct RerankRequest {
 pub fn parse_rerank(body: &[u8]) -> Result<RerankRequest, ApiError> {
     let doc = object(body)?;
     let pair = pair_request(&doc)?;
-    let query = match doc.get("query") {
-        None => return Err(ApiError::Required { param: "query" }),
-        Some(Value::String(q)) => q.clone(),
-        Some(_) => return Err(ApiError::QueryNotString {}),
-    };
-    let bad = || ApiError::DocumentsShape {};
-    let documents = match doc.get("documents") {
-        None => return Err(ApiError::Required { param: "documents" }),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|d| match d {
-                Value::String(s) => Some(s.clone()),
-                Value::Object(o) => o.get("text").and_then(Value::as_str).map(str::to_string),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(bad)?,
-        Some(_) => return Err(bad()),
-    };
+    let query = query(&doc)?;
+    let documents = documents(&doc)?;
     let top_n = optional_positive(&doc, "top_n")?;
     let return_documents = flag(&doc, "return_documents")?;
     Ok(RerankRequest {
@@ -436,6 +466,40 @@ pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
     })
 }
 
+/// A parsed request for the workers, whichever API's route it came by.
+#[derive(Debug, Clone)]
+pub enum Call {
+    Embeddings(EmbeddingRequest),
+    Rerank(RerankRequest),
+    Score(ScoreRequest),
+    Classify(ClassifyRequest),
+    Sparse(SparseRequest),
+}
+
+impl Call {
+    /// The body's `model`, which names the served model to answer it.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            Call::Embeddings(r) => r.model.as_deref(),
+            Call::Rerank(r) => r.pair.model.as_deref(),
+            Call::Score(r) => r.pair.model.as_deref(),
+            Call::Classify(r) => r.model.as_deref(),
+            Call::Sparse(r) => r.model.as_deref(),
+        }
+    }
+}
+
+/// The OpenAI-style request of `route`, one of the /v1/ POST routes.
+pub fn parse_call(route: &str, body: &[u8]) -> Result<Call, ApiError> {
+    Ok(match route {
+        "/v1/rerank" => Call::Rerank(parse_rerank(body)?),
+        "/v1/score" => Call::Score(parse_score(body)?),
+        "/v1/classify" => Call::Classify(parse_classify(body)?),
+        "/v1/sparse_embeddings" => Call::Sparse(parse_sparse(body)?),
+        _ => Call::Embeddings(parse(body)?),
+    })
+}
+
 pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
     let doc = object(body)?;
     let (model, truncate, side) = common(&doc)?;
@@ -460,6 +524,7 @@ pub fn parse(body: &[u8]) -> Result<EmbeddingRequest, ApiError> {
         dimensions,
         split_long_inputs,
         input_type,
+        normalize: None,
     })
 }
 

@@ -21,7 +21,7 @@ use crate::plan::windows;
 use crate::settings::Settings;
 use crate::telemetry::metrics::ModelMetrics;
 use crate::telemetry::traces::{self, Kind, Tracer};
-use crate::upstream::batch::{broken_reply, pack, pack_pairs};
+use crate::upstream::batch::{broken_reply, pack, pack_pairs, SparseRow};
 use crate::upstream::pool::Pool;
 
 /// One served model: its settings (the process's, with a models file's per-model ones), model
@@ -46,6 +46,14 @@ pub struct Service {
     pub created: u64,
     /// OpenTelemetry spans of requests (trace.rs); off without an endpoint.
     pub tracer: Tracer,
+}
+
+/// An embeddings request's answer: `dims` floats a row, and what its documents need.
+pub struct Embedded<'a> {
+    pub rows: Vec<f32>,
+    pub dims: usize,
+    pub tokens: usize,
+    pub ranges: Option<&'a Ranges>,
 }
 
 /// What a tokenization made: its sequences, for the `tokenize` span's counts.
@@ -207,7 +215,7 @@ impl Service {
         &self,
         ids: &[Vec<u32>],
         ends: &[(usize, usize)],
-        requested: u32,
+        (requested, normalize): (u32, Option<bool>),
         ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
         let limit = self.tokenization.max_tokens;
@@ -218,7 +226,7 @@ impl Service {
         let total: usize = weights.iter().sum();
         self.check_tokens(&weights, "input", ticket)?;
         if flat.len() == ids.len() {
-            return Ok((self.embed(&flat, requested, None).await?, total));
+            return Ok((self.embed(&flat, requested, normalize).await?, total));
         }
         let mut windows_of = vec![0usize; ids.len()];
         for &o in &owner {
@@ -226,23 +234,31 @@ impl Service {
         }
         let split = windows_of.iter().filter(|&&n| n > 1).count();
         self.metrics.split_inputs.inc_by(split as u64);
-        let normalize = self.pool.default_normalize();
+        let normalize = normalize.unwrap_or(self.pool.default_normalize());
         let rows = self.embed(&flat, requested, Some(false)).await?;
         let dims = rows.len() / flat.len();
         let merged = windows::merge(&rows, dims, &weights, &owner, normalize);
         Ok((merged, total))
     }
 
-    pub async fn embeddings(
-        &self,
-        req: EmbeddingRequest,
-        ticket: &Ticket,
-    ) -> Result<Vec<u8>, ApiError> {
-        self.require(Task::Embed, "/v1/embeddings")?;
-        let dims = match self.pool.dimensions() {
+    /// The embedding's full width: the workers' when they told it, else the model's.
+    pub fn dimensions(&self) -> usize {
+        match self.pool.dimensions() {
             0 => self.model.hidden_size,
             d => d as usize,
-        };
+        }
+    }
+
+    /// The request's rows (`dims` floats each), the tokens they took, and the calibration
+    /// ranges its encoding needs: what every embeddings document is written from.
+    pub async fn embedded(
+        &self,
+        req: &EmbeddingRequest,
+        route: &'static str,
+        ticket: &Ticket,
+    ) -> Result<Embedded<'_>, ApiError> {
+        self.require(Task::Embed, route)?;
+        let dims = self.dimensions();
         if let Some(got) = req.dimensions.filter(|&d| d > dims as i64) {
             return Err(ApiError::DimensionsOutOfRange { most: dims, got });
         }
@@ -265,22 +281,41 @@ impl Service {
             Some(d) if (d as usize) < dims => d as u32,
             _ => 0,
         };
-        let (rows, total) = match ends {
-            Some(ends) => self.embed_windows(&ids, &ends, requested, ticket).await?,
+        let (rows, tokens) = match ends {
+            Some(ends) => {
+                let normalize = req.normalize;
+                self.embed_windows(&ids, &ends, (requested, normalize), ticket)
+                    .await?
+            }
             None => {
                 let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
                 self.check_tokens(&lengths, "input", ticket)?;
                 let total = lengths.iter().sum();
-                (self.embed(&ids, requested, None).await?, total)
+                (self.embed(&ids, requested, req.normalize).await?, total)
             }
         };
-        Ok(documents::embeddings(
-            &rows,
-            rows.len() / count,
-            req.encoding,
+        let dims = rows.len() / count;
+        Ok(Embedded {
+            rows,
+            dims,
+            tokens,
             ranges,
+        })
+    }
+
+    pub async fn embeddings(
+        &self,
+        req: EmbeddingRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        let e = self.embedded(&req, "/v1/embeddings", ticket).await?;
+        Ok(documents::embeddings(
+            &e.rows,
+            e.dims,
+            req.encoding,
+            e.ranges,
             self.name,
-            total,
+            e.tokens,
         ))
     }
 
@@ -477,7 +512,12 @@ impl Service {
         Ok((scores.concat(), lengths.iter().sum()))
     }
 
-    pub async fn rerank(&self, req: RerankRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+    /// The documents best first (the first `top_n`), every document's score, and the tokens.
+    pub async fn ranked(
+        &self,
+        req: &RerankRequest,
+        ticket: &Ticket,
+    ) -> Result<(Vec<usize>, Vec<f32>, usize), ApiError> {
         self.check_count(req.documents.len(), "documents")?;
         if req.query.is_empty() {
             return Err(ApiError::Empty { param: "query" });
@@ -501,13 +541,23 @@ impl Service {
         if let Some(n) = req.top_n {
             order.truncate(n as usize);
         }
+        Ok((order, scores, tokens))
+    }
+
+    pub async fn rerank(&self, req: RerankRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+        let (order, scores, tokens) = self.ranked(&req, ticket).await?;
         let documents = req.return_documents.then_some(req.documents.as_slice());
         Ok(documents::rerank(
             self.name, &order, &scores, documents, tokens,
         ))
     }
 
-    pub async fn score(&self, req: ScoreRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+    /// One score a pair of the request, and the tokens.
+    pub async fn scored(
+        &self,
+        req: &ScoreRequest,
+        ticket: &Ticket,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
         let ((one_1, text_1), (one_2, text_2)) = (&req.text_1, &req.text_2);
         let pairs: Vec<(&str, &str)> = match (one_1, one_2) {
             (true, _) => text_2
@@ -534,18 +584,22 @@ impl Service {
         if pairs.iter().any(|(a, b)| a.is_empty() || b.is_empty()) {
             return Err(ApiError::EmptyPairText {});
         }
-        let (scores, tokens) = self
-            .pair_scores(&pairs, &req.pair, "text_2", ticket)
-            .await?;
+        self.pair_scores(&pairs, &req.pair, "text_2", ticket).await
+    }
+
+    pub async fn score(&self, req: ScoreRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+        let (scores, tokens) = self.scored(&req, ticket).await?;
         Ok(documents::scores(self.name, &scores, tokens))
     }
 
-    pub async fn classify(
+    /// Each input's score of every label (rows of the labels' count), and the tokens.
+    pub async fn classified(
         &self,
-        req: ClassifyRequest,
+        req: &ClassifyRequest,
+        route: &'static str,
         ticket: &Ticket,
-    ) -> Result<Vec<u8>, ApiError> {
-        self.require(Task::Classify, "/v1/classify")?;
+    ) -> Result<(Vec<f32>, usize), ApiError> {
+        self.require(Task::Classify, route)?;
         let texts = &req.input;
         self.check_count(texts.len(), "input")?;
         empty_item(texts, "input")?;
@@ -575,18 +629,29 @@ impl Service {
             ));
         }
         let scores: Vec<f32> = parts.into_iter().flat_map(|(rows, _)| rows).collect();
-        let total: usize = lengths.iter().sum();
+        Ok((scores, lengths.iter().sum()))
+    }
+
+    pub async fn classify(
+        &self,
+        req: ClassifyRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        let (scores, total) = self.classified(&req, "/v1/classify", ticket).await?;
+        let labels = &self.model.labels;
         Ok(documents::classifications(
             &scores, labels, req.top_k, self.name, total,
         ))
     }
 
-    pub async fn sparse_embeddings(
+    /// Each input's (ascending vocabulary ids, weights), and the tokens.
+    pub async fn sparse_rows(
         &self,
-        req: SparseRequest,
+        req: &SparseRequest,
+        route: &'static str,
         ticket: &Ticket,
-    ) -> Result<Vec<u8>, ApiError> {
-        self.require(Task::Sparse, "/v1/sparse_embeddings")?;
+    ) -> Result<(Vec<SparseRow>, usize), ApiError> {
+        self.require(Task::Sparse, route)?;
         self.check_count(req.input.len(), "input")?;
         self.admit_ready()?;
         let how = (req.truncate, req.side);
@@ -604,7 +669,17 @@ impl Service {
             })
             .await?;
         let rows: Vec<_> = parts.into_iter().flatten().collect();
-        let tokens = lengths.iter().sum();
+        Ok((rows, lengths.iter().sum()))
+    }
+
+    pub async fn sparse_embeddings(
+        &self,
+        req: SparseRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        let (rows, tokens) = self
+            .sparse_rows(&req, "/v1/sparse_embeddings", ticket)
+            .await?;
         Ok(documents::sparse(
             self.name,
             &rows,
@@ -614,7 +689,11 @@ impl Service {
     }
 
     /// The calibration ranges an int8/uint8 `encoding` needs (400 when there are none).
-    fn ranges(&self, encoding: Encoding, dimensions: usize) -> Result<Option<&Ranges>, ApiError> {
+    pub fn ranges(
+        &self,
+        encoding: Encoding,
+        dimensions: usize,
+    ) -> Result<Option<&Ranges>, ApiError> {
         if !encoding.precision.needs_ranges() {
             return Ok(None);
         }

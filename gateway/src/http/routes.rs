@@ -16,39 +16,21 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 
 use crate::api::errors::ApiError;
-use crate::api::{openapi, request};
+use crate::api::request::{self, Call};
+use crate::api::routes::{keyed, post_api, Api};
+use crate::api::{cohere, openapi, tei};
 use crate::app::gateway::Gateway;
+use crate::app::service::Service;
+use crate::app::{cohere as app_cohere, tei as app_tei};
 use crate::http::auth::{self, KeyFile};
 use crate::plan::admission;
 use crate::telemetry::metrics::{Metrics, Stage};
 use crate::telemetry::traces;
 
+pub use crate::api::routes::route_of;
+
 /// The code counted for a request whose client left before its answer (never sent).
 const CLIENT_GONE: u16 = 499;
-const POSTS: [&str; 5] = [
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v1/score",
-    "/v1/classify",
-    "/v1/sparse_embeddings",
-];
-const GETS: [&str; 5] = [
-    "/health",
-    "/ready",
-    "/metrics",
-    "/openapi.json",
-    "/v1/models",
-];
-
-/// The route label of a path: itself when it is a route, else "other" (few series).
-pub fn route_of(path: &str) -> &'static str {
-    POSTS
-        .iter()
-        .chain(GETS.iter())
-        .find(|r| **r == path)
-        .copied()
-        .unwrap_or("other")
-}
 
 /// application/json or a +json type, any parameters; a body without a type is read as JSON.
 pub fn is_json(content_type: &[u8]) -> bool {
@@ -71,7 +53,7 @@ struct Recorder {
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        if !self.finished && POSTS.contains(&self.route) {
+        if !self.finished && post_api(self.route).is_some() {
             self.metrics.cancelled_requests.inc();
         }
         self.metrics.inflight.dec();
@@ -129,9 +111,18 @@ fn respond(status: u16, body: impl Into<Bytes>, content_type: &'static str) -> R
     r
 }
 
-/// A refusal as HTTP: the one place the catalog meets the wire.
-fn error_reply(e: &ApiError) -> Reply {
-    let mut r = respond(e.status(), e.body(), "application/json");
+/// A refusal as HTTP, in the shape of the route's API: the one place the catalog meets the wire.
+fn error_reply(e: &ApiError, route: &'static str) -> Reply {
+    let api = match route {
+        "/info" => Some(Api::Tei),
+        _ => post_api(route),
+    };
+    let (status, body) = match api {
+        Some(Api::Tei) => (e.tei().0, e.tei_body()),
+        Some(Api::Cohere) => (e.status(), e.cohere_body()),
+        _ => (e.status(), e.body()),
+    };
+    let mut r = respond(status, body, "application/json");
     for (name, value) in e.headers() {
         if let Ok(v) = HeaderValue::from_str(&value) {
             r.headers_mut().insert(name, v);
@@ -158,26 +149,17 @@ impl Router {
     }
 }
 
-/// A parsed POST body, by route.
-enum Post {
-    Embeddings(request::EmbeddingRequest),
-    Rerank(request::RerankRequest),
-    Score(request::ScoreRequest),
-    Classify(request::ClassifyRequest),
-    Sparse(request::SparseRequest),
+/// Which API's shape answers a call.
+enum Shape {
+    OpenAi,
+    Tei(tei::Shape),
+    Cohere(cohere::Shape),
 }
 
-impl Post {
-    /// The body's `model`, which names the served model to answer it.
-    fn model(&self) -> Option<&str> {
-        match self {
-            Post::Embeddings(r) => r.model.as_deref(),
-            Post::Rerank(r) => r.pair.model.as_deref(),
-            Post::Score(r) => r.pair.model.as_deref(),
-            Post::Classify(r) => r.model.as_deref(),
-            Post::Sparse(r) => r.model.as_deref(),
-        }
-    }
+/// A parsed POST body: a call for the workers, or one of TEI's tokenizer requests.
+enum Parsed {
+    Call(Call, Shape),
+    Tokenizer(tei::Tei),
 }
 
 pub async fn handle(router: Arc<Router>, req: Request<Incoming>) -> Result<Reply, Infallible> {
@@ -194,7 +176,7 @@ pub async fn handle(router: Arc<Router>, req: Request<Incoming>) -> Result<Reply
         finished: false,
     };
     // Only the API routes are traced: probes and scrapes of /ready and /metrics are not.
-    let mut span = (gateway.tracer.enabled() && POSTS.contains(&route)).then(|| {
+    let mut span = (gateway.tracer.enabled() && post_api(route).is_some()).then(|| {
         let parent = req
             .headers()
             .get("traceparent")
@@ -207,7 +189,7 @@ pub async fn handle(router: Arc<Router>, req: Request<Incoming>) -> Result<Reply
     let answered = dispatch(&router, route, req, &mut recorder.model);
     let reply = match traces::within(context, answered).await {
         Ok(reply) => reply,
-        Err(e) => error_reply(&e),
+        Err(e) => error_reply(&e, route),
     };
     recorder.status = reply.status().as_u16();
     recorder.finished = true;
@@ -225,12 +207,12 @@ async fn dispatch(
 ) -> Result<Reply, ApiError> {
     let gateway = &router.gateway;
     if let Some(file) = &router.keys {
-        if req.uri().path().starts_with("/v1/") {
+        if keyed(req.uri().path()) {
             authorize(gateway, file, route, &req)?;
         }
     }
     let method = req.method().clone();
-    if POSTS.contains(&route) {
+    if let Some(api) = post_api(route) {
         if method != Method::POST {
             return Err(ApiError::MethodNotAllowed {
                 route,
@@ -238,101 +220,146 @@ async fn dispatch(
                 allow: "POST",
             });
         }
-        let started = Instant::now();
-        let body = read_body(
-            gateway.settings.max_body_bytes,
-            gateway.settings.body_timeout_seconds,
-            req,
-        )
-        .await?;
-        let post = match route {
-            "/v1/rerank" => Post::Rerank(request::parse_rerank(&body)?),
-            "/v1/score" => Post::Score(request::parse_score(&body)?),
-            "/v1/classify" => Post::Classify(request::parse_classify(&body)?),
-            "/v1/sparse_embeddings" => Post::Sparse(request::parse_sparse(&body)?),
-            _ => Post::Embeddings(request::parse(&body)?),
-        };
-        let metrics = &gateway.metrics;
-        metrics.stage(Stage::Parse, started.elapsed().as_secs_f64());
-        // The served model the body names picks the service; then admitted or shed, before
-        // any other check: the ticket gives its work back when dropped, whether answered,
-        // refused or abandoned.
-        let service = gateway.pick(post.model())?;
-        *served = service.name;
-        let (model, max_tokens) = (&service.model, service.tokenization.max_tokens);
-        let gate = &service.admission;
-        let ticket = match &post {
-            Post::Embeddings(request::EmbeddingRequest {
-                input,
-                input_type,
-                truncate,
-                ..
-            })
-            | Post::Sparse(request::SparseRequest {
-                input,
-                input_type,
-                truncate,
-                ..
-            }) => gate.admit(admission::input_work(
-                input,
-                input_type.as_deref(),
-                *truncate,
-                model,
-                max_tokens,
-            ))?,
-            Post::Rerank(r) => gate.admit(admission::rerank_work(r, model))?,
-            Post::Score(r) => gate.admit(admission::score_work(r, model))?,
-            Post::Classify(r) => gate.admit(admission::classify_work(r))?,
-        };
-        let doc = match post {
-            Post::Embeddings(r) => service.embeddings(r, &ticket).await?,
-            Post::Rerank(r) => service.rerank(r, &ticket).await?,
-            Post::Score(r) => service.score(r, &ticket).await?,
-            Post::Classify(r) => service.classify(r, &ticket).await?,
-            Post::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
-        };
-        ticket.answered();
-        let mut reply = respond(200, doc, "application/json");
-        reply.body_mut().respond = Some((Arc::clone(metrics), Instant::now()));
-        return Ok(reply);
+        return post(gateway, (route, api), req, served).await;
     }
-    if GETS.contains(&route) {
-        if method != Method::GET && method != Method::HEAD {
-            return Err(ApiError::MethodNotAllowed {
+    if method != Method::GET && method != Method::HEAD {
+        return match route {
+            "other" => Err(ApiError::NoRoute {
+                path: req.uri().path().to_string(),
+            }),
+            _ => Err(ApiError::MethodNotAllowed {
                 route,
                 method: "GET",
                 allow: "GET, HEAD",
-            });
-        }
-        return match route {
-            "/health" => Ok(respond(
-                200,
-                br#"{"status":"ok"}"#.to_vec(),
-                "application/json",
-            )),
-            // Holding requests (scale from zero), the gateway is ready without a worker.
-            "/ready" if gateway.ready() => Ok(respond(
-                200,
-                br#"{"ready":true}"#.to_vec(),
-                "application/json",
-            )),
-            "/ready" => Ok(respond(
-                503,
-                br#"{"ready":false}"#.to_vec(),
-                "application/json",
-            )),
-            "/metrics" => Ok(respond(
-                200,
-                gateway.exposition(),
-                "text/plain; version=0.0.4; charset=utf-8",
-            )),
-            "/v1/models" => Ok(respond(200, gateway.models(), "application/json")),
-            _ => Ok(respond(200, router.openapi.clone(), "application/json")),
+            }),
         };
     }
-    Err(ApiError::NoRoute {
-        path: req.uri().path().to_string(),
+    let json = "application/json";
+    match route {
+        "/health" => Ok(respond(200, br#"{"status":"ok"}"#.to_vec(), json)),
+        // Holding requests (scale from zero), the gateway is ready without a worker.
+        "/ready" if gateway.ready() => Ok(respond(200, br#"{"ready":true}"#.to_vec(), json)),
+        "/ready" => Ok(respond(503, br#"{"ready":false}"#.to_vec(), json)),
+        "/metrics" => Ok(respond(
+            200,
+            gateway.exposition(),
+            "text/plain; version=0.0.4; charset=utf-8",
+        )),
+        "/v1/models" => Ok(respond(200, gateway.models(), json)),
+        "/openapi.json" => Ok(respond(200, router.openapi.clone(), json)),
+        "/info" => Ok(respond(200, app_tei::info(gateway.pick(None)?)?, json)),
+        _ => Err(ApiError::NoRoute {
+            path: req.uri().path().to_string(),
+        }),
+    }
+}
+
+/// The body of a POST route of `api` as a call or a tokenizer request; TEI's POST / as the
+/// route the default model's task takes.
+fn parse(gateway: &Gateway, (route, api): (&str, Api), body: &[u8]) -> Result<Parsed, ApiError> {
+    Ok(match api {
+        Api::OpenAi => Parsed::Call(request::parse_call(route, body)?, Shape::OpenAi),
+        Api::Cohere => {
+            let (call, shape) = cohere::parse(route, body)?;
+            Parsed::Call(call, Shape::Cohere(shape))
+        }
+        Api::Tei => {
+            let route = match route {
+                "/" => app_tei::default_route(gateway.pick(tei::model_of(body)?.as_deref())?),
+                r => r,
+            };
+            match tei::parse(route, body)? {
+                tei::Tei::Call(call, shape) => Parsed::Call(call, Shape::Tei(shape)),
+                other => Parsed::Tokenizer(other),
+            }
+        }
     })
+}
+
+/// A POST: read, parsed, then the served model the body names picks the service; then
+/// admitted or shed, before any other check: the ticket gives its work back when dropped,
+/// whether answered, refused or abandoned.
+async fn post(
+    gateway: &Gateway,
+    (route, api): (&'static str, Api),
+    req: Request<Incoming>,
+    served: &mut &'static str,
+) -> Result<Reply, ApiError> {
+    let started = Instant::now();
+    let settings = &gateway.settings;
+    let body = read_body(settings.max_body_bytes, settings.body_timeout_seconds, req).await?;
+    let parsed = parse(gateway, (route, api), &body)?;
+    let metrics = &gateway.metrics;
+    metrics.stage(Stage::Parse, started.elapsed().as_secs_f64());
+    let (call, shape) = match parsed {
+        Parsed::Call(call, shape) => (call, shape),
+        Parsed::Tokenizer(tei::Tei::Tokenize(r)) => {
+            let service = gateway.pick(r.model.as_deref())?;
+            *served = service.name;
+            return Ok(respond(
+                200,
+                app_tei::tokenize(service, r).await?,
+                "application/json",
+            ));
+        }
+        Parsed::Tokenizer(tei::Tei::Decode(r)) => {
+            let service = gateway.pick(r.model.as_deref())?;
+            *served = service.name;
+            return Ok(respond(
+                200,
+                app_tei::decode(service, &r)?,
+                "application/json",
+            ));
+        }
+        Parsed::Tokenizer(tei::Tei::Call(..)) => return Err(ApiError::Internal {}),
+    };
+    let service = gateway.pick(call.model())?;
+    *served = service.name;
+    let ticket = admit(service, &call)?;
+    let doc = match shape {
+        Shape::OpenAi => match call {
+            Call::Embeddings(r) => service.embeddings(r, &ticket).await?,
+            Call::Rerank(r) => service.rerank(r, &ticket).await?,
+            Call::Score(r) => service.score(r, &ticket).await?,
+            Call::Classify(r) => service.classify(r, &ticket).await?,
+            Call::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
+        },
+        Shape::Tei(shape) => app_tei::answer(service, call, shape, &ticket).await?,
+        Shape::Cohere(shape) => app_cohere::answer(service, call, shape, &ticket).await?,
+    };
+    ticket.answered();
+    let mut reply = respond(200, doc, "application/json");
+    reply.body_mut().respond = Some((Arc::clone(metrics), Instant::now()));
+    Ok(reply)
+}
+
+/// The call admitted by the work it asks for, or shed.
+fn admit(service: &Service, call: &Call) -> Result<admission::Ticket, ApiError> {
+    let (model, max_tokens) = (&service.model, service.tokenization.max_tokens);
+    let gate = &service.admission;
+    match call {
+        Call::Embeddings(request::EmbeddingRequest {
+            input,
+            input_type,
+            truncate,
+            ..
+        })
+        | Call::Sparse(request::SparseRequest {
+            input,
+            input_type,
+            truncate,
+            ..
+        }) => gate.admit(admission::input_work(
+            input,
+            input_type.as_deref(),
+            *truncate,
+            model,
+            max_tokens,
+        )),
+        Call::Rerank(r) => gate.admit(admission::rerank_work(r, model)),
+        Call::Score(r) => gate.admit(admission::score_work(r, model)),
+        Call::Classify(r) => gate.admit(admission::classify_work(r)),
+    }
 }
 
 /// 401 unless the request carries a current API key; counts it per key when asked. Before the
@@ -424,12 +451,5 @@ mod tests {
         assert!(is_json(b"application/vnd.api+json"));
         assert!(!is_json(b"text/plain"));
         assert!(!is_json(b"application/x-www-form-urlencoded"));
-    }
-
-    #[test]
-    fn routes() {
-        assert_eq!(route_of("/v1/embeddings"), "/v1/embeddings");
-        assert_eq!(route_of("/v1/embeddings/"), "other");
-        assert_eq!(route_of("/ready"), "/ready");
     }
 }

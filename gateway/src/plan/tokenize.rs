@@ -116,6 +116,16 @@ fn cut(ids: &[u32], limit: usize, side: Side) -> &[u32] {
     }
 }
 
+/// A token as TEI's /tokenize shows it: `span`, its byte offsets in the text (None for a special
+/// token, whose `text` is its own spelling).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    pub special: bool,
+    pub span: Option<(usize, usize)>,
+}
+
 pub struct Tokenization {
     plain: Tokenizer,
     /// the ASCII fast path of a BERT tokenizer (wordpiece.rs); None for other tokenizers
@@ -443,6 +453,54 @@ impl Tokenization {
             ids.push(enc.get_ids().to_vec());
         }
         Ok((ids, ends))
+    }
+
+    /// Each token of `text` (TEI's /tokenize): the whole text, untruncated, with the special
+    /// tokens when `special`.
+    pub fn tokens(&self, text: &str, special: bool) -> Result<Vec<Token>, ApiError> {
+        let enc = Self::encode(&self.plain, text, special, true)?;
+        let mask = enc.get_special_tokens_mask();
+        let tokens = enc
+            .get_ids()
+            .iter()
+            .zip(enc.get_offsets())
+            .zip(enc.get_tokens());
+        Ok(tokens
+            .zip(mask)
+            .map(|(((&id, &(start, stop)), token), &special)| match special {
+                1 => Token {
+                    id,
+                    text: token.clone(),
+                    special: true,
+                    span: None,
+                },
+                _ => Token {
+                    id,
+                    // Offsets are bytes; a token inside a character shows its bytes lossily.
+                    text: String::from_utf8_lossy(text.as_bytes().get(start..stop).unwrap_or(&[]))
+                        .into_owned(),
+                    special: false,
+                    span: Some((start, stop)),
+                },
+            })
+            .collect())
+    }
+
+    /// The text of token ids (TEI's /decode), checked against the vocabulary.
+    pub fn decode(&self, seqs: &[Vec<i64>], skip_special: bool) -> Result<Vec<String>, ApiError> {
+        let mut out = Vec::with_capacity(seqs.len());
+        for (index, seq) in seqs.iter().enumerate() {
+            if seq.iter().any(|&t| t < 0 || t >= self.vocab_size as i64) {
+                return Err(ApiError::IdOutsideVocabulary {
+                    index,
+                    vocab: self.vocab_size,
+                });
+            }
+            let ids: Vec<u32> = seq.iter().map(|&t| t as u32).collect();
+            let text = self.plain.decode(&ids, skip_special);
+            out.push(text.map_err(|_| tokenizer_failed())?);
+        }
+        Ok(out)
     }
 
     /// Checked token-id inputs: no special tokens are added, so truncation is a plain slice;
