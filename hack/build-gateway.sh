@@ -55,6 +55,12 @@ exec 9>"$cache/bin/.build.lock"
 flock 9
 if [[ ! -x "$binary" ]]; then
   echo "building embedfleet-gateway (target $target)" >&2
+  # Checkouts share the target directory, and cargo judges the crate fresh by mtime: sources
+  # older than another checkout's last build would leave that build's binary in place, filed
+  # here under this checkout's key. Touching what the key covers makes cargo rebuild the crate
+  # (its dependencies are judged by hash and stay built).
+  (cd "$crate" && find build.rs src contract proto -type f -exec touch {} +)
+  touch "$proto"
   (cd "$crate" && CARGO_TARGET_DIR="$target" nice -n 19 "$cargo" build --release --locked \
     -j "${CARGO_BUILD_JOBS:-$(nproc)}" >&2)
   staging="$(mktemp -d "$cache/bin/.building.XXXXXX")"
