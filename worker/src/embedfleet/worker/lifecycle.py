@@ -314,6 +314,12 @@ def port_taken(host: str, port: int, flag: str) -> str:
     )
 
 
+def _write_port_file(path: str, port: int, metrics_port: int) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port, "pid": os.getpid()}))
+    tmp.replace(path)  # atomic: readers never see a partial file
+
+
 async def serve(settings: WorkerSettings) -> int:
     loop = asyncio.get_running_loop()
     memory.bound_caches(settings.library_cache_capacity)  # before anything imports torch
@@ -358,11 +364,7 @@ async def serve(settings: WorkerSettings) -> int:
             return 2
     await server.start()
     if settings.port_file:
-        tmp = Path(settings.port_file + ".tmp")
-        tmp.write_text(
-            json.dumps({"port": port, "metrics_port": settings.metrics_port, "pid": os.getpid()})
-        )
-        tmp.replace(settings.port_file)  # atomic: readers never see a partial file
+        _write_port_file(settings.port_file, port, settings.metrics_port)
     log.info("listening", extra={"port": port, "metrics_port": settings.metrics_port})
 
     stop, lost = asyncio.Event(), asyncio.Event()
