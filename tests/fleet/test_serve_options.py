@@ -1,7 +1,7 @@
 """`embedfleet serve`'s own options: several models behind one gateway, each on workers of its
 own and routed by the request's `model`; API keys passed to the gateway; where the gateway binary
-is found; the one line said when it is not, or a model directory is missing, or the port is
-taken."""
+is found; the one line said when it is not, or a model directory is missing or refused, or the
+port is taken."""
 
 from __future__ import annotations
 
@@ -106,6 +106,13 @@ def test_a_missing_keys_file_model_or_gateway_binary_or_a_taken_port_is_one_line
     assert done.stderr.strip().splitlines() == [
         f"--model {tmp_path / 'nowhere'}: no such directory (a model directory, or NAME=DIR)"
     ]
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text('{"model_type": "t5", "architectures": ["T5EncoderModel"]}')
+    done = _serve_once("--model", str(t5), env=env)
+    assert done.returncode != 0
+    [line] = done.stderr.strip().splitlines()  # the worker's refusal, before any child starts
+    assert line.startswith("embedfleet serve: unsupported model: model_type 't5'")
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()

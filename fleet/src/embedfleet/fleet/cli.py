@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from embedfleet.common import logs
+from embedfleet.common.exits import EXIT_REFUSED
 from embedfleet.common.logs import LOG_FORMATS
 from embedfleet.fleet import calibrate
 from embedfleet.fleet.binary import BINARY, BINARY_ENV, GatewayBinaryError
@@ -94,6 +96,18 @@ def port_free(port: int) -> bool:
     return True
 
 
+def refusal(model: str, task: str) -> str | None:
+    """The worker's refusal of `model` for `task` (its one line), or None when it serves it:
+    asked of the worker's own check in a process, as the fleet's workers would ask it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "embedfleet.worker.architectures", model, task],
+        capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if done.returncode != EXIT_REFUSED:
+        return None
+    return done.stderr.strip().splitlines()[-1]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "calibrate":
@@ -107,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         path = served_model(value)[1]
         if not Path(path).expanduser().is_dir():
             raise SystemExit(f"--model {path}: no such directory (a model directory, or NAME=DIR)")
+        # The workers would refuse it too, but only after the gateway failed on it less clearly.
+        model = str(Path(path).expanduser()) if path else ""  # "": the bundled model
+        if (refused := refusal(model, args.task)) is not None:
+            raise SystemExit(f"embedfleet serve: {refused}")
     if not port_free(args.port):
         raise SystemExit(
             f"embedfleet serve: port {args.port} is in use; stop what holds it or choose "

@@ -140,3 +140,20 @@ def write_termination_message(path: str, line: str) -> None:
         return
     with os.fdopen(fd, "w") as out:
         out.write(line)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m embedfleet.worker.architectures MODEL [TASK]`: the refusal line on stderr and
+    exit code EXIT_REFUSED, or nothing and 0. `embedfleet serve` runs it before any child starts
+    (a process boundary: the fleet imports no worker module)."""
+    args = sys.argv[1:] if argv is None else argv
+    if not 1 <= len(args) <= 2:
+        sys.exit("usage: python -m embedfleet.worker.architectures MODEL [TASK]")
+    line = check(args[0], args[1] if len(args) == 2 else "auto")
+    if line is not None:
+        sys.stderr.write(line + "\n")
+        sys.exit(EXIT_REFUSED)
+
+
+if __name__ == "__main__":
+    main()
