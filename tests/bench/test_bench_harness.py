@@ -69,6 +69,25 @@ def test_passages_have_exact_token_lengths(tokenizer) -> None:  # type: ignore[n
     assert len({t for items in texts.values() for t in items}) == 8  # no passage reused
 
 
+def test_lengths_the_corpus_lacks_are_cut_from_longer_passages(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    # bench.stages --lengths 20 once raised KeyError: the corpus holds 32, 128 and 512 only.
+    import pydoc_data.topics
+
+    paras = [
+        p
+        for t in sorted(pydoc_data.topics.topics)[:40]
+        for p in corpus.paragraphs(pydoc_data.topics.topics[t])
+    ]
+    texts = corpus.passages(tokenizer, paras, {32: 4})
+    cut = corpus.Corpus("test", "", texts)
+    assert cut.of_length(32, tokenizer) == texts[32]
+    twenty = cut.of_length(20, tokenizer)
+    assert len(twenty) >= 3
+    assert all(len(tokenizer.encode(t).ids) == 20 for t in twenty)
+    with pytest.raises(ValueError, match="33 tokens"):
+        cut.of_length(33, tokenizer)
+
+
 def test_fidelity_flags_drift_above_a_tenth_of_a_percent() -> None:
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((4, 384)).astype(np.float32)

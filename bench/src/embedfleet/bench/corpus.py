@@ -171,6 +171,27 @@ class Corpus:
         pool = self.texts[length]
         return [pool[(offset + i) % len(pool)] for i in range(n)]
 
+    def of_length(self, length: int, tokenizer: Tokenizer | None = None) -> list[str]:
+        """The passages of exactly `length` tokens: the corpus's own for its lengths, else its
+        next longer ones cut down (`cut_to`). The tokenizer is loaded only for a cut."""
+        if length in self.texts:
+            return self.texts[length]
+        longer = sorted(n for n in self.texts if n > length)
+        if not longer:
+            raise ValueError(f"no corpus passages of {length} tokens or more: {sorted(self.texts)}")
+        tok = tokenizer or load_model_dir(default_model_path()).tokenizer()
+        return cut_to(tok, self.texts[longer[0]], length)
+
+
+def cut_to(tok: Tokenizer, texts: Sequence[str], length: int) -> list[str]:
+    """Each of `texts` cut at a word end to exactly `length` tokens; a text no cut fits is left
+    out (a word of several tokens straddling every candidate cut)."""
+    cut = (_exact_passage(tok, text, length) for text in texts)
+    out = [text for text in cut if text]
+    if not out:
+        raise ValueError(f"none of {len(texts)} passages cuts to {length} tokens")
+    return out
+
 
 def _fetch_deb(work: Path) -> tuple[Path, str]:
     """Download and unpack the package; returns (unpacked root, exact version)."""

@@ -107,21 +107,9 @@ class CpuRow:
 
 
 def exact_texts(length: int, n: int) -> list[str]:
-    """`n` corpus passages of exactly `length` tokens ([CLS] and [SEP] included): the corpus's
-    own lengths, or its 32-token passages cut at a token boundary for shorter ones."""
-    texts = corpus.load()
-    if length in texts.texts:
-        return texts.take(length, n)
-    tok = load_model_dir(default_model_path()).tokenizer()
-    out: list[str] = []
-    for text in texts.take(32, n):
-        enc = tok.encode(text)
-        # offsets of the content token that ends the cut ([CLS] is token 0)
-        end = enc.offsets[length - 2][1]
-        cut = text[:end]
-        assert len(tok.encode(cut).ids) == length, cut
-        out.append(cut)
-    return out
+    """`n` corpus passages of exactly `length` tokens ([CLS] and [SEP] included)."""
+    pool = corpus.load().of_length(length)
+    return [pool[i % len(pool)] for i in range(n)]
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ async def _measure_lengths(
     out = []
     try:
         for length in lengths:
-            texts = corpus.texts[length]
+            texts = corpus.of_length(length)
             await _requests(target, texts[-5:], 5)  # warm: connections, allocator
             gw0, wk0 = await asyncio.to_thread(scrape_all, port, worker_ports)
             latencies = await _requests(target, texts, requests)
