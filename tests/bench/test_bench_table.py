@@ -7,11 +7,12 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from embedfleet.bench import cpu_profile
+from embedfleet.bench import cpu_profile, thread_cpu
 from embedfleet.bench.cpu_profile import stage_of
 from embedfleet.bench.gateway import Row, table
 from embedfleet.bench.gateway_cpu import CpuRow, cpu_table, medians, own_ms
@@ -27,6 +28,7 @@ from embedfleet.bench.stages import (
     parse_shape,
     stage_rows,
 )
+from embedfleet.bench.stages import cpu_table as stages_cpu_table
 from embedfleet.bench.stages import table as stages_table
 from embedfleet.bench.suites import Point, SystemRun
 from embedfleet.testing.procfs import tree_cpu_seconds
@@ -247,3 +249,36 @@ def test_a_stages_layout_names_workers_threads_wait_policy_and_runtime() -> None
     assert shape == Shape(1, 2, "PASSIVE", "eager")
     assert shape.label == "1x2 passive eager"
     assert parse_shape("1x2+openvino").label == "1x2 openvino"
+    assert replace(shape, engine="null").label == "1x2 passive eager null"
+
+
+def test_thread_cpu_groups_threads_by_name_and_counts_per_request(tmp_path: Path) -> None:
+    # A fake /proc: the main thread, two numbered tokio workers, one thread named as the process.
+    for tid, comm, ns in ((7, "worker", 4_000_000), (8, "tokio-rt-worker-1", 1_000_000)):
+        _task(tmp_path, 7, tid, comm, ns)
+    _task(tmp_path, 7, 9, "tokio-rt-worker-2", 2_000_000)
+    _task(tmp_path, 7, 10, "worker", 500_000)
+    (tmp_path / "7" / "comm").write_text("worker\n")
+    before = thread_cpu.thread_ns(7, tmp_path)
+    assert before == {"main": 4_000_000, "tokio-rt-worker": 3_000_000, "unnamed threads": 500_000}
+    after = {**before, "main": 6_000_000, "event_engine": 1_000_000}
+    assert thread_cpu.per_request_us(before, after, 4) == {"main": 500.0, "event_engine": 250.0}
+    assert thread_cpu.thread_ns(99, tmp_path) == {}  # a process gone reads as nothing
+
+
+def _task(proc: Path, pid: int, tid: int, comm: str, ns: int) -> None:
+    task = proc / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True)
+    (task / "comm").write_text(comm + "\n")
+    (task / "schedstat").write_text(f"{ns} 1234 56\n")
+
+
+def test_cpu_table_totals_each_process_and_the_servers() -> None:
+    row = Breakdown(
+        "1x2", 20, 10, 1.0, 1.1, cpu_us={"gateway: main": 100.0, "worker-0: main": 300.0}
+    )
+    row.cpu_us["worker-0: event_engine"] = 50.0
+    text = stages_cpu_table([row, Breakdown("1x2 null", 20, 10, 1.0, 1.1)])
+    assert "| worker-0: event_engine | 50 | – |" in text
+    assert "| **worker-0 total** | 350 | 0 |" in text
+    assert "| **servers total** | **450** | **0** |" in text

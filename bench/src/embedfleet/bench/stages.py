@@ -21,13 +21,14 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedfleet.bench import corpus as corpus_mod
-from embedfleet.bench import peers
+from embedfleet.bench import peers, st_inprocess, thread_cpu
 from embedfleet.bench.targets import HttpTarget
 from embedfleet.common.cpus import detect_cores, layout
 from embedfleet.common.net import free_ports
@@ -59,12 +60,14 @@ class Shape:
     threads: int
     wait_policy: str = ""  # "" leaves OMP_WAIT_POLICY as the fleet decides
     runtime: str = ""  # the workers' --cpu-runtime; "" leaves their default (auto)
+    engine: str = "torch"  # the workers' --engine: torch (the model) or null (the harness alone)
 
     @property
     def label(self) -> str:
         policy = f" {self.wait_policy.lower()}" if self.wait_policy else ""
         runtime = f" {self.runtime}" if self.runtime else ""
-        return f"{self.workers}x{self.threads}{policy}{runtime}"
+        engine = f" {self.engine}" if self.engine != "torch" else ""
+        return f"{self.workers}x{self.threads}{policy}{runtime}{engine}"
 
 
 def parse_shape(text: str) -> Shape:
@@ -88,6 +91,10 @@ class Breakdown:
     stages: dict[str, float] = field(default_factory=dict)
     #: pack / forward / pool mean ms per batch, from the engine's own stages where it reports them
     split: dict[str, float] = field(default_factory=dict)
+    p99_ms: float = float("nan")
+    max_ms: float = float("nan")
+    #: "process: thread group" -> CPU µs per request (thread_cpu), client excluded
+    cpu_us: dict[str, float] = field(default_factory=dict)
 
 
 def histogram_sums(text: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -191,6 +198,7 @@ def fleet_for(shape: Shape, logs: Path) -> Fleet:
         worker_args=(
             *("--threads", str(shape.threads), "--max-input-tokens", str(peers.MAX_TOKENS)),
             *(("--cpu-runtime", shape.runtime) if shape.runtime else ()),
+            *(("--engine", shape.engine) if shape.engine != "torch" else ()),
             *kept_openvino_args(),  # as `embedfleet serve` starts its workers
         ),
         gateway_args=(
@@ -221,13 +229,21 @@ def measure_fleet(
     """One fleet of `shape`; each length's breakdown over `requests` single texts."""
     with fleet_for(shape, logs) as fleet:
         ports = [c.metrics_port for c in fleet.worker_children]
-        return asyncio.run(_measure_lengths(shape, fleet.port, ports, lengths, requests, corpus))
+        pids = {
+            c.name: c.process.pid
+            for c in fleet.children
+            if c.process is not None and c.process.poll() is None
+        }
+        return asyncio.run(
+            _measure_lengths(shape, fleet.port, ports, pids, lengths, requests, corpus)
+        )
 
 
 async def _measure_lengths(
     shape: Shape,
     port: int,
     worker_ports: Sequence[int],
+    pids: dict[str, int],
     lengths: Sequence[int],
     requests: int,
     corpus: corpus_mod.Corpus,
@@ -241,7 +257,9 @@ async def _measure_lengths(
             texts = corpus.of_length(length)
             await _requests(target, texts[-5:], 5)  # warm: connections, allocator
             gw0, wk0 = await asyncio.to_thread(scrape_all, port, worker_ports)
+            cpu0 = threads_of(pids)
             latencies = await _requests(target, texts, requests)
+            cpu1 = threads_of(pids)
             gw1, wk1 = await asyncio.to_thread(scrape_all, port, worker_ports)
             client = statistics.fmean(latencies) * 1e3
             row = Breakdown(
@@ -252,12 +270,28 @@ async def _measure_lengths(
                 client,
                 stage_rows(client, (gw0, gw1), (wk0, wk1)),
                 engine_stages((wk0, wk1)),
+                float(np.percentile(latencies, 99)) * 1e3,
+                max(latencies) * 1e3,
+                thread_cpu.per_request_us(cpu0, cpu1, requests),
             )
             out.append(row)
-            print(f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms", flush=True)
+            print(
+                f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms  "
+                f"p99 {row.p99_ms:7.2f} ms  max {row.max_ms:7.2f} ms",
+                flush=True,
+            )
     finally:
         await target.close()
     return out
+
+
+def threads_of(pids: dict[str, int]) -> dict[str, int]:
+    """CPU ns so far of each "process: thread group" of the fleet's children."""
+    return {
+        f"{name}: {group}": ns
+        for name, pid in pids.items()
+        for group, ns in thread_cpu.thread_ns(pid).items()
+    }
 
 
 def scrape_all(
@@ -293,13 +327,100 @@ def table(rows: Sequence[Breakdown]) -> str:
         + " |"
     )
     lines.append("| client p50 | | " + " | ".join(f"{r.p50_ms:.2f}" for r in rows) + " |")
+    lines.append("| client p99 | | " + " | ".join(f"{r.p99_ms:.2f}" for r in rows) + " |")
     return "\n".join(lines)
+
+
+def cpu_table(rows: Sequence[Breakdown]) -> str:
+    """Pure: CPU µs per request of each process's thread groups (one column per run), then
+    each process's total and the servers' (gateway + workers) total."""
+    groups = sorted({g for r in rows for g in r.cpu_us}, key=lambda g: (g.split(":")[0], g))
+    head = "| process: threads | " + " | ".join(f"{r.shape} @{r.length}" for r in rows) + " |"
+    lines = [head, "|" + " --- |" * (len(rows) + 1)]
+    for group in groups:
+        cells = [f"{r.cpu_us[group]:.0f}" if group in r.cpu_us else "–" for r in rows]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    processes = sorted({g.split(":")[0] for g in groups})
+    for process in processes:
+        totals = [process_cpu_us(r, process) for r in rows]
+        lines.append(f"| **{process} total** | " + " | ".join(f"{t:.0f}" for t in totals) + " |")
+    servers = [sum(r.cpu_us.values()) for r in rows]
+    lines.append("| **servers total** | " + " | ".join(f"**{t:.0f}**" for t in servers) + " |")
+    return "\n".join(lines)
+
+
+def process_cpu_us(row: Breakdown, process: str) -> float:
+    """Pure: a process's CPU µs per request, all its thread groups summed."""
+    return sum(us for g, us in row.cpu_us.items() if g.split(":")[0] == process)
+
+
+def summary_table(rows: Sequence[Breakdown], baselines: Sequence[st_inprocess.Baseline]) -> str:
+    """Pure: per length, each run's client p50 / p99 / max and the in-process baseline's."""
+    lines = [
+        "| tokens | system | p50 ms | p99 ms | max ms | p99 / p50 | CPU µs per request |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for length in sorted({r.length for r in rows} | {b.length for b in baselines}):
+        for r in (r for r in rows if r.length == length):
+            cpu = sum(r.cpu_us.values())
+            lines.append(
+                f"| {length} | embedfleet {r.shape} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+                f"{r.max_ms:.2f} | {r.p99_ms / r.p50_ms:.1f} | {cpu:.0f} (servers) |"
+            )
+        for b in (b for b in baselines if b.length == length):
+            lines.append(
+                f"| {length} | sentence-transformers {b.backend}, in-process | {b.p50_ms:.2f} | "
+                f"{b.p99_ms:.2f} | {b.max_ms:.2f} | {b.p99_ms / b.p50_ms:.1f} | "
+                f"{b.cpu_us:.0f} (its process) |"
+            )
+    return "\n".join(lines)
+
+
+def pad_us(length: int, reps: int = 200) -> float:
+    """Best µs of building one lone sequence's padded layout (the compiled runtimes' attention
+    plan: gather, inverse, mask), which the engine does inside its forward: timed here."""
+    from embedfleet.worker.engine.padded import padded_layout, plan_tensors
+
+    lengths = np.array([length], np.int64)
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        plan_tensors(padded_layout(lengths))
+        best = min(best, time.perf_counter() - started)
+    return best * 1e6
+
+
+def baselines(
+    lengths: Sequence[int], requests: int, corpus: corpus_mod.Corpus
+) -> list[st_inprocess.Baseline]:
+    """sentence-transformers in this process at each length, with every backend it can run."""
+    out = []
+    for backend in st_inprocess.backends():
+        model = st_inprocess.load(str(peers.served_model_dir()), backend)
+        for length in lengths:
+            texts = corpus.of_length(length)
+            b = st_inprocess.measure(model, backend, length, texts, requests)
+            out.append(b)
+            print(f"  st {backend:8s} {length:4d} tokens  p50 {b.p50_ms:7.2f} ms", flush=True)
+        del model
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.stages", description=__doc__)
     parser.add_argument("--requests", type=int, default=40, help="measured requests per point")
-    parser.add_argument("--lengths", default="128,512", help="tokens per text (128,512)")
+    parser.add_argument("--lengths", default="20,128,512", help="tokens per text (20,128,512)")
+    parser.add_argument(
+        "--engines",
+        default="torch,null",
+        help="the workers' --engine, each run on every layout: torch (the model) and null "
+        "(the harness alone); default %(default)s",
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip sentence-transformers in-process (run after the fleets, none running)",
+    )
     parser.add_argument(
         "--layout",
         action="append",
@@ -317,13 +438,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         decided = layout(detect_cores())
         shapes = [Shape(decided.workers, decided.threads)]
+    engines = [e for e in args.engines.split(",") if e]
     rows: list[Breakdown] = []
     for shape in shapes:
-        rows += measure_fleet(shape, lengths, args.requests, corpus, logs)
-    print()
+        for engine in engines:
+            rows += measure_fleet(
+                replace(shape, engine=engine), lengths, args.requests, corpus, logs
+            )
+    st = [] if args.no_baseline else baselines(lengths, args.requests, corpus)
+    print(f"\nstage wall time, mean ms per request ({time.strftime('%Y-%m-%d %H:%M UTC')})\n")
     print(table(rows))
+    pads = ", ".join(f"{n} tokens {pad_us(n):.0f} µs" for n in lengths)
+    print(f"\npad (padded layout of one sequence, inside forward; timed alone): {pads}")
+    print("\nCPU per request, µs, by process and thread group (/proc schedstat)\n")
+    print(cpu_table(rows))
+    print("\nclient latency, batch 1, one client\n")
+    print(summary_table(rows, st))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        doc = {"rows": [asdict(r) for r in rows], "baselines": [asdict(b) for b in st]}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 
