@@ -15,6 +15,7 @@ from embedfleet.worker.engine.graph_policy import (
     GraphKey,
     graph_mode,
     graphs_plan,
+    lone_keys,
     warmup_plan,
 )
 
@@ -282,3 +283,29 @@ def test_warmup_plan_leaves_no_capture_to_client_traffic() -> None:
     warm = graph_sim.simulate("warm", p, batches, 64, plan)
     assert warm.captures == 0
     assert warm.replayed == 1.0
+
+
+@pytest.mark.parametrize(("limit", "budget"), [(512, 16384), (32768, 16384)])
+def test_warmup_plan_captures_every_lone_request_first(limit: int, budget: int) -> None:
+    # Issue 38: a batch-1 client paid a bucket's capture (its second use, lazy mode) when the
+    # start-up plan, largest first, ran out of graphs before the small buckets.
+    policy = BucketPolicy(max_seqlen=limit)
+    lone = lone_keys(policy, limit)
+    assert len(lone) == len(set(lone)) <= 45
+    plan = warmup_plan(policy, policy.token_buckets(budget), 1 + len(lone), lone)
+    assert plan[0] == policy.capacity(budget)  # the pool-sizing graph still comes first
+    cap = policy.capacity(max(budget, limit))
+    cache = GraphCache(mode="lazy", max_tokens=cap.tokens, max_sequences=cap.sequences)
+    for key in plan:
+        assert cache.preload(key).action is Action.CAPTURE
+    for n in range(1, limit + 1, 7 if limit > 512 else 1):
+        key = policy.key(n, 1, n)
+        assert cache.decide(key, (n, 1, n)).action is Action.REPLAY, n
+
+
+def test_a_lone_key_already_planned_is_captured_once() -> None:
+    bert = BucketPolicy(max_seqlen=512)
+    lone = lone_keys(bert, 512)
+    assert [k.tokens for k in lone] == bert.token_buckets(512)  # one bucket per token bucket
+    plan = warmup_plan(bert, bert.token_buckets(16384), 64, lone)
+    assert len(plan) == len(set(plan)) == len(bert.token_buckets(16384))

@@ -300,8 +300,19 @@ class GraphCache:
         return sorted(self._failed)
 
 
+def lone_keys(policy: BucketPolicy, max_input_tokens: int) -> list[GraphKey]:
+    """Pure: the bucket of every lone request (one sequence of 1 to `max_input_tokens` tokens),
+    shortest first: the graphs a batch-1 client meets, one per token bucket and attention length
+    (13 for a 512-token BERT, ~40 for a 32k-limit model)."""
+    keys = {policy.key(n, 1, n) for n in range(1, max(1, max_input_tokens) + 1)}
+    return sorted(keys)
+
+
 def warmup_plan(
-    policy: BucketPolicy, token_buckets: Sequence[int], max_graphs: int
+    policy: BucketPolicy,
+    token_buckets: Sequence[int],
+    max_graphs: int,
+    lone: Sequence[GraphKey] = (),
 ) -> list[GraphKey]:
     """The graphs to capture before a worker serves, in capture order, at most `max_graphs`.
 
@@ -310,6 +321,10 @@ def warmup_plan(
     round largest first. Largest first because the first capture sizes the one memory pool all
     graphs share and the smaller ones then fit in it, and because a start-up budget that runs out
     leaves uncaptured the small buckets, whose lazy first uses cost the least.
+
+    `lone` (`lone_keys`) go right after the first, pool-sizing graph: a lone request is where a
+    capture is paid by one client alone (a lazy bucket's second use captures on the request's
+    path), so they are never the ones a budget or `max_graphs` leaves out.
     """
     rounds: list[list[GraphKey]] = [[], []]
     for tokens in sorted(set(token_buckets), reverse=True):
@@ -317,7 +332,8 @@ def warmup_plan(
         shortest = keys[0].attention
         rounds[0] += sorted((k for k in keys if k.attention == shortest), reverse=True)
         rounds[1] += sorted((k for k in keys if k.attention != shortest), reverse=True)
-    return (rounds[0] + rounds[1])[: max(0, max_graphs)]
+    ordered = rounds[0][:1] + list(lone) + rounds[0][1:] + rounds[1]
+    return list(dict.fromkeys(ordered))[: max(0, max_graphs)]
 
 
 @dataclass(frozen=True, slots=True)

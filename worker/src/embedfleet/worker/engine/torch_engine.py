@@ -43,6 +43,7 @@ from embedfleet.worker.engine.graph_policy import (
     Action,
     GraphCache,
     GraphKey,
+    lone_keys,
     warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
@@ -436,14 +437,16 @@ class TorchEngine:
 
     def graph_plan(self) -> list[GraphKey]:
         """The graphs captured before the worker serves, in order (`graph_policy.warmup_plan`):
-        the buckets of --graph-buckets, else every token bucket up to the batch budget."""
+        the buckets of --graph-buckets, else every lone request's bucket up to the input limit
+        and every token bucket up to the batch budget."""
         listed = self.config.graph_buckets
         sizes = (
             sorted({self.buckets.tokens(n) for n in listed})
             if listed
             else self.buckets.token_buckets(self.config.max_batch_tokens)
         )
-        plan = warmup_plan(self.buckets, sizes, self.config.max_graphs)
+        lone = () if listed else lone_keys(self.buckets, self.max_tokens)
+        plan = warmup_plan(self.buckets, sizes, self.config.max_graphs, lone)
         return [key for key in plan if self._cache.fits(key)]
 
     def warm_graphs(self, budget_seconds: float) -> GraphWarmup:
