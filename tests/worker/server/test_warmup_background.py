@@ -121,3 +121,32 @@ def test_waiting_for_idle_gives_up_after_its_patience() -> None:
 
     assert asyncio.run(wait(0)) is True
     assert asyncio.run(wait(1)) is False
+
+
+def test_a_yielding_measurement_on_a_slow_device_runs_short_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 38: on a 2-core CPU the first request after an idle second waited 0.3-0.6 s behind
+    # the probe's full batch. At 2,000 tokens/s a yielding probe keeps one request of at most
+    # YIELD_BATCH_SECONDS of work in flight, and still measures the device's rate.
+    device = FakeDevice(monkeypatch, 2000.0)
+    sizes: list[int] = []
+    in_flight = [0, 0]  # now, most
+
+    async def submit(item: WorkItem) -> FloatArray:
+        sizes.append(item.total_tokens)
+        in_flight[0] += 1
+        in_flight[1] = max(in_flight)
+        try:
+            return await device.submit(item)
+        finally:
+            in_flight[0] -= 1
+
+    stop = asyncio.Event()  # never set: no request arrives
+    rate = asyncio.run(warmup.measure_capacity(submit, **SHAPE, seconds=1.0, stop=stop))
+    assert sizes[0] == warmup.ROUGH_TOKENS  # the rough rate (warm_up paid the one-off costs)
+    assert max(sizes[1:]) <= 2000 * warmup.YIELD_BATCH_SECONDS
+    assert in_flight[1] == 1
+    assert rate == pytest.approx(2000.0, rel=0.05)
+    # A device that runs a probe request within the bound (a GPU) probes with full batches.
+    assert warmup.yielding_request_tokens(1e6, 512) is None

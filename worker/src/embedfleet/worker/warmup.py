@@ -27,6 +27,14 @@ Submit = Callable[[WorkItem], Awaitable[FloatArray]]
 MAX_INTERRUPTIONS = 3
 #: How long a background measurement waits for an idle period before it runs through the traffic.
 BUSY_PATIENCE_SECONDS = 10.0
+#: The longest one batch of a measurement that yields to traffic may run: a request arriving
+#: waits for the batch in flight. Two 512-token probe requests per batch took 0.3-0.6 s on a
+#: shared 2-core CPU, and the first request after each idle second waited that long: the p99 of
+#: batch-1 suites, 30-50x their p50 (docs/benchmarks/online_path.md).
+YIELD_BATCH_SECONDS = 0.025
+#: Tokens of the item a yielding measurement reads its rough rate from first (a 20-token query's
+#: forward is a few ms on a CPU; a 512-token item was 10x that)
+ROUGH_TOKENS = 64
 
 
 def yields_to_traffic(interruptions: int, found_idle: bool = True) -> bool:
@@ -56,6 +64,16 @@ def probe_window(rough_tokens_per_second: float, seconds: float, max_batch_token
     """
     by_time = max(1, int(rough_tokens_per_second * seconds / 4))
     return max(1, min(max_batch_tokens, by_time))
+
+
+def yielding_request_tokens(rough_tokens_per_second: float, request_tokens: int) -> int | None:
+    """Tokens of each probe request of a measurement that yields to traffic, where a probe
+    request of `request_tokens` would run past YIELD_BATCH_SECONDS at the rough rate: as many as
+    run in that time (at least 16), one request in flight at a time. None where a probe request
+    fits in it (a GPU: a few ms), which then probes with full batches as at start-up. A CPU's
+    rate varies little with batch size past a few hundred tokens, so the figure stays close."""
+    fits = int(rough_tokens_per_second * YIELD_BATCH_SECONDS)
+    return None if fits >= request_tokens else max(16, fits)
 
 
 def probe_seq_tokens(max_input_tokens: int, request_tokens: int) -> int:
@@ -118,14 +136,24 @@ async def measure_capacity(
     """
     request_tokens = request_tokens_of(max_batch_tokens)
     (first_item,) = probe_items(1, vocab_size, max_input_tokens, request_tokens, seed=1)
-    await submit(first_item)  # one-off costs: kernel loading, allocator growth
+    small = None
+    if stop is not None:
+        # A request arriving waits for the batch in flight: the rate is read from a short item
+        # first, and a slow device (a CPU) keeps its probe short (`yielding_request_tokens`).
+        short = min(request_tokens, ROUGH_TOKENS)
+        (item,) = probe_items(1, vocab_size, max_input_tokens, short, seed=1)
+        rough = await _rate(submit, item)
+        small = yielding_request_tokens(rough, request_tokens)
+    else:
+        await submit(first_item)  # one-off costs (a yielding run follows `warm_up`, which paid)
+    if small is None:
+        rough = await _rate(submit, first_item)
     if stop is not None and stop.is_set():
         return None
-    t0 = time.monotonic()
-    await submit(first_item)
-    rough = first_item.total_tokens / max(time.monotonic() - t0, 1e-6)
     window = probe_window(rough, seconds, max_batch_tokens)
     outstanding = max(2, 2 * window // request_tokens)
+    if small is not None:
+        request_tokens, outstanding = small, 1
     items = probe_items(outstanding, vocab_size, max_input_tokens, request_tokens)
 
     async def one(item: WorkItem) -> int:
@@ -164,6 +192,13 @@ async def measure_capacity(
     if first is None or last <= first:
         return rough
     return counted / (last - first)
+
+
+async def _rate(submit: Submit, item: WorkItem) -> float:
+    """Tokens/s of `item` run alone."""
+    t0 = time.monotonic()
+    await submit(item)
+    return item.total_tokens / max(time.monotonic() - t0, 1e-6)
 
 
 def _cancel(tasks: Iterable[asyncio.Task[int]]) -> None:
