@@ -4,16 +4,24 @@ What a user gets without a server: `SentenceTransformer.encode([text])`, tokeniz
 HTTP and no gRPC. The OpenVINO backend (`backend="openvino"`) needs optimum-intel, which the
 project's venv does not carry (the `st-openvino` peer installs it into a venv of its own, which
 needs PyPI); where it is missing the PyTorch backend alone runs, and the result says so.
-Measured while no fleet runs, so the two never share the cores.
+Measured while no fleet runs, so the two never share the cores. `python -m
+embedfleet.bench.st_inprocess --lengths 20,128 --requests 200` prints one JSON line per backend
+and length; bench.stages runs it as a child with the workers' OMP_WAIT_POLICY (`run`), since on
+a shared machine torch's spinning threads made a 20-token call 8x slower (269 ms against 35 ms).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -70,3 +78,37 @@ def measure(model: Any, backend: str, length: int, texts: Sequence[str], n: int)
         max(latencies) * 1e3,
         cpu / n * 1e6,
     )
+
+
+def run(lengths: Sequence[int], requests: int, threads: int) -> list[Baseline]:
+    """This module as a child process with `threads` torch threads and the OpenMP wait policy
+    the workers get for them (common.cpus.wait_policy); its baselines."""
+    from embedfleet.common.cpus import wait_policy
+
+    env = {**os.environ, "OMP_WAIT_POLICY": wait_policy(threads), "OMP_NUM_THREADS": str(threads)}
+    argv = [sys.executable, "-m", __name__, "--lengths", ",".join(map(str, lengths))]
+    proc = subprocess.run(
+        [*argv, "--requests", str(requests)], env=env, capture_output=True, text=True, check=True
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [Baseline(**json.loads(line)) for line in lines]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from embedfleet.bench import corpus, peers
+
+    parser = argparse.ArgumentParser(prog="python -m embedfleet.bench.st_inprocess")
+    parser.add_argument("--lengths", default="20,128,512")
+    parser.add_argument("--requests", type=int, default=200)
+    args = parser.parse_args(argv)
+    texts = corpus.load()
+    for backend in backends():
+        model = load(str(peers.served_model_dir()), backend)
+        for length in (int(n) for n in args.lengths.split(",") if n):
+            got = measure(model, backend, length, texts.of_length(length), args.requests)
+            print(json.dumps(asdict(got)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -61,13 +61,18 @@ class Shape:
     wait_policy: str = ""  # "" leaves OMP_WAIT_POLICY as the fleet decides
     runtime: str = ""  # the workers' --cpu-runtime; "" leaves their default (auto)
     engine: str = "torch"  # the workers' --engine: torch (the model) or null (the harness alone)
+    #: the worker executable and its label ("": this environment's): --also-worker, e.g. the
+    #: main checkout's venv, to compare a change with what it changes in the same run
+    worker: str = ""
+    tag: str = ""
 
     @property
     def label(self) -> str:
         policy = f" {self.wait_policy.lower()}" if self.wait_policy else ""
         runtime = f" {self.runtime}" if self.runtime else ""
         engine = f" {self.engine}" if self.engine != "torch" else ""
-        return f"{self.workers}x{self.threads}{policy}{runtime}{engine}"
+        tag = f" {self.tag}" if self.tag else ""
+        return f"{self.workers}x{self.threads}{policy}{runtime}{engine}{tag}"
 
 
 def parse_shape(text: str) -> Shape:
@@ -95,6 +100,8 @@ class Breakdown:
     max_ms: float = float("nan")
     #: "process: thread group" -> CPU µs per request (thread_cpu), client excluded
     cpu_us: dict[str, float] = field(default_factory=dict)
+    #: client ms of each request sent after an idle pause (Plan.idle_probes)
+    after_idle_ms: list[float] = field(default_factory=list)
 
 
 def histogram_sums(text: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -216,6 +223,8 @@ def fleet_for(shape: Shape, logs: Path) -> Fleet:
     )
     fleet.plan()
     for child in fleet.worker_children:
+        if shape.worker:
+            child.argv[0] = shape.worker
         if shape.wait_policy == "DEFAULT":  # libgomp's own: spin a while, then sleep
             child.env.pop("OMP_WAIT_POLICY", None)
         elif shape.wait_policy:
@@ -223,10 +232,22 @@ def fleet_for(shape: Shape, logs: Path) -> Fleet:
     return fleet
 
 
+@dataclass(frozen=True)
+class Plan:
+    lengths: Sequence[int]
+    #: measured requests per length, one after another
+    requests: int
+    #: then this many single requests, each after `idle_seconds` without one: what a request
+    #: arriving at an idle worker meets (its background capacity measurement starts after
+    #: --capacity-idle-seconds, 1 s)
+    idle_probes: int = 3
+    idle_seconds: float = 1.5
+
+
 def measure_fleet(
-    shape: Shape, lengths: Sequence[int], requests: int, corpus: corpus_mod.Corpus, logs: Path
+    shape: Shape, plan: Plan, corpus: corpus_mod.Corpus, logs: Path
 ) -> list[Breakdown]:
-    """One fleet of `shape`; each length's breakdown over `requests` single texts."""
+    """One fleet of `shape`; each length's breakdown over `plan.requests` single texts."""
     with fleet_for(shape, logs) as fleet:
         ports = [c.metrics_port for c in fleet.worker_children]
         pids = {
@@ -234,9 +255,7 @@ def measure_fleet(
             for c in fleet.children
             if c.process is not None and c.process.poll() is None
         }
-        return asyncio.run(
-            _measure_lengths(shape, fleet.port, ports, pids, lengths, requests, corpus)
-        )
+        return asyncio.run(_measure_lengths(shape, fleet.port, ports, pids, plan, corpus))
 
 
 async def _measure_lengths(
@@ -244,8 +263,7 @@ async def _measure_lengths(
     port: int,
     worker_ports: Sequence[int],
     pids: dict[str, int],
-    lengths: Sequence[int],
-    requests: int,
+    plan: Plan,
     corpus: corpus_mod.Corpus,
 ) -> list[Breakdown]:
     target = HttpTarget(
@@ -253,7 +271,8 @@ async def _measure_lengths(
     )
     out = []
     try:
-        for length in lengths:
+        requests = plan.requests
+        for length in plan.lengths:
             texts = corpus.of_length(length)
             await _requests(target, texts[-5:], 5)  # warm: connections, allocator
             gw0, wk0 = await asyncio.to_thread(scrape_all, port, worker_ports)
@@ -274,10 +293,15 @@ async def _measure_lengths(
                 max(latencies) * 1e3,
                 thread_cpu.per_request_us(cpu0, cpu1, requests),
             )
+            for i in range(plan.idle_probes):
+                await asyncio.sleep(plan.idle_seconds)
+                (after_idle,) = await _requests(target, texts[i:], 1)
+                row.after_idle_ms.append(after_idle * 1e3)
             out.append(row)
             print(
                 f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms  "
-                f"p99 {row.p99_ms:7.2f} ms  max {row.max_ms:7.2f} ms",
+                f"p99 {row.p99_ms:7.2f} ms  max {row.max_ms:7.2f} ms  after idle "
+                + " ".join(f"{ms:.1f}" for ms in row.after_idle_ms),
                 flush=True,
             )
     finally:
@@ -357,21 +381,24 @@ def process_cpu_us(row: Breakdown, process: str) -> float:
 def summary_table(rows: Sequence[Breakdown], baselines: Sequence[st_inprocess.Baseline]) -> str:
     """Pure: per length, each run's client p50 / p99 / max and the in-process baseline's."""
     lines = [
-        "| tokens | system | p50 ms | p99 ms | max ms | p99 / p50 | CPU µs per request |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| tokens | system | p50 ms | p99 ms | max ms | p99 / p50 | CPU µs per request "
+        "| after an idle pause, ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for length in sorted({r.length for r in rows} | {b.length for b in baselines}):
         for r in (r for r in rows if r.length == length):
             cpu = sum(r.cpu_us.values())
             lines.append(
                 f"| {length} | embedfleet {r.shape} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-                f"{r.max_ms:.2f} | {r.p99_ms / r.p50_ms:.1f} | {cpu:.0f} (servers) |"
+                f"{r.max_ms:.2f} | {r.p99_ms / r.p50_ms:.1f} | {cpu:.0f} (servers) | "
+                + ", ".join(f"{ms:.1f}" for ms in r.after_idle_ms)
+                + " |"
             )
         for b in (b for b in baselines if b.length == length):
             lines.append(
                 f"| {length} | sentence-transformers {b.backend}, in-process | {b.p50_ms:.2f} | "
                 f"{b.p99_ms:.2f} | {b.max_ms:.2f} | {b.p99_ms / b.p50_ms:.1f} | "
-                f"{b.cpu_us:.0f} (its process) |"
+                f"{b.cpu_us:.0f} (its process) | |"
             )
     return "\n".join(lines)
 
@@ -390,19 +417,11 @@ def pad_us(length: int, reps: int = 200) -> float:
     return best * 1e6
 
 
-def baselines(
-    lengths: Sequence[int], requests: int, corpus: corpus_mod.Corpus
-) -> list[st_inprocess.Baseline]:
-    """sentence-transformers in this process at each length, with every backend it can run."""
-    out = []
-    for backend in st_inprocess.backends():
-        model = st_inprocess.load(str(peers.served_model_dir()), backend)
-        for length in lengths:
-            texts = corpus.of_length(length)
-            b = st_inprocess.measure(model, backend, length, texts, requests)
-            out.append(b)
-            print(f"  st {backend:8s} {length:4d} tokens  p50 {b.p50_ms:7.2f} ms", flush=True)
-        del model
+def baselines(lengths: Sequence[int], requests: int, threads: int) -> list[st_inprocess.Baseline]:
+    """sentence-transformers in a process of its own, as many threads as a worker has."""
+    out = st_inprocess.run(lengths, requests, threads)
+    for b in out:
+        print(f"  st {b.backend:8s} {b.length:4d} tokens  p50 {b.p50_ms:7.2f} ms", flush=True)
     return out
 
 
@@ -416,6 +435,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the workers' --engine, each run on every layout: torch (the model) and null "
         "(the harness alone); default %(default)s",
     )
+    parser.add_argument(
+        "--also-worker",
+        action="append",
+        default=[],
+        metavar="TAG=PATH",
+        help="also run every layout and engine with this embedfleet-worker executable (e.g. "
+        "before=/path/to/main/.venv/bin/embedfleet-worker), labelled TAG; repeatable",
+    )
+    parser.add_argument("--idle-probes", type=int, default=3, help="requests after idle pauses")
     parser.add_argument(
         "--no-baseline",
         action="store_true",
@@ -439,13 +467,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         decided = layout(detect_cores())
         shapes = [Shape(decided.workers, decided.threads)]
     engines = [e for e in args.engines.split(",") if e]
+    workers = [("", ""), *(tuple(w.split("=", 1)) for w in args.also_worker)]
+    plan = Plan(lengths, args.requests, args.idle_probes)
     rows: list[Breakdown] = []
     for shape in shapes:
         for engine in engines:
-            rows += measure_fleet(
-                replace(shape, engine=engine), lengths, args.requests, corpus, logs
-            )
-    st = [] if args.no_baseline else baselines(lengths, args.requests, corpus)
+            for tag, path in workers:
+                run = replace(shape, engine=engine, tag=tag, worker=path)
+                rows += measure_fleet(run, plan, corpus, logs)
+    threads = shapes[0].threads
+    st = [] if args.no_baseline else baselines(lengths, args.requests, threads)
     print(f"\nstage wall time, mean ms per request ({time.strftime('%Y-%m-%d %H:%M UTC')})\n")
     print(table(rows))
     pads = ", ".join(f"{n} tokens {pad_us(n):.0f} µs" for n in lengths)
