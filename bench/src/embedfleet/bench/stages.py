@@ -33,7 +33,7 @@ from embedfleet.bench.targets import HttpTarget
 from embedfleet.common.cpus import detect_cores, layout
 from embedfleet.common.net import free_ports
 from embedfleet.fleet.supervisor import Fleet, kept_openvino_args
-from embedfleet.testing.workers import scrape
+from embedfleet.testing.workers import metric_value, scrape
 
 #: (row label, process, what it covers), in the order a request meets them
 ROWS = (
@@ -237,11 +237,13 @@ class Plan:
     lengths: Sequence[int]
     #: measured requests per length, one after another
     requests: int
-    #: then this many single requests, each after `idle_seconds` without one: what a request
-    #: arriving at an idle worker meets (its background capacity measurement starts after
-    #: --capacity-idle-seconds, 1 s)
+    #: first, from the fleet's start, this many single requests at the first length, each after
+    #: `idle_seconds` without one: what a request arriving at a worker idle since it started
+    #: meets (its background capacity measurement starts after --capacity-idle-seconds, 1 s);
+    #: then the fleet settles (its capacity measured, so no probe runs) before the lengths
     idle_probes: int = 3
     idle_seconds: float = 1.5
+    settle_seconds: float = 60.0
 
 
 def measure_fleet(
@@ -269,8 +271,16 @@ async def _measure_lengths(
     target = HttpTarget(
         "embedfleet", "127.0.0.1", port, peers.SERVED_NAME, "/v1/embeddings", "embed"
     )
-    out = []
+    out: list[Breakdown] = []
     try:
+        after_idle = []
+        for i in range(plan.idle_probes):
+            await asyncio.sleep(plan.idle_seconds)
+            texts = corpus.of_length(plan.lengths[0])
+            (ms,) = await _requests(target, texts[i:], 1)
+            after_idle.append(ms * 1e3)
+        settled = await asyncio.to_thread(settle, worker_ports, plan.settle_seconds)
+        print(f"  {shape.label}: capacity measured {settled:.1f} s after the idle probes")
         requests = plan.requests
         for length in plan.lengths:
             texts = corpus.of_length(length)
@@ -293,10 +303,8 @@ async def _measure_lengths(
                 max(latencies) * 1e3,
                 thread_cpu.per_request_us(cpu0, cpu1, requests),
             )
-            for i in range(plan.idle_probes):
-                await asyncio.sleep(plan.idle_seconds)
-                (after_idle,) = await _requests(target, texts[i:], 1)
-                row.after_idle_ms.append(after_idle * 1e3)
+            if not out:
+                row.after_idle_ms = after_idle
             out.append(row)
             print(
                 f"  {shape.label:12s} {length:4d} tokens  p50 {row.p50_ms:7.2f} ms  "
@@ -307,6 +315,18 @@ async def _measure_lengths(
     finally:
         await target.close()
     return out
+
+
+def settle(worker_ports: Sequence[int], timeout: float) -> float:
+    """Seconds until every worker reports a measured capacity (its background probe done, so
+    none runs during the measured requests); gives up after `timeout`."""
+    started = time.monotonic()
+    name = "embedfleet_worker_capacity_tokens_per_second"
+    while time.monotonic() - started < timeout:
+        if all(metric_value(scrape(p), name) > 0 for p in worker_ports):
+            break
+        time.sleep(0.25)
+    return time.monotonic() - started
 
 
 def threads_of(pids: dict[str, int]) -> dict[str, int]:
@@ -382,7 +402,7 @@ def summary_table(rows: Sequence[Breakdown], baselines: Sequence[st_inprocess.Ba
     """Pure: per length, each run's client p50 / p99 / max and the in-process baseline's."""
     lines = [
         "| tokens | system | p50 ms | p99 ms | max ms | p99 / p50 | CPU µs per request "
-        "| after an idle pause, ms |",
+        "| after an idle pause from start, ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for length in sorted({r.length for r in rows} | {b.length for b in baselines}):
