@@ -280,7 +280,9 @@ async def _measure_lengths(
             (ms,) = await _requests(target, texts[i:], 1)
             after_idle.append(ms * 1e3)
         settled = await asyncio.to_thread(settle, worker_ports, plan.settle_seconds)
-        print(f"  {shape.label}: capacity measured {settled:.1f} s after the idle probes")
+        print(
+            f"  {shape.label}: capacity measured {settled:.1f} s after the idle probes", flush=True
+        )
         requests = plan.requests
         for length in plan.lengths:
             texts = corpus.of_length(length)
@@ -465,6 +467,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--idle-probes", type=int, default=3, help="requests after idle pauses")
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat every fleet this many times, the workers' order reversed each round (a "
+        "shared machine's load drifts: what runs first is not favoured), labelled #1, #2, ...",
+    )
+    parser.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip sentence-transformers in-process (run after the fleets, none running)",
@@ -492,9 +501,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Breakdown] = []
     for shape in shapes:
         for engine in engines:
-            for tag, path in workers:
-                run = replace(shape, engine=engine, tag=tag, worker=path)
-                rows += measure_fleet(run, plan, corpus, logs)
+            for r in range(args.rounds):
+                for tag, path in workers if r % 2 == 0 else workers[::-1]:
+                    label = f"{tag} #{r + 1}".strip() if args.rounds > 1 else tag
+                    run = replace(shape, engine=engine, tag=label, worker=path)
+                    rows += measure_fleet(run, plan, corpus, logs)
     threads = shapes[0].threads
     st = [] if args.no_baseline else baselines(lengths, args.requests, threads)
     print(f"\nstage wall time, mean ms per request ({time.strftime('%Y-%m-%d %H:%M UTC')})\n")
