@@ -3,10 +3,11 @@
 Suites latency, scoring, throughput and concurrency run side by side against the peers
 (compare.py). The other benchmark modules are dispatched by name, with the rest of the command
 line as their own arguments: `engine`, `cpu-paths`, `worker`, `gateway`, `autoscale`, `formats`,
-`tracing`, `stages` (the per-stage breakdown at batch 1), `layouts` (workers x threads of
-`embedfleet serve`), `families` (a row of 16-client queries per encoder family); plus the
-helpers `corpus` (rebuild the corpus) and `install-peers`. No suite
-named runs the five comparison suites, then those modules with their defaults.
+`tracing`, `stages` (the per-stage breakdown at batch 1), `first-use` (a new length's first
+run on the CPU engine), `busy-start` (a lone client from a fleet's start, never pausing),
+`layouts` (workers x threads of `embedfleet serve`), `families` (a row of 16-client queries
+per encoder family); plus the helpers `corpus` (rebuild the corpus) and `install-peers`. No
+suite named runs the five comparison suites, then those modules with their defaults.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ MODULES = {
     "formats": "embedfleet.bench.formats",
     "tracing": "embedfleet.bench.tracing",
     "stages": "embedfleet.bench.stages",
+    "first-use": "embedfleet.bench.first_use",
+    "busy-start": "embedfleet.bench.busy_start",
     "layouts": "embedfleet.bench.layouts",
     "families": "embedfleet.bench.families",
 }
