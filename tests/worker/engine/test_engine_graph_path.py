@@ -19,7 +19,7 @@ from embedfleet.worker.engine import torch_engine
 from embedfleet.worker.engine.attention import VarlenBackend, relative_positions, visible
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors
 from embedfleet.worker.engine.config import EngineConfig
-from embedfleet.worker.engine.graph_policy import GraphKey
+from embedfleet.worker.engine.graph_policy import GraphKey, lone_keys
 from embedfleet.worker.engine.graph_runner import Body
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
@@ -269,15 +269,24 @@ def test_warm_up_captures_the_plan_largest_first_within_its_budget(
     runner.capture = timed  # type: ignore[method-assign]
     monkeypatch.setattr(torch_engine.time, "monotonic", lambda: clock[0])
     plan = engine.graph_plan()
-    assert [k.tokens for k in plan] == engine.buckets.token_buckets(4096)[::-1]
+    # The pool-sizing largest bucket, then every lone request's (issue 38: a batch-1 client paid
+    # the capture a budget left out), then the other token buckets, largest first.
+    lone = lone_keys(engine.buckets, 512)
+    assert plan[0].tokens == 4096
+    assert plan[1 : 1 + len(lone)] == lone
+    rest = [t for t in engine.buckets.token_buckets(4096)[::-1] if 512 < t < 4096]
+    assert [k.tokens for k in plan[1 + len(lone) :]] == rest
     warm = engine.warm_graphs(budget_seconds=10.0)
-    # 4096 + 3584 + 3072 tokens take 10.5 "s": the budget stops it after the third capture.
-    assert [k.tokens for k in runner.live][::-1] == [4096, 3584, 3072]
-    assert (warm.planned, warm.captured, warm.live) == (len(plan), 3, 3)
-    assert engine.counters().captures == 3
-    # A client batch in a captured bucket replays at once: no eager first use, no capture.
-    seqs = [next(s[:200] for s in minilm_sequences if len(s) >= 200)] * 14
-    assert engine.buckets.tokens(sum(map(len, seqs))) == 3072
-    engine.run([item(seqs)])
+    # 4096 (4 "s"), the 13 lone buckets (2,976 tokens) and 3584 take 10.4 "s": the budget stops
+    # it there.
+    assert {k.tokens for k in runner.live} == {4096, 3584} | {k.tokens for k in lone}
+    assert (warm.planned, warm.captured, warm.live) == (len(plan), 15, 15)
+    assert engine.counters().captures == 15
+    # A client batch in a captured bucket, and a lone request, replay at once: no eager first
+    # use, no capture.
+    text = next(s[:200] for s in minilm_sequences if len(s) >= 200)
+    assert engine.buckets.tokens(200 * 16) == 3584
+    engine.run([item([text] * 16)])
+    engine.run([item([text])])
     c = engine.counters()
-    assert (c.eager_runs, c.captures, c.replays) == (0, 3, 1)
+    assert (c.eager_runs, c.captures, c.replays) == (0, 15, 2)
