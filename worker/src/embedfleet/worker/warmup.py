@@ -28,9 +28,9 @@ MAX_INTERRUPTIONS = 3
 #: How long a background measurement waits for an idle period before it runs through the traffic.
 BUSY_PATIENCE_SECONDS = 10.0
 #: The longest one batch of a measurement that yields to traffic may run: a request arriving
-#: waits for the batch in flight. Two 512-token probe requests per batch took 0.3-0.6 s on a
-#: shared 2-core CPU, and the first request after each idle second waited that long: the p99 of
-#: batch-1 suites, 30-50x their p50 (docs/benchmarks/online_path.md).
+#: waits for the batch in flight. The probe's full batches made the first request after an idle
+#: second wait 0.3-1.3 s on a shared 2-core CPU (p50 7-100 ms): the p99 of batch-1 suites, 30-50x
+#: their p50; 14-34 ms with this bound (docs/benchmarks/online_path.md).
 YIELD_BATCH_SECONDS = 0.025
 #: Tokens of the item a yielding measurement reads its rough rate from first (a 20-token query's
 #: forward is a few ms on a CPU; a 512-token item was 10x that)
@@ -70,8 +70,9 @@ def yielding_request_tokens(rough_tokens_per_second: float, request_tokens: int)
     """Tokens of each probe request of a measurement that yields to traffic, where a probe
     request of `request_tokens` would run past YIELD_BATCH_SECONDS at the rough rate: as many as
     run in that time (at least 16), one request in flight at a time. None where a probe request
-    fits in it (a GPU: a few ms), which then probes with full batches as at start-up. A CPU's
-    rate varies little with batch size past a few hundred tokens, so the figure stays close."""
+    fits in it (a GPU: a few ms), which then probes with full batches as at start-up. On a
+    2-core CPU the capacity measured so stayed within noise of the full batches' (4,024 and
+    4,226 tokens/s against 4,086 and 4,567, online_path.md)."""
     fits = int(rough_tokens_per_second * YIELD_BATCH_SECONDS)
     return None if fits >= request_tokens else max(16, fits)
 
