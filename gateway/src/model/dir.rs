@@ -376,3 +376,57 @@ impl ModelDir {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model directory under the system's temp folder holding `files` (name, text).
+    fn model_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("embedfleet-dir-{}-{name}", std::process::id()));
+        for (file, text) in files {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn multivector_is_pylates_layout_or_bge_m3_when_asked() {
+        let config = r#"{"model_type":"bert","architectures":["BertModel"]}"#;
+        let pylate = model_dir(
+            "pylate",
+            &[
+                ("config.json", config),
+                (
+                    "modules.json",
+                    r#"[{"path":"","type":"sentence_transformers.models.Transformer"},
+                        {"path":"1_Dense","type":"pylate.models.Dense.Dense"}]"#,
+                ),
+            ],
+        );
+        let bge_m3 = model_dir(
+            "bge-m3",
+            &[("config.json", config), ("colbert_linear.pt", "")],
+        );
+        let plain = model_dir("plain", &[("config.json", config)]);
+        let task = |path: &Path, task: &str| {
+            let config = read_json(&path.join("config.json")).unwrap().unwrap();
+            let modules = read_json(&path.join("modules.json"))
+                .unwrap()
+                .unwrap_or(Value::Null);
+            head(path, &config, &modules, 1, task).map(|(t, _)| t)
+        };
+        assert_eq!(task(&pylate, "auto"), Ok(Task::MultiVector));
+        assert_eq!(task(&bge_m3, "auto"), Ok(Task::Embed));
+        assert_eq!(task(&bge_m3, "multivector"), Ok(Task::MultiVector));
+        assert!(task(&plain, "multivector")
+            .unwrap_err()
+            .contains("needs a per-token projection"));
+        for dir in [pylate, bge_m3, plain] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}

@@ -59,3 +59,19 @@ def test_bge_m3_token_vectors_match_its_recipe(
     # One input alone gives its rows of the batch.
     [alone] = bge_m3.run([WorkItem(tokens(seqs[:1]))])
     assert min_cosine(alone, ref[0]) >= 0.999
+
+
+def test_pylate_colbert_vectors_every_token(family_dirs: FamilyDirs) -> None:
+    """A PyLate layout (Dense right after the transformer) is multivector on auto and keeps
+    every token, its first included."""
+    path = family_dirs.get("pylate-colbert")
+    model = load_model_dir(path)
+    assert (model.task, model.head) == ("multivector", "colbert")
+    eng = cached_engine(EngineConfig(model=str(path), device="cpu", dtype="float32"))
+    assert eng.info.dimensions == 24
+    tok = model.tokenizer()
+    seqs = [tok.encode(t).ids for t in (*families.TEXTS[:3], "hi")]
+    [got] = eng.run([WorkItem(tokens(seqs))])
+    want = np.concatenate(families.pylate_colbert_vectors(path, seqs))
+    assert got.shape == want.shape == (sum(map(len, seqs)), 24)
+    assert min_cosine(got, want) >= 0.999

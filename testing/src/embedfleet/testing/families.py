@@ -284,6 +284,23 @@ def bge_m3_colbert(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
     return [np.asarray(vectors[i, : len(s) - 1].numpy(), np.float32) for i, s in enumerate(seqs)]
 
 
+def pylate_colbert_vectors(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
+    """A PyLate ColBERT's token vectors as its modules compute them: the last hidden state of
+    every token through the Dense module's linear map, L2-normalized (its skip-list left out)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(path))
+    model.eval()
+    weight = load_file(str(path / "1_Dense" / "model.safetensors"))["linear.weight"]
+    ids, mask = _padded(seqs, 0)
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        vectors = torch.nn.functional.normalize(hidden @ weight.T, dim=-1)
+    return [np.asarray(vectors[i, : len(s)].numpy(), np.float32) for i, s in enumerate(seqs)]
+
+
 def small_bert(tok: Tokenizer) -> dict[str, Any]:
     """BERT at 2 x 64 with 4 heads for `tok`'s vocabulary, weights wide enough to tell apart."""
     return {
@@ -481,7 +498,7 @@ def _save_tokenizer(tok: Tokenizer, path: Path, pad: str) -> None:
 
 def sentence_transformers_modules(
     path: Path,
-    pooling: str,
+    pooling: str | None,
     *,
     dense: Sequence[tuple[int, int, str] | tuple[int, int, str, bool]] = (),
     normalize: bool = True,
@@ -493,7 +510,8 @@ def sentence_transformers_modules(
     """The files sentence-transformers keeps next to a transformer: modules.json, the Pooling
     config (`pooling_mode`, or the older boolean flags), Dense modules as (in, out, torch.nn
     activation class[, bias: default True]) with random weights, Normalize, prompts and
-    max_seq_length."""
+    max_seq_length. No `pooling`: no Pooling module, the Dense modules straight after the
+    transformer (PyLate's ColBERT layout)."""
     import torch
     from safetensors.torch import save_file
 
@@ -525,7 +543,8 @@ def sentence_transformers_modules(
         pool_cfg.update(
             {f"pooling_mode_{f}": m == pooling for m, f in zip(modes, flags, strict=True)}
         )
-    (add("Pooling") / "config.json").write_text(json.dumps(pool_cfg))
+    if pooling is not None:
+        (add("Pooling") / "config.json").write_text(json.dumps(pool_cfg))
     _seed(seed)
     for n_in, n_out, act, *bias in dense:
         folder = add("Dense")
@@ -582,7 +601,7 @@ MODERNBERT: dict[str, Any] = {
 
 
 def _embedder(
-    path: Path, model: Any, tok: Tokenizer, pad: str, pooling: str = "mean", **modules: Any
+    path: Path, model: Any, tok: Tokenizer, pad: str, pooling: str | None = "mean", **modules: Any
 ) -> Path:
     """A transformer saved with its tokenizer (both formats) and sentence-transformers modules."""
     _save(model, tok, path)
@@ -644,6 +663,18 @@ def bert_dense(path: Path, pooling: str = "cls", seed: int = 0) -> Path:
     _seed(seed)
     model = BertModel(config)
     return _embedder(path, model, tok, "[PAD]", pooling, dense=dense, legacy_flags=True, seed=seed)
+
+
+def pylate_colbert(path: Path, seed: int = 0) -> Path:
+    """BertModel as PyLate saves a ColBERT (answerai-colbert-small-v1: 384 -> 96): a Dense
+    module without bias or activation straight after the transformer, no pooling."""
+    from transformers import BertConfig, BertModel
+
+    tok = wordpiece_tokenizer()
+    _seed(seed)
+    model = BertModel(BertConfig(**small_bert(tok)), add_pooling_layer=False)
+    dense = ((64, 24, "Identity", False),)
+    return _embedder(path, model, tok, "[PAD]", None, dense=dense, normalize=False, seed=seed)
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -767,6 +798,7 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "Qwen3-Reranker-8B": lambda p: qwen3_reranker(p, "Qwen3-Reranker-8B"),
     "splade": splade,
     "bge-m3": bge_m3,
+    "pylate-colbert": pylate_colbert,
     "finbert": finbert,
     "go_emotions": go_emotions,
     **{name: functools.partial(decoder_embedder, published=name) for name in DECODERS},
