@@ -68,7 +68,7 @@ def test_a_served_type_for_another_task_is_refused(tmp_path: Path) -> None:
               "hidden_size": 8, "vocab_size": 10, "num_labels": 1}  # fmt: skip
     line = check(str(model_dir(tmp_path, config)), "auto")
     assert line is not None
-    assert "served for embed only, not score" in line
+    assert "served for embed, multivector only, not score" in line
     assert check(str(model_dir(tmp_path / "e", {**config, "architectures": []})), "embed") is None
 
 
