@@ -109,7 +109,8 @@ pub struct Settings {
     /// Model directory or file:// URL (empty: the bundled all-MiniLM-L6-v2)
     #[arg(long, env = "EMBEDFLEET_GATEWAY_MODEL", default_value = "")]
     pub model: String,
-    /// What the model is served as: auto (from its checkpoint), embed, score, classify, sparse
+    /// What the model is served as: auto (from its checkpoint), embed, score, classify, sparse,
+    /// multivector
     #[arg(long, env = "EMBEDFLEET_GATEWAY_TASK", default_value = "auto")]
     pub task: String,
     /// The name requests use in `model` (empty: the model's own)

@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from embedfleet.operator.autoscaling.autoscaler import event, metrics_urls
-from embedfleet.operator.manifests import Images, Owner, children
+from embedfleet.operator.manifests import Images, Owner
+from embedfleet.operator.render.fleet import children
 from embedfleet.operator.spec import parse_spec
 
 BODY = {

@@ -18,7 +18,6 @@ ALLOWED = {
     "bench/src/embedfleet/bench/operator_scale.py:markdown": 81,
     "operator/src/embedfleet/operator/autoscaling/policy.py:decide": 109,
     "operator/src/embedfleet/operator/reconciler.py:Reconciler.reconcile": 111,
-    "worker/src/embedfleet/worker/metrics.py:WorkerMetrics.__init__": 105,
 }
 
 

@@ -4,11 +4,13 @@ Two rules keep the components apart and a newcomer's reading one-way: no import 
 (imports inside functions count: they still make two modules depend on each other), and a
 component imports no other component but `common`. The test harness (`testing`) may import
 anything; the benchmarks (`bench`) may import the components they measure and the harness.
+The operator's rendering (`operator/render/`) imports only the spec, the names and itself.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -145,3 +147,21 @@ def test_no_import_cycles() -> None:
 def test_components_import_only_common() -> None:
     found = forbidden_imports(GRAPH)
     assert not found, "imports across components:\n" + "\n".join("  " + f for f in found)
+
+
+def test_the_operators_rendering_stays_pure() -> None:
+    """operator/render/ turns specs into objects: it reads the spec and the names in manifests.py,
+    and nothing that talks to a cluster (no kube client, informer, reconciler, no third party)."""
+    files = module_files()
+    render = [m for m in files if m.startswith("embedfleet.operator.render")]
+    assert len(render) >= 7
+    allowed = {"embedfleet.operator.manifests", "embedfleet.operator.spec"}
+    for module in render:
+        outside = {t for t in GRAPH[module] if not t.startswith("embedfleet.operator.render")}
+        assert outside <= allowed, f"{module} imports {sorted(outside - allowed)}"
+        tree = ast.parse(files[module].read_text())
+        roots = {
+            name.split(".")[0]
+            for name in _imported(module, files[module].name == "__init__.py", tree)
+        }
+        assert roots <= {"embedfleet", "__future__", *sys.stdlib_module_names}, module

@@ -177,6 +177,11 @@ CASES: dict[str, tuple[str, Any, int, str | None, str | None, str]] = {
                                                      {"input": "a", "threshold": -1}, 400,
                                                      "threshold", None,
                                                      "greater than or equal to 0"),
+    "multi-vector on an embedding model": ("/v1/multi-vector", {"input": ["a"]}, 400, "model",
+                                           None, "/v1/multi-vector needs a multi-vector "
+                                           "(ColBERT) model. Use /v1/embeddings"),
+    "multi-vector a bad encoding": ("/v1/multi-vector", {"input": "a", "encoding_format": "int8"},
+                                    400, "encoding_format", None, "'float' or 'base64'"),
 }  # fmt: skip
 
 
@@ -305,7 +310,7 @@ def test_the_document_states_the_rules_and_every_status(fakes: Gateway) -> None:
     assert schemas["EmbeddingRequest"]["properties"]["truncate"]["type"] == "boolean"
     every = {"200", "400", "404", "405", "408", "413", "415", "429", "502", "503", "504"}
     for path in ("/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/classify",
-                 "/v1/sparse_embeddings"):  # fmt: skip
+                 "/v1/sparse_embeddings", "/v1/multi-vector"):  # fmt: skip
         responses = doc["paths"][path]["post"]["responses"]
         assert every <= set(responses), path
         assert "Allow" in responses["405"]["headers"]

@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 
 from embedfleet.common.modeldir import default_model_path
-from embedfleet.operator.manifests import Images, Owner, gateway_env
-from embedfleet.operator.shared_gateway import members, objects, routable
+from embedfleet.operator.manifests import Images, Owner
+from embedfleet.operator.render.gateway import gateway_env
+from embedfleet.operator.render.shared_gateway import members, objects, routable
 from embedfleet.operator.spec import parse_spec
 from embedfleet.testing.gateway import running_gateway
 

@@ -28,10 +28,12 @@ OPERATIONS = [
     ("POST", "/v1/score"),
     ("POST", "/v1/classify"),
     ("POST", "/v1/sparse_embeddings"),
+    ("POST", "/v1/multi-vector"),
     # TEI's and Cohere's routes (docs/clients.md)
     ("POST", "/"),
     ("POST", "/embed"),
     ("POST", "/embed_sparse"),
+    ("POST", "/embed_all"),
     ("POST", "/rerank"),
     ("POST", "/predict"),
     ("POST", "/similarity"),

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from embedfleet.operator.manifests import Images, Owner, children
+from embedfleet.operator.manifests import Images, Owner
+from embedfleet.operator.render.fleet import children
 from embedfleet.operator.settings import (
     DEFAULT_GATEWAY_IMAGE,
     DEFAULT_WORKER_CPU_IMAGE,

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from embedfleet.common.net import free_ports
-from embedfleet.operator.manifests import Owner, service_monitor
+from embedfleet.operator.manifests import Owner
+from embedfleet.operator.render.monitoring import service_monitor
 from embedfleet.operator.spec import parse_spec
 from embedfleet.testing.polling import wait_for
 from embedfleet.testing.promconfig import (

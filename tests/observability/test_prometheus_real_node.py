@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
-from embedfleet.operator.manifests import Owner, service_monitor
+from embedfleet.operator.manifests import Owner
+from embedfleet.operator.render.monitoring import service_monitor
 from embedfleet.operator.spec import parse_spec
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.promconfig import compress_rules, http_sd, kubernetes_sd, monitor_jobs

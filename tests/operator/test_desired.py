@@ -14,8 +14,9 @@ from embedfleet.operator.desired import (
 )
 from embedfleet.operator.informer import Bodies, Change, newer, trim
 from embedfleet.operator.kube import Kube, KubeError, resource_of
-from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner, children
+from embedfleet.operator.manifests import LABEL_OWNER, Images, Owner
 from embedfleet.operator.reconciler import Reconciler
+from embedfleet.operator.render.fleet import children
 from embedfleet.operator.spec import parse_spec
 
 from .fakes import TERMINATING_STATUS, NoFleetsKube, TerminatingNamespaceKube

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from embedfleet.operator.manifests import Images, Owner, children
+from embedfleet.operator.manifests import Images, Owner
+from embedfleet.operator.render.fleet import children
 from embedfleet.operator.spec import parse_spec
 
 from .helpers import REPO

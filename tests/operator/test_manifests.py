@@ -5,15 +5,10 @@ from typing import Any
 
 import pytest
 
-from embedfleet.operator.manifests import (
-    CONFIG_HASH,
-    LABEL_OWNER,
-    Images,
-    Owner,
-    children,
-    gateway_env,
-    worker_env,
-)
+from embedfleet.operator.manifests import CONFIG_HASH, LABEL_OWNER, Images, Owner
+from embedfleet.operator.render.fleet import children
+from embedfleet.operator.render.gateway import gateway_env
+from embedfleet.operator.render.workers import worker_env
 from embedfleet.operator.spec import parse_spec
 from embedfleet.worker.settings import WorkerSettings
 

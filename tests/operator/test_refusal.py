@@ -10,9 +10,11 @@ from embedfleet.common.exits import EXIT_REFUSED
 from embedfleet.operator.conditions import find
 from embedfleet.operator.informer import Bodies, Informer
 from embedfleet.operator.kube import Kube
-from embedfleet.operator.manifests import CONFIG_HASH, Images, config_hash, worker_env
+from embedfleet.operator.manifests import CONFIG_HASH, Images
 from embedfleet.operator.reconciler import Reconciler
 from embedfleet.operator.refusal import UNSAID, must_look, recorded, reported
+from embedfleet.operator.render.config import config_hash
+from embedfleet.operator.render.workers import worker_env
 from embedfleet.operator.spec import parse_spec
 from embedfleet.operator.status import RolloutState, compute_status
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from embedfleet.operator import shared_gateway
 from embedfleet.operator.manifests import CONFIG_HASH, LABEL_OWNER, LABEL_SHARED, Images, Owner
-from embedfleet.operator.shared_gateway import Member, members, objects, routable
+from embedfleet.operator.render import shared_gateway
+from embedfleet.operator.render.shared_gateway import Member, members, objects, routable
 from embedfleet.operator.spec import SpecError, parse_spec
 
 from .helpers import gateway_settings

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from embedfleet.common.exits import EXIT_REFUSED
-from embedfleet.common.modeldir import load_model_dir
+from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.worker.architectures import (
     ISSUES_URL,
     REFUSED,
     SERVED,
     check,
+    main,
     refusal,
 )
 
@@ -67,7 +68,7 @@ def test_a_served_type_for_another_task_is_refused(tmp_path: Path) -> None:
               "hidden_size": 8, "vocab_size": 10, "num_labels": 1}  # fmt: skip
     line = check(str(model_dir(tmp_path, config)), "auto")
     assert line is not None
-    assert "served for embed only, not score" in line
+    assert "served for embed, multivector only, not score" in line
     assert check(str(model_dir(tmp_path / "e", {**config, "architectures": []})), "embed") is None
 
 
@@ -118,3 +119,18 @@ def test_a_directory_that_is_no_model_is_refused_the_same_way(tmp_path: Path) ->
         f"no model directory at {tmp_path / 'nothing'}: give --model a directory holding "
         "config.json and the weights"
     )
+
+
+def test_the_pre_check_command_says_the_line_or_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`embedfleet serve` runs this entry point before starting any child."""
+    with pytest.raises(SystemExit) as usage:
+        main([])
+    assert str(usage.value.code).startswith("usage: python -m embedfleet.worker.architectures")
+    with pytest.raises(SystemExit) as refused:
+        main([str(model_dir(tmp_path / "nomic", NOMIC))])
+    assert refused.value.code == EXIT_REFUSED
+    assert capsys.readouterr().err.startswith("unsupported model: model_type 'nomic_bert'")
+    main([str(default_model_path()), "embed"])  # served: returns, says nothing
+    assert capsys.readouterr().err == ""

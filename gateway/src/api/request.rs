@@ -466,6 +466,41 @@ pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
     })
 }
 
+/// POST /v1/multi-vector: a vector per token of each input.
+#[derive(Debug, Clone)]
+pub struct MultiVectorRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Input,
+    /// each input's vectors as base64 of its row-major little-endian float32s
+    pub base64: bool,
+    pub input_type: Option<String>,
+}
+
+const MULTI_VECTOR_ENCODINGS: (&[&str], &str) =
+    (&["float", "base64"], "Input should be 'float' or 'base64'");
+
+pub fn parse_multi_vector(body: &[u8]) -> Result<MultiVectorRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
+    let input = match doc.get("input") {
+        None => return Err(ApiError::Required { param: "input" }),
+        Some(v) => input(v)?,
+    };
+    let base64 = literal(&doc, "encoding_format", MULTI_VECTOR_ENCODINGS, false)? == Some("base64");
+    optional_str(&doc, "user")?;
+    let input_type = literal(&doc, "input_type", INPUT_TYPES, true)?.map(str::to_string);
+    Ok(MultiVectorRequest {
+        model,
+        truncate,
+        side,
+        input,
+        base64,
+        input_type,
+    })
+}
+
 /// A parsed request for the workers, whichever API's route it came by.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -474,6 +509,7 @@ pub enum Call {
     Score(ScoreRequest),
     Classify(ClassifyRequest),
     Sparse(SparseRequest),
+    MultiVector(MultiVectorRequest),
 }
 
 impl Call {
@@ -485,6 +521,7 @@ impl Call {
             Call::Score(r) => r.pair.model.as_deref(),
             Call::Classify(r) => r.model.as_deref(),
             Call::Sparse(r) => r.model.as_deref(),
+            Call::MultiVector(r) => r.model.as_deref(),
         }
     }
 }
@@ -496,6 +533,7 @@ pub fn parse_call(route: &str, body: &[u8]) -> Result<Call, ApiError> {
         "/v1/score" => Call::Score(parse_score(body)?),
         "/v1/classify" => Call::Classify(parse_classify(body)?),
         "/v1/sparse_embeddings" => Call::Sparse(parse_sparse(body)?),
+        "/v1/multi-vector" => Call::MultiVector(parse_multi_vector(body)?),
         _ => Call::Embeddings(parse(body)?),
     })
 }
@@ -560,6 +598,26 @@ mod tests {
         assert_eq!(err(r#"{"input":["a",1]}"#), INPUT_EXPECTED);
         assert_eq!(err(r#"{"input":[1.0]}"#), INPUT_EXPECTED);
         assert_eq!(err(r#"{"input":[true]}"#), INPUT_EXPECTED);
+    }
+
+    #[test]
+    fn multi_vector_requests() {
+        let p = |b: &str| parse_multi_vector(b.as_bytes());
+        let r = p(r#"{"model":"m","input":["a","b"],"encoding_format":"base64"}"#).unwrap();
+        assert_eq!(r.input, Input::Texts(vec!["a".into(), "b".into()]));
+        assert!(r.base64 && r.model.as_deref() == Some("m"));
+        assert!(!p(r#"{"input":[[1,2]]}"#).unwrap().base64);
+        let msg = |b: &str| p(b).unwrap_err().message();
+        assert_eq!(
+            msg(r#"{"input":"a","encoding_format":"int8"}"#),
+            "'encoding_format': Input should be 'float' or 'base64'."
+        );
+        assert_eq!(msg(r#"{"input":{}}"#), INPUT_EXPECTED);
+        assert_eq!(msg(r#"{"model":"m"}"#), "'input' is required.");
+        assert!(matches!(
+            parse_call("/v1/multi-vector", br#"{"input":"a"}"#),
+            Ok(Call::MultiVector(_))
+        ));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub fn route_of(path: &str) -> &'static str {
         "/v1/score" => "/v1/score",
         "/v1/classify" => "/v1/classify",
         "/v1/sparse_embeddings" => "/v1/sparse_embeddings",
+        "/v1/multi-vector" => "/v1/multi-vector",
         "/health" => "/health",
         "/ready" => "/ready",
         "/metrics" => "/metrics",
@@ -28,6 +29,7 @@ pub fn route_of(path: &str) -> &'static str {
         "/" => "/",
         "/embed" => "/embed",
         "/embed_sparse" => "/embed_sparse",
+        "/embed_all" => "/embed_all",
         "/rerank" => "/rerank",
         "/predict" => "/predict",
         "/similarity" => "/similarity",
@@ -47,9 +49,10 @@ pub fn post_api(route: &str) -> Option<Api> {
         | "/v1/rerank"
         | "/v1/score"
         | "/v1/classify"
-        | "/v1/sparse_embeddings" => Some(Api::OpenAi),
-        "/" | "/embed" | "/embed_sparse" | "/rerank" | "/predict" | "/similarity" | "/tokenize"
-        | "/decode" => Some(Api::Tei),
+        | "/v1/sparse_embeddings"
+        | "/v1/multi-vector" => Some(Api::OpenAi),
+        "/" | "/embed" | "/embed_sparse" | "/embed_all" | "/rerank" | "/predict"
+        | "/similarity" | "/tokenize" | "/decode" => Some(Api::Tei),
         "/v2/embed" | "/v2/rerank" => Some(Api::Cohere),
         _ => None,
     }
@@ -76,6 +79,8 @@ mod tests {
         assert_eq!(route_of("/ready"), "/ready");
         assert_eq!(post_api(route_of("/embed")), Some(Api::Tei));
         assert_eq!(post_api(route_of("/v2/rerank")), Some(Api::Cohere));
+        assert_eq!(post_api(route_of("/v1/multi-vector")), Some(Api::OpenAi));
+        assert_eq!(post_api(route_of("/embed_all")), Some(Api::Tei));
         assert_eq!(post_api("/info"), None);
         assert!(keyed("/v1/nothing") && keyed("/v2/embed") && keyed("/") && keyed("/info"));
         assert!(!keyed("/health") && !keyed("/metrics") && !keyed("/openapi.json"));

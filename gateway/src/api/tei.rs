@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use crate::api::errors::ApiError;
 use crate::api::request::{
     field_error, flag, flag_or, input, object, optional_bool, optional_positive, optional_str,
-    query, strict_int, texts, Call, ClassifyRequest, EmbeddingRequest, Input, PairRequest,
-    RerankRequest, ScoreRequest, Side, SparseRequest, FLOAT,
+    query, strict_int, texts, Call, ClassifyRequest, EmbeddingRequest, Input, MultiVectorRequest,
+    PairRequest, RerankRequest, ScoreRequest, Side, SparseRequest, FLOAT,
 };
 
 /// How TEI writes the answer of a call.
@@ -18,6 +18,8 @@ pub enum Shape {
     Embed,
     /// rows of {index, value}
     Sparse,
+    /// a row of floats per token of each input
+    EmbedAll,
     /// ranks best first; `raw`: scores before the reranker's sigmoid
     Rerank { raw: bool },
     /// label scores best first; `single`: one input, not a batch
@@ -115,6 +117,21 @@ fn sparse(doc: &Map<String, Value>) -> Result<Call, ApiError> {
         input,
         top_k: None,
         threshold: 0.0,
+        input_type,
+    }))
+}
+
+fn embed_all(doc: &Map<String, Value>) -> Result<Call, ApiError> {
+    let model = optional_str(doc, "model")?;
+    let input = inputs(doc)?;
+    let (truncate, side) = truncation(doc)?;
+    let input_type = optional_str(doc, "prompt_name")?;
+    Ok(Call::MultiVector(MultiVectorRequest {
+        model,
+        truncate,
+        side,
+        input,
+        base64: false,
         input_type,
     }))
 }
@@ -278,6 +295,7 @@ pub fn parse(route: &str, body: &[u8]) -> Result<Tei, ApiError> {
     Ok(match route {
         "/embed" => Tei::Call(embed(&doc)?, Shape::Embed),
         "/embed_sparse" => Tei::Call(sparse(&doc)?, Shape::Sparse),
+        "/embed_all" => Tei::Call(embed_all(&doc)?, Shape::EmbedAll),
         "/rerank" => {
             let (call, shape) = rerank(&doc)?;
             Tei::Call(call, shape)

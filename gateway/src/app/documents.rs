@@ -7,6 +7,7 @@ use base64::Engine;
 use crate::api::errors::json_string;
 use crate::api::request::{Encoding, Precision};
 use crate::model::quantization::{self, Ranges, Row};
+use crate::upstream::batch::TokenVectors;
 
 /// 0.8 is written 0.800000011920929), null where not finite.
 fn score_text(buffer: &mut ryu::Buffer, score: f32) -> String {
@@ -248,6 +249,39 @@ pub fn sparse(model: &str, rows: &[(Vec<i32>, Vec<f32>)], vocab: usize, tokens: 
     out
 }
 
+/// The multi-vector document: each input's token vectors, as arrays of floats or as one base64
+/// string of its row-major little-endian float32s.
+pub fn multi_vector(model: &str, inputs: &[TokenVectors], base64: bool, tokens: usize) -> Vec<u8> {
+    let floats_in = |v: &TokenVectors| v.rows.len();
+    let mut out = Vec::with_capacity(64 + inputs.iter().map(floats_in).sum::<usize>() * 12);
+    out.extend_from_slice(br#"{"object":"list","data":["#);
+    let mut floats = ryu::Buffer::new();
+    for (i, input) in inputs.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"object":"multi_vector","index":"#);
+        out.extend_from_slice(i.to_string().as_bytes());
+        out.extend_from_slice(br#","embedding":"#);
+        if base64 {
+            let bytes: Vec<u8> = input.rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+            base64_string(&mut out, &bytes);
+        } else {
+            out.push(b'[');
+            for (j, row) in input.tokens().enumerate() {
+                if j > 0 {
+                    out.push(b',');
+                }
+                float_array(&mut out, &mut floats, row);
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+    }
+    model_and_usage(&mut out, model, tokens);
+    out
+}
+
 /// One model's entry of /v1/models.
 pub fn model_entry(name: &str, created: u64) -> String {
     format!(
@@ -295,5 +329,19 @@ mod tests {
         let binary = crate::api::request::encoding("binary_base64").unwrap();
         let b = String::from_utf8(embeddings(&[-1.0], 1, binary, None, "m", 1)).unwrap();
         assert!(b.contains(r#""embedding":"gA==""#), "{b}"); // 0 - 128 as a byte: 0x80
+        let inputs = [TokenVectors {
+            rows: vec![1.0, 0.0, 0.5, -0.5],
+            dims: 2,
+        }];
+        let b = String::from_utf8(multi_vector("m", &inputs, false, 3)).unwrap();
+        assert_eq!(
+            b,
+            r#"{"object":"list","data":[{"object":"multi_vector","index":0,"embedding":[[1.0,0.0],[0.5,-0.5]]}],"model":"m","usage":{"prompt_tokens":3,"total_tokens":3}}"#
+        );
+        let b = String::from_utf8(multi_vector("m", &inputs[..], true, 3)).unwrap();
+        assert!(
+            b.contains(r#""embedding":"AACAPwAAAAAAAAA/AAAAvw==""#),
+            "{b}"
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::api::errors::ApiError;
 use crate::api::request::{
-    ClassifyRequest, EmbeddingRequest, Encoding, Input, PairRequest, RerankRequest, ScoreRequest,
-    Side, SparseRequest,
+    ClassifyRequest, EmbeddingRequest, Encoding, Input, MultiVectorRequest, PairRequest,
+    RerankRequest, ScoreRequest, Side, SparseRequest,
 };
 use crate::app::documents;
 use crate::model::dir::{Head, ModelDir, Task};
@@ -21,7 +21,7 @@ use crate::plan::windows;
 use crate::settings::Settings;
 use crate::telemetry::metrics::ModelMetrics;
 use crate::telemetry::traces::{self, Kind, Tracer};
-use crate::upstream::batch::{broken_reply, pack, pack_pairs, SparseRow};
+use crate::upstream::batch::{broken_reply, pack, pack_pairs, SparseRow, TokenVectors};
 use crate::upstream::pool::Pool;
 
 /// One served model: its settings (the process's, with a models file's per-model ones), model
@@ -405,6 +405,9 @@ impl Service {
             Task::Score => "/v1/rerank or /v1/score",
             Task::Classify => "/v1/classify",
             Task::Sparse => "/v1/sparse_embeddings",
+            Task::MultiVector => {
+                "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
+            }
         };
         Err(ApiError::WrongTask {
             model: self.name,
@@ -415,8 +418,8 @@ impl Service {
         })
     }
 
-    /// Relevance of each (query, document) pair: the reranker's own score, else the cosine of
-    /// their embeddings; and the tokens the workers ran.
+    /// Relevance of each (query, document) pair: the reranker's own score, a multi-vector
+    /// model's MaxSim, else the cosine of their embeddings; and the tokens the workers ran.
     async fn pair_scores(
         &self,
         pairs: &[(&str, &str)],
@@ -424,7 +427,10 @@ impl Service {
         param: &'static str,
         ticket: &Ticket,
     ) -> Result<(Vec<f32>, usize), ApiError> {
-        if !matches!(self.model.task, Task::Score | Task::Embed) {
+        if !matches!(
+            self.model.task,
+            Task::Score | Task::Embed | Task::MultiVector
+        ) {
             self.require(Task::Score, "/v1/rerank and /v1/score")?;
         }
         match &how.instruction {
@@ -450,6 +456,14 @@ impl Service {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         self.check_tokens(&lengths, param, ticket)?;
         let total: usize = lengths.iter().sum();
+        if self.model.task == Task::MultiVector {
+            let vectors = self.vectors_of(&ids, &lengths).await?;
+            let scores = pairs
+                .iter()
+                .map(|(a, b)| max_sim(&vectors[where_a[a]], &vectors[firsts.len() + where_b[b]]))
+                .collect();
+            return Ok((scores, total));
+        }
         let rows = self.embed(&ids, 0, None).await?;
         let dims = rows.len() / ids.len();
         let row = |i: usize| &rows[i * dims..(i + 1) * dims];
@@ -644,6 +658,25 @@ impl Service {
         ))
     }
 
+    /// An input's token ids and their lengths, for a route that needs a `task` model: checked,
+    /// admitted when a worker is ready, tokenized with the prompt of its input type, and its
+    /// tokens counted against the request's limits.
+    async fn input_ids(
+        &self,
+        (task, route): (Task, &'static str),
+        (input, input_type): (&Input, Option<&str>),
+        how: (bool, Side),
+        ticket: &Ticket,
+    ) -> Result<(Vec<Vec<u32>>, Vec<usize>), ApiError> {
+        self.require(task, route)?;
+        self.check_count(input.len(), "input")?;
+        self.admit_ready()?;
+        let (ids, _) = self.tokenize(input, input_type, how, false).await?;
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        self.check_tokens(&lengths, "input", ticket)?;
+        Ok((ids, lengths))
+    }
+
     /// Each input's (ascending vocabulary ids, weights), and the tokens.
     pub async fn sparse_rows(
         &self,
@@ -651,15 +684,11 @@ impl Service {
         route: &'static str,
         ticket: &Ticket,
     ) -> Result<(Vec<SparseRow>, usize), ApiError> {
-        self.require(Task::Sparse, route)?;
-        self.check_count(req.input.len(), "input")?;
-        self.admit_ready()?;
         let how = (req.truncate, req.side);
-        let (ids, _) = self
-            .tokenize(&req.input, req.input_type.as_deref(), how, false)
+        let input = (&req.input, req.input_type.as_deref());
+        let (ids, lengths) = self
+            .input_ids((Task::Sparse, route), input, how, ticket)
             .await?;
-        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
-        self.check_tokens(&lengths, "input", ticket)?;
         let (top_k, threshold) = (req.top_k.unwrap_or(0) as u32, req.threshold);
         let parts = self
             .fan_out(&lengths, |c, timeout| {
@@ -685,6 +714,48 @@ impl Service {
             &rows,
             self.model.vocab_size,
             tokens,
+        ))
+    }
+
+    /// Each input's token vectors, and the tokens.
+    pub async fn token_vectors(
+        &self,
+        req: &MultiVectorRequest,
+        route: &'static str,
+        ticket: &Ticket,
+    ) -> Result<(Vec<TokenVectors>, usize), ApiError> {
+        let how = (req.truncate, req.side);
+        let input = (&req.input, req.input_type.as_deref());
+        let (ids, lengths) = self
+            .input_ids((Task::MultiVector, route), input, how, ticket)
+            .await?;
+        let vectors = self.vectors_of(&ids, &lengths).await?;
+        Ok((vectors, lengths.iter().sum()))
+    }
+
+    /// The token vectors of tokenized inputs, chunked over the workers.
+    async fn vectors_of(
+        &self,
+        ids: &[Vec<u32>],
+        lengths: &[usize],
+    ) -> Result<Vec<TokenVectors>, ApiError> {
+        let parts = self
+            .fan_out(lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool.multi_vector_embed(batch, c.tokens, timeout)
+            })
+            .await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    pub async fn multi_vector(
+        &self,
+        req: MultiVectorRequest,
+        ticket: &Ticket,
+    ) -> Result<Vec<u8>, ApiError> {
+        let (inputs, tokens) = self.token_vectors(&req, "/v1/multi-vector", ticket).await?;
+        Ok(documents::multi_vector(
+            self.name, &inputs, req.base64, tokens,
         ))
     }
 
@@ -735,6 +806,7 @@ fn kind(task: Task) -> &'static str {
         Task::Score => "a cross-encoder reranker (it scores query-document pairs)",
         Task::Classify => "a sequence classifier",
         Task::Sparse => "a sparse (SPLADE) embedding model",
+        Task::MultiVector => "a multi-vector (ColBERT) model",
     }
 }
 
@@ -751,6 +823,21 @@ fn distinct<'a>(
         });
     }
     (seen, order)
+}
+
+/// Late interaction (ColBERT's MaxSim): each query token's best dot product over the document's
+/// tokens, summed over the query's tokens; 0 when either side has no vector.
+pub fn max_sim(query: &TokenVectors, document: &TokenVectors) -> f32 {
+    query
+        .tokens()
+        .map(|q| {
+            document
+                .tokens()
+                .map(|d| q.iter().zip(d).map(|(x, y)| x * y).sum::<f32>())
+                .fold(f32::NEG_INFINITY, f32::max)
+        })
+        .filter(|best| best.is_finite())
+        .sum()
 }
 
 /// Row-wise cosine in float32 (a dot product over the two norms, each summed in float32).
@@ -776,5 +863,29 @@ impl Fleet for Pool {
 
     fn capacity(&self) -> f64 {
         self.usable().1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vectors(rows: &[[f32; 2]]) -> TokenVectors {
+        TokenVectors {
+            rows: rows.iter().flatten().copied().collect(),
+            dims: 2,
+        }
+    }
+
+    #[test]
+    fn max_sim_sums_each_query_tokens_best_match() {
+        let query = vectors(&[[1.0, 0.0], [0.0, 1.0]]);
+        let document = vectors(&[[0.6, 0.8], [1.0, 0.0], [-1.0, 0.0]]);
+        // best of (0.6, 1.0, -1.0) plus best of (0.8, 0.0, 0.0)
+        assert!((max_sim(&query, &document) - 1.8).abs() < 1e-6);
+        // not symmetric: each of the document's tokens finds its best in the query
+        assert!((max_sim(&document, &query) - (0.8 + 1.0 + 0.0)).abs() < 1e-6);
+        assert_eq!(max_sim(&query, &vectors(&[])), 0.0);
+        assert_eq!(max_sim(&vectors(&[]), &document), 0.0);
     }
 }

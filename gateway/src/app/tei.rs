@@ -65,6 +65,16 @@ pub async fn answer(
             let e = service.embedded(&r, "/embed", ticket).await?;
             bytes(&e.rows.chunks(e.dims.max(1)).collect::<Vec<_>>())
         }
+        (Call::MultiVector(r), _) => {
+            check_prompt(service, r.input_type.as_deref())?;
+            let (inputs, _) = service.token_vectors(&r, "/embed_all", ticket).await?;
+            bytes(
+                &inputs
+                    .iter()
+                    .map(|v| v.tokens().collect())
+                    .collect::<Vec<Vec<_>>>(),
+            )
+        }
         (Call::Sparse(r), _) => {
             check_prompt(service, r.input_type.as_deref())?;
             let (rows, _) = service.sparse_rows(&r, "/embed_sparse", ticket).await?;
@@ -158,6 +168,7 @@ pub fn default_route(service: &Service) -> &'static str {
         Task::Sparse => "/embed_sparse",
         Task::Score => "/rerank",
         Task::Classify => "/predict",
+        Task::MultiVector => "/embed_all",
     }
 }
 
@@ -177,6 +188,7 @@ pub fn info(service: &Service) -> Result<Vec<u8>, ApiError> {
         (Task::Score, Head::YesNo) => json!({"reranker": {"id2label": {}, "label2id": {}}}),
         (Task::Score, _) => json!({"reranker": labels()}),
         (Task::Sparse, _) => json!({"embedding": {"pooling": "splade"}}),
+        (Task::MultiVector, _) => json!({"embedding": {"pooling": "none"}}),
         (Task::Embed, _) => json!({"embedding": {"pooling": "model"}}),
     };
     let s = &service.settings;

@@ -323,6 +323,7 @@ async fn post(
             Call::Score(r) => service.score(r, &ticket).await?,
             Call::Classify(r) => service.classify(r, &ticket).await?,
             Call::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
+            Call::MultiVector(r) => service.multi_vector(r, &ticket).await?,
         },
         Shape::Tei(shape) => app_tei::answer(service, call, shape, &ticket).await?,
         Shape::Cohere(shape) => app_cohere::answer(service, call, shape, &ticket).await?,
@@ -345,6 +346,12 @@ fn admit(service: &Service, call: &Call) -> Result<admission::Ticket, ApiError> 
             ..
         })
         | Call::Sparse(request::SparseRequest {
+            input,
+            input_type,
+            truncate,
+            ..
+        })
+        | Call::MultiVector(request::MultiVectorRequest {
             input,
             input_type,
             truncate,

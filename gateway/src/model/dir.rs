@@ -108,16 +108,20 @@ pub enum Task {
     Score,
     Classify,
     Sparse,
+    /// a vector per token (ColBERT-style late interaction)
+    MultiVector,
 }
 
 /// What turns the encoder's states into the output: pooling, a sequence-classification head, a
-/// causal LM's yes/no logits (Qwen3-Reranker) or SPLADE over a masked-LM head.
+/// causal LM's yes/no logits (Qwen3-Reranker), SPLADE over a masked-LM head, or a per-token
+/// projection (ColBERT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     Pool,
     Classifier,
     YesNo,
     Splade,
+    Colbert,
 }
 
 /// config.id2label in class-id order; without it, `num_labels` names LABEL_0.. (as transformers).
@@ -174,9 +178,53 @@ fn splade_pooling(path: &Path, modules: &Value) -> Result<Option<bool>, String> 
     Ok(None)
 }
 
+/// Which per-token projection a multivector model has: Some(true) for PyLate's layout (a Dense
+/// module right after the transformer, no pooling), Some(false) for bge-m3's colbert_linear.pt,
+/// None for neither (the workers read the same files).
+fn colbert(path: &Path, modules: &Value) -> Option<bool> {
+    let kinds: Vec<&str> = modules
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            m["type"]
+                .as_str()
+                .unwrap_or("")
+                .rsplit('.')
+                .next()
+                .unwrap_or("")
+        })
+        .collect();
+    if kinds.len() >= 2 && kinds[1] == "Dense" && !kinds.contains(&"Pooling") {
+        return Some(true);
+    }
+    path.join("colbert_linear.pt").is_file().then_some(false)
+}
+
 /// The served task and head: `task` when given (checked against the checkpoint), else what the
-/// checkpoint's architecture says (the workers decide alike).
+/// checkpoint's architecture says (the workers decide alike). bge-m3 embeds densely unless
+/// asked for multivector; a PyLate ColBERT can only be multivector.
 fn head(
+    path: &Path,
+    config: &Value,
+    modules: &Value,
+    labels: usize,
+    task: &str,
+) -> Result<(Task, Head), String> {
+    match (task, colbert(path, modules)) {
+        ("multivector", None) => Err(format!(
+            "{}: task multivector needs a per-token projection: bge-m3's colbert_linear.pt or a \
+             sentence-transformers Dense module right after the transformer (PyLate)",
+            path.display()
+        )),
+        ("multivector", Some(_)) | ("" | "auto", Some(true)) => {
+            Ok((Task::MultiVector, Head::Colbert))
+        }
+        _ => task_head(path, config, modules, labels, task),
+    }
+}
+
+fn task_head(
     path: &Path,
     config: &Value,
     modules: &Value,
@@ -239,7 +287,7 @@ fn head(
             ))
         }
         _ => Err(format!(
-            "unknown task '{task}'; choose one of embed, score, classify, sparse"
+            "unknown task '{task}'; choose one of embed, score, classify, sparse, multivector"
         )),
     }
 }
@@ -325,6 +373,60 @@ impl ModelDir {
             // Some models name their document prompt "passage" (E5-style).
             Some("document") if !self.prompts.contains_key("document") => get("passage"),
             Some(kind) => get(kind),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model directory under the system's temp folder holding `files` (name, text).
+    fn model_dir(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("embedfleet-dir-{}-{name}", std::process::id()));
+        for (file, text) in files {
+            let path = dir.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn multivector_is_pylates_layout_or_bge_m3_when_asked() {
+        let config = r#"{"model_type":"bert","architectures":["BertModel"]}"#;
+        let pylate = model_dir(
+            "pylate",
+            &[
+                ("config.json", config),
+                (
+                    "modules.json",
+                    r#"[{"path":"","type":"sentence_transformers.models.Transformer"},
+                        {"path":"1_Dense","type":"pylate.models.Dense.Dense"}]"#,
+                ),
+            ],
+        );
+        let bge_m3 = model_dir(
+            "bge-m3",
+            &[("config.json", config), ("colbert_linear.pt", "")],
+        );
+        let plain = model_dir("plain", &[("config.json", config)]);
+        let task = |path: &Path, task: &str| {
+            let config = read_json(&path.join("config.json")).unwrap().unwrap();
+            let modules = read_json(&path.join("modules.json"))
+                .unwrap()
+                .unwrap_or(Value::Null);
+            head(path, &config, &modules, 1, task).map(|(t, _)| t)
+        };
+        assert_eq!(task(&pylate, "auto"), Ok(Task::MultiVector));
+        assert_eq!(task(&bge_m3, "auto"), Ok(Task::Embed));
+        assert_eq!(task(&bge_m3, "multivector"), Ok(Task::MultiVector));
+        assert!(task(&plain, "multivector")
+            .unwrap_err()
+            .contains("needs a per-token projection"));
+        for dir in [pylate, bge_m3, plain] {
+            std::fs::remove_dir_all(dir).unwrap();
         }
     }
 }

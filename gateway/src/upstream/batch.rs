@@ -5,12 +5,18 @@ use std::time::{Duration, Instant};
 
 use crate::api::errors::ApiError;
 use crate::telemetry::logs::Limiter;
-use crate::upstream::proto::{EmbedResponse, FloatFormat, SparseEmbedResponse, TokenBatch};
+use crate::upstream::proto::{
+    EmbedResponse, FloatFormat, MultiVectorEmbedResponse, SparseEmbedResponse, TokenBatch,
+};
 
 /// Rows of one Embed reply as float32 (a worker may answer float16).
 pub fn rows(reply: &EmbedResponse) -> Vec<f32> {
-    let bytes = &reply.embeddings;
-    if reply.format == FloatFormat::Float16 as i32 {
+    decode(&reply.embeddings, reply.format)
+}
+
+/// Packed little-endian floats in `format` as float32.
+fn decode(bytes: &[u8], format: i32) -> Vec<f32> {
+    if format == FloatFormat::Float16 as i32 {
         bytes
             .chunks_exact(2)
             .map(|b| half_to_f32(u16::from_le_bytes([b[0], b[1]])))
@@ -98,6 +104,57 @@ pub fn sparse_rows(
         .collect())
 }
 
+/// One input's token vectors: `dims` floats a row, a row a token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenVectors {
+    pub rows: Vec<f32>,
+    pub dims: usize,
+}
+
+impl TokenVectors {
+    /// Its token vectors, in order.
+    pub fn tokens(&self) -> std::slice::ChunksExact<'_, f32> {
+        self.rows.chunks_exact(self.dims.max(1))
+    }
+}
+
+/// A MultiVectorEmbedResponse's inputs, `expected` of them, each its rows of the reply.
+pub fn token_vectors(
+    reply: &MultiVectorEmbedResponse,
+    expected: usize,
+) -> Result<Vec<TokenVectors>, ApiError> {
+    let bounds: Vec<i32> = reply
+        .offsets
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (count, dims) = (reply.count as usize, reply.dimensions as usize);
+    let rows = decode(&reply.vectors, reply.format);
+    let total = bounds.last().map_or(0, |&b| b.max(0) as usize);
+    let width = if reply.format == FloatFormat::Float16 as i32 {
+        2
+    } else {
+        4
+    };
+    let ordered = bounds.windows(2).all(|w| w[0] <= w[1]) && bounds.first() == Some(&0);
+    if bounds.len() != count + 1
+        || count != expected
+        || !ordered
+        || reply.vectors.len() != total * dims * width
+    {
+        return Err(broken_reply(
+            "a worker's token vectors do not match their offsets",
+        ));
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| TokenVectors {
+            rows: rows[w[0] as usize * dims..w[1] as usize * dims].to_vec(),
+            dims,
+        })
+        .collect())
+}
+
 /// One line per 10 s: a broken worker would answer every request so.
 static BROKEN_REPLY_LOG: Limiter = Limiter::new(Duration::from_secs(10));
 
@@ -136,6 +193,27 @@ mod tests {
         assert_eq!(half_to_f32(0xc000), -2.0);
         assert_eq!(half_to_f32(0x0001), 2f32.powi(-24));
         assert_eq!(half_to_f32(0x3555), 0.33325195);
+    }
+
+    #[test]
+    fn token_vectors_split_at_their_offsets() {
+        let halves = |v: &[u16]| v.iter().flat_map(|h| h.to_le_bytes()).collect::<Vec<u8>>();
+        let offsets = |v: &[i32]| v.iter().flat_map(|o| o.to_le_bytes()).collect::<Vec<u8>>();
+        let mut reply = MultiVectorEmbedResponse {
+            vectors: halves(&[0x3c00, 0, 0, 0x3c00, 0xc000, 0]),
+            offsets: offsets(&[0, 2, 2, 3]),
+            count: 3,
+            dimensions: 2,
+            format: FloatFormat::Float16 as i32,
+            prompt_tokens: 6,
+        };
+        let got = token_vectors(&reply, 3).unwrap();
+        assert_eq!(got[0].rows, [1.0, 0.0, 0.0, 1.0]);
+        assert!(got[1].rows.is_empty());
+        assert_eq!(got[2].tokens().collect::<Vec<_>>(), [[-2.0, 0.0]]);
+        assert!(token_vectors(&reply, 2).is_err());
+        reply.offsets = offsets(&[0, 2, 1, 3]);
+        assert!(token_vectors(&reply, 3).is_err());
     }
 
     #[test]

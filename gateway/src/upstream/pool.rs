@@ -16,14 +16,15 @@ use crate::telemetry::logs::Limiter;
 use crate::telemetry::metrics::{ModelMetrics, WorkerState};
 use crate::telemetry::traces::{self, Span, Tracer};
 use crate::upstream::balancer::Balancer;
-use crate::upstream::batch::{floats, sparse_rows, SparseRow};
+use crate::upstream::batch::{floats, sparse_rows, token_vectors, SparseRow, TokenVectors};
 use crate::upstream::coalescing::Coalescer;
 use crate::upstream::failure::{
     client_error, code_name, deadline_as_such, ejects, retryable, stopped_answering,
 };
 use crate::upstream::proto::worker_client::WorkerClient;
 use crate::upstream::proto::{
-    ClassifyRequest, InfoRequest, InfoResponse, ScoreRequest, SparseEmbedRequest, TokenBatch,
+    ClassifyRequest, FloatFormat, InfoRequest, InfoResponse, MultiVectorEmbedRequest, ScoreRequest,
+    SparseEmbedRequest, TokenBatch,
 };
 
 const ATTEMPTS: usize = 2;
@@ -641,6 +642,31 @@ impl Pool {
             )
             .await?;
         sparse_rows(&reply, count)
+    }
+
+    /// One chunk's token vectors (the MultiVectorEmbed RPC). They come as float16: a
+    /// vector a token makes these replies the largest, and unit vectors lose nothing a MaxSim
+    /// ranking sees at float16's 11 bits.
+    pub async fn multi_vector_embed(
+        &self,
+        batch: TokenBatch,
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<TokenVectors>, ApiError> {
+        let count = batch.lengths.len() / 4;
+        let message = MultiVectorEmbedRequest {
+            batch: Some(batch.clone()),
+            format: FloatFormat::Float16 as i32,
+        };
+        let reply = self
+            .unary(
+                ("MultiVectorEmbed", &batch, tokens),
+                message,
+                timeout,
+                |mut c, r| async move { c.multi_vector_embed(r).await },
+            )
+            .await?;
+        token_vectors(&reply, count)
     }
 }
 

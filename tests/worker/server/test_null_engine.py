@@ -8,6 +8,7 @@ import numpy as np
 
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
+from embedfleet.testing.families import FamilyDirs
 from embedfleet.worker.contract import Done, WorkItem
 from embedfleet.worker.null_engine import NullEngine
 
@@ -24,3 +25,13 @@ def test_a_paced_batch_takes_its_tokens_over_the_pace() -> None:
     result = paced.step([_item(1000), _item(1000)])
     assert time.monotonic() - start >= 0.2  # 2,000 tokens at 10,000/s; sleep never ends early
     assert isinstance(result, Done)
+
+
+def test_a_multivector_model_gets_a_row_a_token_with_a_vector(family_dirs: FamilyDirs) -> None:
+    """bge-m3's CLS (each sequence's first token) has no vector, so none of its rows."""
+    model = load_model_dir(family_dirs.get("bge-m3"), "multivector")
+    engine = NullEngine.from_model_dir(model)
+    ids = np.array([5, 6, 7, 8, 9], np.int32)
+    [rows] = engine.step([WorkItem(Tokens(ids, np.array([3, 2], np.int32)))]).wait()
+    assert rows.shape == (3, model.hidden_size)
+    assert rows[:, :2].tolist() == [[6, 1], [7, 2], [9, 1]]

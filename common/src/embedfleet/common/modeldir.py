@@ -47,22 +47,25 @@ _ST_MODULES = (
     "Dropout",
 )
 #: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
-#: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary
-Task = Literal["embed", "score", "classify", "sparse"]
-TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse")
+#: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary; multivector:
+#: one vector per token (ColBERT-style late interaction)
+Task = Literal["embed", "score", "classify", "sparse", "multivector"]
+TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse", "multivector")
 #: the worker's and the gateway's --task, documented once
 TASK_HELP = (
     "What to serve the model as: auto infers it from config.json (a one-label "
     "*ForSequenceClassification scores pairs, more labels classify, a *ForMaskedLM gives SPLADE "
     "sparse vectors unless sentence-transformers pools it densely, a Qwen3ForCausalLM named "
-    "*reranker* is a yes/no reranker, anything else embeds); embed, score, classify or sparse "
-    "say it outright and are checked against the checkpoint (score on a Qwen3ForCausalLM: "
-    "Qwen3-Reranker's yes/no scoring)."
+    "*reranker* is a yes/no reranker, a sentence-transformers Dense module with no pooling "
+    "(PyLate ColBERT) gives per-token multivector outputs, anything else embeds); embed, score, "
+    "classify, sparse or multivector say it outright and are checked against the checkpoint "
+    "(score on a Qwen3ForCausalLM: Qwen3-Reranker's yes/no scoring; multivector on BAAI/bge-m3: "
+    "its colbert_linear.pt vectors)."
 )
 #: What turns the encoder's hidden states into the served output: pooling (embedders), a
 #: sequence-classification head, a causal LM's "yes"/"no" next-token logits (Qwen3-Reranker), or a
-#: masked-LM head max-pooled as SPLADE.
-Head = Literal["pool", "classifier", "yes_no", "splade"]
+#: masked-LM head max-pooled as SPLADE, or a per-token projection (ColBERT).
+Head = Literal["pool", "classifier", "yes_no", "splade", "colbert"]
 #: How a classifier's logits become scores (config.problem_type; one label: sigmoid)
 Activation = Literal["softmax", "sigmoid", "none"]
 
@@ -190,7 +193,7 @@ class DenseLayer:
     residual: bool = False
 
 
-def _dense(folder: Path) -> DenseLayer:
+def _dense(folder: Path, tokens: bool = False) -> DenseLayer:
     cfg = _read_json(folder / "config.json")
     if not isinstance(cfg, dict):
         raise ModelDirError(f"{folder}: a Dense module without config.json")
@@ -201,7 +204,7 @@ def _dense(folder: Path) -> DenseLayer:
             f"{folder}: Dense activation {activation} is not supported "
             f"({', '.join(DENSE_ACTIVATIONS)})"
         )
-    if cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+    if not tokens and cfg.get("module_input_name", "sentence_embedding") != "sentence_embedding":
         raise ModelDirError(f"{folder}: a Dense module over token embeddings is not supported")
     return DenseLayer(
         path=folder,
@@ -211,6 +214,38 @@ def _dense(folder: Path) -> DenseLayer:
         activation=name,
         residual=bool(cfg.get("use_residual", False)),
     )
+
+
+#: BAAI/bge-m3's ColBERT projection: a torch.nn.Linear(hidden, hidden) state dict (weight, bias)
+BGE_M3_COLBERT = "colbert_linear.pt"
+
+
+@dataclass(frozen=True)
+class MultiVector:
+    """A multi-vector (ColBERT-style) model's per-token projection: each token's last hidden
+    state through `layer`, then L2-normalized. `state_file` (bge-m3's colbert_linear.pt) holds
+    the layer's weight and bias when set, else the layer's folder holds a sentence-transformers
+    Dense module's. The first `skip` tokens of each sequence get no vector (bge-m3: its CLS)."""
+
+    layer: DenseLayer
+    state_file: str = ""
+    skip: int = 0
+
+
+def _multivector(path: Path, config: dict[str, Any], modules: list[Any]) -> MultiVector | None:
+    """PyLate's layout (a Dense module right after the transformer, no pooling), else bge-m3's
+    colbert_linear.pt; None for neither."""
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if len(kinds) >= 2 and kinds[1] == "Dense" and "Pooling" not in kinds:
+        if kinds[2:]:
+            raise ModelDirError(f"{path}: a ColBERT module after its Dense layer is not supported")
+        layer = _dense(path / str(modules[1].get("path", "")), tokens=True)
+        return MultiVector(layer)
+    if (path / BGE_M3_COLBERT).is_file():
+        hidden = int(config["hidden_size"])
+        layer = DenseLayer(path, hidden, hidden, bias=True, activation="Identity")
+        return MultiVector(layer, state_file=BGE_M3_COLBERT, skip=1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -268,6 +303,8 @@ class ModelDir:
     #: label names by class id (config.id2label), for classifier heads
     labels: tuple[str, ...] = ()
     activation: Activation = "sigmoid"
+    #: the per-token projection of a multivector model
+    multivector: MultiVector | None = None
 
     @property
     def name(self) -> str:
@@ -368,6 +405,23 @@ def _splade_pooling(path: Path, modules: list[Any]) -> bool | None:
 def _head(
     path: Path, config: dict[str, Any], modules: list[Any], labels: int, task: str
 ) -> tuple[Task, Head]:
+    """`_task_head`, with the multivector task checked for a projection (`_multivector`)."""
+    colbert = _multivector(path, config, modules)
+    if task == "multivector" and colbert is None:
+        raise ModelDirError(
+            f"{path}: task multivector needs a per-token projection: bge-m3's {BGE_M3_COLBERT} "
+            "or a sentence-transformers Dense module right after the transformer (PyLate)"
+        )
+    if task in ("", "auto", "multivector") and colbert is not None and not colbert.state_file:
+        return "multivector", "colbert"
+    if task == "multivector":
+        return "multivector", "colbert"
+    return _task_head(path, config, modules, labels, task)
+
+
+def _task_head(
+    path: Path, config: dict[str, Any], modules: list[Any], labels: int, task: str
+) -> tuple[Task, Head]:
     """The served task and head: `task` when given (checked against the checkpoint), else what
     the checkpoint's architecture says."""
     architectures = [str(a) for a in config.get("architectures") or []]
@@ -449,4 +503,5 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
         head=head,
         labels=labels if head == "classifier" else (),
         activation=_activation(config, len(labels)),
+        multivector=_multivector(path, config, modules) if head == "colbert" else None,
     )

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--task",
         default="auto",
-        choices=("auto", "embed", "score", "classify", "sparse"),
+        choices=("auto", "embed", "score", "classify", "sparse", "multivector"),
         help="What to serve the model as, for the workers and the gateway alike (default auto: "
         "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
     )

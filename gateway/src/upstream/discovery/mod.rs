@@ -4,7 +4,7 @@
 
 pub mod kube;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -43,52 +43,61 @@ pub fn start(pool: &Arc<Pool>, s: &Settings) {
     }
     let (pool, path) = (Arc::clone(pool), PathBuf::from(workers_file));
     tokio::spawn(async move {
-        let mut seen: Option<(Option<SystemTime>, u64)> = None;
+        let mut seen: Option<FileKey> = None;
         let mut failing = false;
         loop {
-            match std::fs::metadata(&path) {
-                Ok(meta) => {
-                    let key = (meta.modified().ok(), meta.len());
-                    if seen != Some(key) {
-                        match std::fs::read_to_string(&path) {
-                            Ok(text) => {
-                                seen = Some(key);
-                                failing = false;
-                                let mut all = fixed.clone();
-                                all.extend(parse_workers_file(&text));
-                                pool.update(&all);
-                            }
-                            Err(e) if !failing => {
-                                // Kept: the last set it read. Said once until it reads again.
-                                failing = true;
-                                tracing::warn!(
-                                    path = %path.display(),
-                                    error = %e,
-                                    "workers file unreadable; keeping the last set",
-                                );
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match poll_file(&path, seen) {
+                Ok(Poll::Unchanged) => {}
+                Ok(Poll::Gone) => {
                     if seen.take().is_some() {
                         pool.update(&fixed);
                     }
                 }
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(
-                        path = %path.display(),
-                        error = %e,
-                        "workers file unreadable; keeping the last set",
-                    );
+                Ok(Poll::Read(key, text)) => {
+                    seen = Some(key);
+                    failing = false;
+                    let mut all = fixed.clone();
+                    all.extend(parse_workers_file(&text));
+                    pool.update(&all);
                 }
-                Err(_) => {}
+                Err(e) => {
+                    // Kept: the last set it read. Said once until it reads again.
+                    if !failing {
+                        tracing::warn!(
+                            path = %path.display(),
+                            error = %e,
+                            "workers file unreadable; keeping the last set",
+                        );
+                    }
+                    failing = true;
+                }
             }
             tokio::time::sleep(FILE_POLL).await;
         }
     });
+}
+
+/// A file's modification time and size: it is read again when either changes.
+type FileKey = (Option<SystemTime>, u64);
+
+/// What one look at the workers file found.
+enum Poll {
+    Unchanged,
+    Gone,
+    Read(FileKey, String),
+}
+
+fn poll_file(path: &Path, seen: Option<FileKey>) -> std::io::Result<Poll> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Poll::Gone),
+        Err(e) => return Err(e),
+    };
+    let key = (meta.modified().ok(), meta.len());
+    if seen == Some(key) {
+        return Ok(Poll::Unchanged);
+    }
+    Ok(Poll::Read(key, std::fs::read_to_string(path)?))
 }
 
 #[cfg(test)]
@@ -103,5 +112,24 @@ mod tests {
             ["10.0.0.1:1", "10.0.0.2:2", "[::1]:3"]
         );
         assert!(parse_workers_file("# nothing\n\n").is_empty());
+    }
+
+    #[test]
+    fn a_file_is_read_again_only_when_it_changes() {
+        let dir = std::env::temp_dir().join(format!("embedfleet-poll-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("workers");
+        assert!(matches!(poll_file(&path, None), Ok(Poll::Gone)));
+        std::fs::write(&path, "10.0.0.1:1\n").unwrap();
+        let Ok(Poll::Read(key, text)) = poll_file(&path, None) else {
+            panic!("a new file is read");
+        };
+        assert_eq!(text, "10.0.0.1:1\n");
+        assert!(matches!(poll_file(&path, Some(key)), Ok(Poll::Unchanged)));
+        std::fs::write(&path, "10.0.0.1:1\n10.0.0.2:2\n").unwrap();
+        assert!(matches!(poll_file(&path, Some(key)), Ok(Poll::Read(..))));
+        // A directory where the file should be: unreadable, an error (warned once by the caller).
+        assert!(poll_file(&dir, None).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

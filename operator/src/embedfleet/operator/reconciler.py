@@ -12,26 +12,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from embedfleet.operator import metrics, paths, shared_gateway
+from embedfleet.operator import metrics, paths
 from embedfleet.operator.conditions import DEGRADED, MONITORED, Condition, find
 from embedfleet.operator.desired import Live, Seen, needs_apply, stamped
 from embedfleet.operator.informer import Bodies, Informer, read_by_reconciles
 from embedfleet.operator.kube import Kube, KubeError
-from embedfleet.operator.manifests import (
-    MANAGER,
-    Images,
-    Names,
-    Owner,
-    children,
-    config_hash,
-    endpoint,
-    service_monitor,
-    worker_env,
-    worker_selector,
-)
+from embedfleet.operator.manifests import MANAGER, Images, Names, Owner, endpoint, worker_selector
 from embedfleet.operator.refusal import must_look, recorded, reported
+from embedfleet.operator.render import shared_gateway
+from embedfleet.operator.render.config import config_hash
+from embedfleet.operator.render.fleet import children
+from embedfleet.operator.render.monitoring import service_monitor
+from embedfleet.operator.render.shared_gateway import object_name
+from embedfleet.operator.render.workers import worker_env
 from embedfleet.operator.replicas import worker_replicas
-from embedfleet.operator.shared_gateway import object_name
 from embedfleet.operator.spec import Spec, SpecError, parse_spec
 from embedfleet.operator.status import (
     UNSUPPORTED_MODEL,

@@ -29,6 +29,8 @@ _FILE = re.compile(r"^file://(/[^/].*)$")
 #: gateway.shared: it names the shared gateway's objects (NAME-shared-gateway), as the CRD says
 SHARED_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 SHARED_MAX = 40
+#: what model.task may be (the CRD schema's enum)
+TaskName = Literal["embed", "score", "classify", "sparse", "multivector"]
 
 
 class SpecError(ValueError):
@@ -72,7 +74,7 @@ class Cache:
 @dataclass(frozen=True)
 class Model:
     source: ModelSource
-    task: Literal["embed", "score", "classify", "sparse"] = "embed"
+    task: TaskName = "embed"
     served_model_name: str = ""
     max_input_tokens: int = 0
     dtype: str = "auto"
@@ -246,13 +248,15 @@ def _resources(raw: Mapping[str, Any]) -> Resources:
     return Resources(requests=_strings(raw, "requests"), limits=_strings(raw, "limits"))
 
 
-def _task(raw: object) -> Literal["embed", "score", "classify", "sparse"]:
+def _task(raw: object) -> TaskName:
     if raw == "score":
         return "score"
     if raw == "classify":
         return "classify"
     if raw == "sparse":
         return "sparse"
+    if raw == "multivector":
+        return "multivector"
     return "embed"
 
 

@@ -153,13 +153,14 @@ XLMR_RERANKERS: dict[str, dict[str, Any]] = {
 }
 
 
-def xlmr_reranker(path: Path, published: str = "bge-reranker-base", seed: int = 0) -> Path:
-    """XLMRobertaForSequenceClassification with one label, bge-reranker's structure."""
-    from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification
+def _xlmr_config(tok: Tokenizer, **changes: Any) -> Any:
+    """XLMRobertaConfig at 2 x 64 with 4 heads for `tok`'s vocabulary (250002 in bge-m3 and
+    bge-reranker-v2-m3, 24 x 1024), weights wider than 0.02 so that random outputs differ
+    visibly."""
+    from transformers import XLMRobertaConfig
 
-    tok = unigram_tokenizer()
-    config = XLMRobertaConfig(
-        vocab_size=tok.get_vocab_size(),  # 250002 in the original
+    return XLMRobertaConfig(
+        vocab_size=tok.get_vocab_size(),
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -170,11 +171,22 @@ def xlmr_reranker(path: Path, published: str = "bge-reranker-base", seed: int = 
         pad_token_id=1,
         bos_token_id=0,
         eos_token_id=2,
+        initializer_range=0.1,
+        **changes,
+    )
+
+
+def xlmr_reranker(path: Path, published: str = "bge-reranker-base", seed: int = 0) -> Path:
+    """XLMRobertaForSequenceClassification with one label, bge-reranker's structure."""
+    from transformers import XLMRobertaForSequenceClassification
+
+    tok = unigram_tokenizer()
+    config = _xlmr_config(
+        tok,
         num_labels=1,
         architectures=["XLMRobertaForSequenceClassification"],
-        initializer_range=0.1,  # wider than 0.02, so that random scores differ visibly
         **XLMR_RERANKERS[published],
-    )  # type: ignore[call-arg]
+    )
     _seed(seed)
     return _save(XLMRobertaForSequenceClassification(config), tok, path)
 
@@ -238,6 +250,55 @@ def splade(path: Path, seed: int = 0) -> Path:
     )
     _seed(seed)
     return _save(BertForMaskedLM(config), tok, path)
+
+
+def bge_m3(path: Path, seed: int = 0) -> Path:
+    """XLMRobertaModel with BAAI/bge-m3's structure and its ColBERT projection: a
+    torch.nn.Linear(hidden, hidden) state dict in colbert_linear.pt, as its repository ships."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    tok = unigram_tokenizer()
+    config = _xlmr_config(tok, max_position_embeddings=8194, architectures=["XLMRobertaModel"])
+    _seed(seed)
+    _save(XLMRobertaModel(config, add_pooling_layer=False), tok, path)
+    torch.save(torch.nn.Linear(64, 64).state_dict(), str(path / "colbert_linear.pt"))
+    return path
+
+
+def bge_m3_colbert(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
+    """bge-m3's colbert vectors as its own code makes them: the last hidden state without the
+    first (CLS) token, through colbert_linear, L2-normalized per token; one [len - 1, D] array
+    per sequence, padding left out."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    model = XLMRobertaModel.from_pretrained(str(path), add_pooling_layer=False)
+    model.eval()  # type: ignore[no-untyped-call]
+    linear = torch.nn.Linear(64, 64)
+    linear.load_state_dict(torch.load(str(path / "colbert_linear.pt"), weights_only=True))
+    ids, mask = _padded(seqs, 1)
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        vectors = torch.nn.functional.normalize(linear(hidden[:, 1:]), dim=-1)
+    return [np.asarray(vectors[i, : len(s) - 1].numpy(), np.float32) for i, s in enumerate(seqs)]
+
+
+def pylate_colbert_vectors(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
+    """A PyLate ColBERT's token vectors as its modules compute them: the last hidden state of
+    every token through the Dense module's linear map, L2-normalized (its skip-list left out)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(str(path))
+    model.eval()
+    weight = load_file(str(path / "1_Dense" / "model.safetensors"))["linear.weight"]
+    ids, mask = _padded(seqs, 0)
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        vectors = torch.nn.functional.normalize(hidden @ weight.T, dim=-1)
+    return [np.asarray(vectors[i, : len(s)].numpy(), np.float32) for i, s in enumerate(seqs)]
 
 
 def small_bert(tok: Tokenizer) -> dict[str, Any]:
@@ -437,7 +498,7 @@ def _save_tokenizer(tok: Tokenizer, path: Path, pad: str) -> None:
 
 def sentence_transformers_modules(
     path: Path,
-    pooling: str,
+    pooling: str | None,
     *,
     dense: Sequence[tuple[int, int, str] | tuple[int, int, str, bool]] = (),
     normalize: bool = True,
@@ -449,7 +510,8 @@ def sentence_transformers_modules(
     """The files sentence-transformers keeps next to a transformer: modules.json, the Pooling
     config (`pooling_mode`, or the older boolean flags), Dense modules as (in, out, torch.nn
     activation class[, bias: default True]) with random weights, Normalize, prompts and
-    max_seq_length."""
+    max_seq_length. No `pooling`: no Pooling module, the Dense modules straight after the
+    transformer (PyLate's ColBERT layout)."""
     import torch
     from safetensors.torch import save_file
 
@@ -481,7 +543,8 @@ def sentence_transformers_modules(
         pool_cfg.update(
             {f"pooling_mode_{f}": m == pooling for m, f in zip(modes, flags, strict=True)}
         )
-    (add("Pooling") / "config.json").write_text(json.dumps(pool_cfg))
+    if pooling is not None:
+        (add("Pooling") / "config.json").write_text(json.dumps(pool_cfg))
     _seed(seed)
     for n_in, n_out, act, *bias in dense:
         folder = add("Dense")
@@ -538,7 +601,7 @@ MODERNBERT: dict[str, Any] = {
 
 
 def _embedder(
-    path: Path, model: Any, tok: Tokenizer, pad: str, pooling: str = "mean", **modules: Any
+    path: Path, model: Any, tok: Tokenizer, pad: str, pooling: str | None = "mean", **modules: Any
 ) -> Path:
     """A transformer saved with its tokenizer (both formats) and sentence-transformers modules."""
     _save(model, tok, path)
@@ -600,6 +663,18 @@ def bert_dense(path: Path, pooling: str = "cls", seed: int = 0) -> Path:
     _seed(seed)
     model = BertModel(config)
     return _embedder(path, model, tok, "[PAD]", pooling, dense=dense, legacy_flags=True, seed=seed)
+
+
+def pylate_colbert(path: Path, seed: int = 0) -> Path:
+    """BertModel as PyLate saves a ColBERT (answerai-colbert-small-v1: 384 -> 96): a Dense
+    module without bias or activation straight after the transformer, no pooling."""
+    from transformers import BertConfig, BertModel
+
+    tok = wordpiece_tokenizer()
+    _seed(seed)
+    model = BertModel(BertConfig(**small_bert(tok)), add_pooling_layer=False)
+    dense = ((64, 24, "Identity", False),)
+    return _embedder(path, model, tok, "[PAD]", None, dense=dense, normalize=False, seed=seed)
 
 
 # ---- references ---------------------------------------------------------------------------------
@@ -722,6 +797,8 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "Qwen3-Reranker-0.6B": lambda p: qwen3_reranker(p, "Qwen3-Reranker-0.6B"),
     "Qwen3-Reranker-8B": lambda p: qwen3_reranker(p, "Qwen3-Reranker-8B"),
     "splade": splade,
+    "bge-m3": bge_m3,
+    "pylate-colbert": pylate_colbert,
     "finbert": finbert,
     "go_emotions": go_emotions,
     **{name: functools.partial(decoder_embedder, published=name) for name in DECODERS},

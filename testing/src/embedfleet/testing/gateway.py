@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedfleet.common.cpus import detect_cores
 from embedfleet.common.net import free_ports
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail, spawn, stop
@@ -55,10 +56,13 @@ def child_env() -> dict[str, str]:
 
 def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     """`cargo test --release --locked --offline` of the gateway in the build script's target
-    directory (the dependencies it compiled are reused), under nice with one job."""
+    directory (the dependencies it compiled are reused), under nice. Every core: pytest runs one
+    test at a time, and the crate's test targets (unit, contract, layers) compile side by side,
+    halving this test's wall time on two cores (228 s -> 120 s measured under load)."""
     gateway_binary()  # builds the dependencies into the target directory when cold
     target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
-    env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": "1"}
+    jobs = str(detect_cores())
+    env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": jobs}
     return subprocess.run(
         [
             "nice",
@@ -70,7 +74,7 @@ def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
             "--locked",
             "--offline",
             "-j",
-            "1",
+            jobs,
         ],
         cwd=CRATE,
         env=env,

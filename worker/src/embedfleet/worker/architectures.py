@@ -29,13 +29,13 @@ ISSUES_URL = "https://github.com/embedfleet/embedfleet/issues"
 
 #: config.json model_type -> the heads it is served with (modeldir.Head)
 SERVED: dict[str, tuple[Head, ...]] = {
-    "bert": ("pool", "classifier", "splade"),
-    "roberta": ("pool", "classifier", "splade"),
-    "xlm-roberta": ("pool", "classifier", "splade"),
-    "camembert": ("pool", "classifier", "splade"),
-    "distilbert": ("pool",),
-    "mpnet": ("pool",),
-    "modernbert": ("pool",),
+    "bert": ("pool", "classifier", "splade", "colbert"),
+    "roberta": ("pool", "classifier", "splade", "colbert"),
+    "xlm-roberta": ("pool", "classifier", "splade", "colbert"),
+    "camembert": ("pool", "classifier", "splade", "colbert"),
+    "distilbert": ("pool", "colbert"),
+    "mpnet": ("pool", "colbert"),
+    "modernbert": ("pool", "colbert"),
     "qwen3": ("pool", "yes_no"),
     "qwen2": ("pool",),
     "mistral": ("pool",),
@@ -68,6 +68,7 @@ _TASKS_OF: dict[Head, str] = {
     "classifier": "score/classify",
     "splade": "sparse",
     "yes_no": "score",
+    "colbert": "multivector",
 }
 
 

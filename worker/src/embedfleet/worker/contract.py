@@ -60,7 +60,8 @@ class WorkItem:
 class EngineInfo:
     model_name: str
     task: Task
-    #: embed: the vector size; score: 1; classify: the label count; sparse: the vocabulary size
+    #: embed: the vector size; score: 1; classify: the label count; sparse: the vocabulary size;
+    #: multivector: each token vector's size
     dimensions: int
     max_input_tokens: int
     vocab_size: int
@@ -70,6 +71,8 @@ class EngineInfo:
     default_normalize: bool
     #: classify: how `Options.activate` turns logits into scores
     activation: Activation = "sigmoid"
+    #: multivector: the leading tokens of each sequence that get no vector (bge-m3: 1, its CLS)
+    skip_tokens: int = 0
 
 
 def check_tokens(tokens: Tokens, max_tokens: int, vocab_size: int, type_vocab_size: int) -> None:
@@ -102,6 +105,8 @@ def output_dimensions(model: ModelDir) -> int:
         return len(model.labels)
     if model.task == "sparse":
         return model.vocab_size
+    if model.multivector is not None:
+        return model.multivector.layer.out_features
     return 1
 
 
@@ -148,7 +153,8 @@ class Pending(Protocol):
         ...
 
     def wait(self) -> list[FloatArray]:
-        """One array per work item, in order: [count] for score, else [count, dimensions]."""
+        """One array per work item, in order: [count] for score, [vectors, dimensions] for
+        multivector (every sequence's token vectors, in order), else [count, dimensions]."""
         ...
 
 

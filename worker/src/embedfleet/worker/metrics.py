@@ -1,4 +1,5 @@
-"""The worker's Prometheus metrics, in a registry of its own (no process-global state).
+"""The worker's Prometheus metrics, declared once each (embedfleet.common.metrics), in a registry
+of its own (no process-global state).
 
 docs/worker.md lists them; `metric_rows` renders that list from the registry, so it cannot drift.
 """
@@ -8,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from embedfleet.common.metrics import Metrics, counter, gauge, histogram
 from embedfleet.worker.contract import Engine, GraphCounters
 
 _PREFIX = "embedfleet_worker_"
@@ -28,6 +30,54 @@ ENGINE_STAGES = ("pack", "forward", "pool")
 _TOKENS = tuple(float(2**k) for k in range(4, 18))  # 16 .. 131072
 _SEQUENCES = tuple(float(2**k) for k in range(0, 11))  # 1 .. 1024
 
+# Read at scrape time from the engine (_GraphCollector) and the device (_GpuMemoryCollector).
+GRAPH_CAPTURES = counter(_PREFIX + "graph_captures_total", "CUDA graphs captured.")
+GRAPH_REPLAYS = counter(_PREFIX + "graph_replays_total", "Batches run by replaying a CUDA graph.")
+EAGER_RUNS = counter(_PREFIX + "eager_runs_total", "Batches run eagerly (no graph).")
+GRAPH_CAPTURE_SECONDS = counter(
+    _PREFIX + "graph_capture_seconds_total", "Time spent capturing CUDA graphs."
+)
+GRAPH_REJECTS = counter(
+    _PREFIX + "graph_rejects_total",
+    "New CUDA graphs whose check replay disagreed with eager (never served; the bucket "
+    "runs eager from then on).",
+)
+LIVE_GRAPHS = gauge(_PREFIX + "live_graphs", "CUDA graphs held now.")
+GRAPH_POOL_BYTES = gauge(
+    _PREFIX + "graph_pool_bytes",
+    "GPU memory held by the CUDA graphs' shared memory pool (the largest captured "
+    "bucket's working set; all graphs reuse it).",
+)
+ENGINE_INFO = gauge(
+    _PREFIX + "engine_info",
+    "1, labelled with the attention backend in use, whether CUDA graphs are on "
+    "(off on CUDA: the engine's log says why) and the CPU runtime the encoder runs in "
+    "(eager on CUDA).",
+    ("attention", "cuda_graphs", "runtime"),
+)
+GPU_MEMORY_BYTES = gauge(
+    _PREFIX + "gpu_memory_bytes",
+    "GPU memory of the engine's device by kind: allocated (live tensors) or reserved "
+    "(torch's caching allocator, allocated included). Absent on CPU.",
+    ("kind",),
+)
+GPU_MEMORY_TOTAL_BYTES = gauge(
+    _PREFIX + "gpu_memory_total_bytes", "Memory of the engine's GPU. Absent on CPU."
+)
+#: every metric read at scrape time, for checks of the names
+SCRAPED = (
+    GRAPH_CAPTURES,
+    GRAPH_REPLAYS,
+    EAGER_RUNS,
+    GRAPH_CAPTURE_SECONDS,
+    GRAPH_REJECTS,
+    LIVE_GRAPHS,
+    GRAPH_POOL_BYTES,
+    ENGINE_INFO,
+    GPU_MEMORY_BYTES,
+    GPU_MEMORY_TOTAL_BYTES,
+)
+
 
 class _GraphCollector(Collector):
     """Reads the engine's own counters at scrape time rather than mirroring them."""
@@ -37,44 +87,14 @@ class _GraphCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counters = self._read()
-        yield CounterMetricFamily(
-            _PREFIX + "graph_captures", "CUDA graphs captured.", value=counters.captures
-        )
-        yield CounterMetricFamily(
-            _PREFIX + "graph_replays",
-            "Batches run by replaying a CUDA graph.",
-            value=counters.replays,
-        )
-        yield CounterMetricFamily(
-            _PREFIX + "eager_runs", "Batches run eagerly (no graph).", value=counters.eager_runs
-        )
-        yield CounterMetricFamily(
-            _PREFIX + "graph_capture_seconds",
-            "Time spent capturing CUDA graphs.",
-            value=counters.capture_seconds,
-        )
-        yield CounterMetricFamily(
-            _PREFIX + "graph_rejects",
-            "New CUDA graphs whose check replay disagreed with eager (never served; the bucket "
-            "runs eager from then on).",
-            value=counters.rejects,
-        )
-        yield GaugeMetricFamily(
-            _PREFIX + "live_graphs", "CUDA graphs held now.", value=counters.live_graphs
-        )
-        yield GaugeMetricFamily(
-            _PREFIX + "graph_pool_bytes",
-            "GPU memory held by the CUDA graphs' shared memory pool (the largest captured "
-            "bucket's working set; all graphs reuse it).",
-            value=counters.graph_pool_bytes,
-        )
-        info = GaugeMetricFamily(
-            _PREFIX + "engine_info",
-            "1, labelled with the attention backend in use, whether CUDA graphs are on "
-            "(off on CUDA: the engine's log says why) and the CPU runtime the encoder runs in "
-            "(eager on CUDA).",
-            labels=("attention", "cuda_graphs", "runtime"),
-        )
+        yield GRAPH_CAPTURES.family(counters.captures)
+        yield GRAPH_REPLAYS.family(counters.replays)
+        yield EAGER_RUNS.family(counters.eager_runs)
+        yield GRAPH_CAPTURE_SECONDS.family(counters.capture_seconds)
+        yield GRAPH_REJECTS.family(counters.rejects)
+        yield LIVE_GRAPHS.family(counters.live_graphs)
+        yield GRAPH_POOL_BYTES.family(counters.graph_pool_bytes)
+        info = ENGINE_INFO.family()
         graphs = "on" if counters.graphs_enabled else "off"
         info.add_metric((counters.attention or "none", graphs, counters.runtime or "none"), 1.0)
         yield info
@@ -131,131 +151,102 @@ class _GpuMemoryCollector(Collector):
         memory = self._read()
         if memory is None:
             return
-        used = GaugeMetricFamily(
-            _PREFIX + "gpu_memory_bytes",
-            "GPU memory of the engine's device by kind: allocated (live tensors) or reserved "
-            "(torch's caching allocator, allocated included). Absent on CPU.",
-            labels=("kind",),
-        )
+        used = GPU_MEMORY_BYTES.family()
         used.add_metric(("allocated",), memory.allocated)
         used.add_metric(("reserved",), memory.reserved)
         yield used
-        yield GaugeMetricFamily(
-            _PREFIX + "gpu_memory_total_bytes",
-            "Memory of the engine's GPU. Absent on CPU.",
-            value=memory.total,
-        )
+        yield GPU_MEMORY_TOTAL_BYTES.family(memory.total)
 
     def describe(self) -> Iterator[Metric]:
         return _GpuMemoryCollector(lambda: GpuMemory(0, 0, 0)).collect()
 
 
-class WorkerMetrics:
+class WorkerMetrics(Metrics):
+    """The worker's metrics, one registry per worker. The engine's graph counters and the GPU's
+    memory are read at scrape time (the declarations above)."""
+
+    tokens = counter(
+        _PREFIX + "tokens_total", "Tokens computed for requests (warm-up and self-check excluded)."
+    )
+    requests = counter(
+        _PREFIX + "requests_total",
+        "RPCs answered, by method and gRPC status code.",
+        ("rpc", "code"),
+    )
+    batch_tokens = histogram(_PREFIX + "batch_tokens", "Tokens per batch.", buckets=_TOKENS)
+    batch_sequences = histogram(
+        _PREFIX + "batch_sequences", "Sequences per batch.", buckets=_SEQUENCES
+    )
+    queue_wait = histogram(
+        _PREFIX + "queue_wait_seconds",
+        "From a request's arrival to the launch of its batch.",
+        buckets=_SECONDS,
+    )
+    compute = histogram(
+        _PREFIX + "compute_seconds",
+        "From a batch's launch to its results on the host.",
+        buckets=_SECONDS,
+    )
+    stage_seconds = histogram(
+        _PREFIX + "stage_seconds",
+        "Time in one stage: per request parse (protobuf decode), validate (tokens unpacked, "
+        "admitted, checked), reply (results to the reply message), serialize (reply "
+        "encoded); per batch the engine's own stages where it reports them (pack, forward, "
+        "pool). queue_wait and compute have their own histograms.",
+        ("stage",),
+        buckets=_STAGE_SECONDS,
+    )
+    request = histogram(
+        _PREFIX + "request_seconds",
+        "Embed/Score RPC time inside the server, from the handler's start to its reply.",
+        buckets=_SECONDS,
+    )
+    inflight = gauge(_PREFIX + "inflight_requests", "Requests admitted and not yet answered.")
+    request_bytes = gauge(
+        _PREFIX + "inflight_request_bytes",
+        "Request message bytes held (decoded, queued or computing), at most --max-inflight-bytes.",
+    )
+    streams = gauge(
+        _PREFIX + "embed_streams",
+        "EmbedStream calls open: a gateway's long-lived stream of small Embed calls each "
+        "(their calls count as Embed in the requests counter).",
+    )
+    queued_tokens = gauge(
+        _PREFIX + "queued_tokens", "Tokens waiting in the queue (not yet launched)."
+    )
+    queued_requests = gauge(_PREFIX + "queued_requests", "Requests waiting in the queue.")
+    dropped = counter(
+        _PREFIX + "dropped_requests_total",
+        "Requests removed from the queue without compute, by reason (cancelled, deadline).",
+        ("reason",),
+    )
+    capacity = gauge(
+        _PREFIX + "capacity_tokens_per_second",
+        "Tokens/s this worker sustained at saturation during warm-up; the autoscaler reads it.",
+    )
+    saturated = gauge(
+        _PREFIX + "saturated_tokens_per_second",
+        "Tokens/s over this worker's latest back-to-back batches cut by the budget (saturated "
+        "on real traffic, on its current share of the machine); 0 until it has been.",
+    )
+    ready = gauge(_PREFIX + "ready", "1 once warm-up and the self-check passed, 0 otherwise.")
+    draining = gauge(_PREFIX + "draining", "1 after SIGTERM while in-flight requests finish.")
+
     def __init__(
         self,
         engine_counters: Callable[[], GraphCounters] = GraphCounters,
         gpu_memory: Callable[[], GpuMemory | None] = no_gpu,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.tokens = Counter(
-            _PREFIX + "tokens",
-            "Tokens computed for requests (warm-up and self-check excluded).",
-            registry=r,
-        )
-        self.requests = Counter(
-            _PREFIX + "requests",
-            "RPCs answered, by method and gRPC status code.",
-            ("rpc", "code"),
-            registry=r,
-        )
-        self.batch_tokens = Histogram(
-            _PREFIX + "batch_tokens", "Tokens per batch.", buckets=_TOKENS, registry=r
-        )
-        self.batch_sequences = Histogram(
-            _PREFIX + "batch_sequences", "Sequences per batch.", buckets=_SEQUENCES, registry=r
-        )
-        self.queue_wait = Histogram(
-            _PREFIX + "queue_wait_seconds",
-            "From a request's arrival to the launch of its batch.",
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.compute = Histogram(
-            _PREFIX + "compute_seconds",
-            "From a batch's launch to its results on the host.",
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.stage_seconds = Histogram(
-            _PREFIX + "stage_seconds",
-            "Time in one stage: per request parse (protobuf decode), validate (tokens unpacked, "
-            "admitted, checked), reply (results to the reply message), serialize (reply "
-            "encoded); per batch the engine's own stages where it reports them (pack, forward, "
-            "pool). queue_wait and compute have their own histograms.",
-            ("stage",),
-            buckets=_STAGE_SECONDS,
-            registry=r,
-        )
+        super().__init__(CollectorRegistry(auto_describe=True))
         # Resolved once, so observing is no label lookup; engines' names are looked up here too.
         self.stages = {name: self.stage_seconds.labels(name) for name in (*STAGES, *ENGINE_STAGES)}
-        self.request = Histogram(
-            _PREFIX + "request_seconds",
-            "Embed/Score RPC time inside the server, from the handler's start to its reply.",
-            buckets=_SECONDS,
-            registry=r,
-        )
-        self.inflight = Gauge(
-            _PREFIX + "inflight_requests", "Requests admitted and not yet answered.", registry=r
-        )
-        self.request_bytes = Gauge(
-            _PREFIX + "inflight_request_bytes",
-            "Request message bytes held (decoded, queued or computing), at most "
-            "--max-inflight-bytes.",
-            registry=r,
-        )
-        self.streams = Gauge(
-            _PREFIX + "embed_streams",
-            "EmbedStream calls open: a gateway's long-lived stream of small Embed calls each "
-            "(their calls count as Embed in the requests counter).",
-            registry=r,
-        )
-        self.queued_tokens = Gauge(
-            _PREFIX + "queued_tokens", "Tokens waiting in the queue (not yet launched).", registry=r
-        )
-        self.queued_requests = Gauge(
-            _PREFIX + "queued_requests", "Requests waiting in the queue.", registry=r
-        )
-        self.dropped = Counter(
-            _PREFIX + "dropped_requests",
-            "Requests removed from the queue without compute, by reason (cancelled, deadline).",
-            ("reason",),
-            registry=r,
-        )
-        self.capacity = Gauge(
-            _PREFIX + "capacity_tokens_per_second",
-            "Tokens/s this worker sustained at saturation during warm-up; the autoscaler reads it.",
-            registry=r,
-        )
-        self.saturated = Gauge(
-            _PREFIX + "saturated_tokens_per_second",
-            "Tokens/s over this worker's latest back-to-back batches cut by the budget (saturated "
-            "on real traffic, on its current share of the machine); 0 until it has been.",
-            registry=r,
-        )
-        self.ready = Gauge(
-            _PREFIX + "ready", "1 once warm-up and the self-check passed, 0 otherwise.", registry=r
-        )
-        self.draining = Gauge(
-            _PREFIX + "draining", "1 after SIGTERM while in-flight requests finish.", registry=r
-        )
         # Known series exist from the start (at 0), so dashboards and rate() see them at once.
         for reason in ("cancelled", "deadline"):
             self.dropped.labels(reason)
         for rpc in ("Embed", "Score", "Info"):
             self.requests.labels(rpc, "OK")
-        r.register(_GraphCollector(engine_counters))
-        r.register(_GpuMemoryCollector(gpu_memory))
+        self.registry.register(_GraphCollector(engine_counters))
+        self.registry.register(_GpuMemoryCollector(gpu_memory))
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from embedfleet.common.arrays import FloatArray
+from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.worker.contract import (
     Done,
@@ -28,7 +29,8 @@ from embedfleet.worker.contract import (
 
 
 class NullEngine:
-    """Row i of an embed result is [length, sum of ids, first id, 0, ...] (scores: the length)."""
+    """Row i of an embed result is [length, sum of ids, first id, 0, ...] (scores: the length;
+    multivector: a row a token with a vector, [its id, its position, 0, ...])."""
 
     def __init__(self, info: EngineInfo, tokens_per_second: float = 0.0) -> None:
         self._info = info
@@ -51,6 +53,7 @@ class NullEngine:
                 default_pooling=model.pooling,
                 default_normalize=model.normalize,
                 activation=model.activation,
+                skip_tokens=model.multivector.skip if model.multivector else 0,
             ),
             tokens_per_second,
         )
@@ -79,6 +82,8 @@ class NullEngine:
         tokens = item.tokens
         if self._info.task == "score":
             return tokens.lengths.astype(np.float32)
+        if self._info.task == "multivector":
+            return _token_rows(tokens, self._info)
         dims = item.options.dimensions or self._info.dimensions
         out = np.zeros((tokens.count, dims), dtype=np.float32)
         starts = np.concatenate(([0], np.cumsum(tokens.lengths)[:-1]))
@@ -91,3 +96,15 @@ class NullEngine:
 
     def counters(self) -> GraphCounters:
         return GraphCounters(eager_runs=self._runs)
+
+
+def _token_rows(tokens: Tokens, info: EngineInfo) -> FloatArray:
+    """[id, position in its sequence, 0, ...] of each token past the first `skip_tokens`."""
+    lengths = tokens.lengths.astype(np.int64)
+    place = np.arange(tokens.total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    kept = place >= info.skip_tokens
+    out = np.zeros((int(kept.sum()), info.dimensions), dtype=np.float32)
+    out[:, 0] = tokens.ids[kept]
+    if info.dimensions > 1:
+        out[:, 1] = place[kept]
+    return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from embedfleet.common.arrays import FloatArray
@@ -53,7 +54,13 @@ _POOLING: dict[int, Pooling | None] = {
     pb.POOLING_MEAN_SQRT_LEN: "mean_sqrt_len",
 }
 _POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
-_TASKS = {"Embed": "embed", "Score": "score", "Classify": "classify", "SparseEmbed": "sparse"}
+_TASKS = {
+    "Embed": "embed",
+    "Score": "score",
+    "Classify": "classify",
+    "SparseEmbed": "sparse",
+    "MultiVectorEmbed": "multivector",
+}
 R = TypeVar("R")
 
 
@@ -378,6 +385,34 @@ class WorkerService(pb_grpc.WorkerServicer):
 
         return await self._serve("SparseEmbed", request.batch, options, reply, context)
 
+    async def MultiVectorEmbed(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.MultiVectorEmbedRequest,
+        context: grpc.aio.ServicerContext[pb.MultiVectorEmbedRequest, pb.MultiVectorEmbedResponse],
+    ) -> pb.MultiVectorEmbedResponse:
+        def options() -> Options:
+            _check_format(request.format)
+            return Options()
+
+        layout = self.state.model.multivector
+        skip = layout.skip if layout is not None else 0
+
+        def reply(entry: Entry) -> pb.MultiVectorEmbedResponse:
+            vectors = entry.future.result()  # [vectors, dimensions], every sequence's in order
+            counts = np.maximum(entry.item.tokens.lengths.astype(np.int64) - skip, 0)
+            offsets = np.zeros(counts.size + 1, "<i4")
+            np.cumsum(counts, out=offsets[1:])
+            return pb.MultiVectorEmbedResponse(
+                vectors=pack_floats(vectors, request.format),
+                offsets=offsets.tobytes(),
+                count=int(counts.size),
+                dimensions=int(vectors.shape[1]),
+                format=request.format,
+                prompt_tokens=entry.tokens,
+            )
+
+        return await self._serve("MultiVectorEmbed", request.batch, options, reply, context)
+
     async def Info(  # noqa: N802 - gRPC method names
         self,
         request: pb.InfoRequest,
@@ -532,9 +567,13 @@ class WorkerService(pb_grpc.WorkerServicer):
             metrics.request.observe(time.perf_counter() - started)
 
 
+def _check_format(fmt: int) -> None:
+    if fmt not in FLOAT_DTYPES:
+        raise StatusError(Code.INVALID_ARGUMENT, f"unknown float format {fmt}")
+
+
 def _embed_options(request: pb.EmbedRequest) -> Options:
-    if request.format not in FLOAT_DTYPES:
-        raise StatusError(Code.INVALID_ARGUMENT, f"unknown float format {request.format}")
+    _check_format(request.format)
     if request.pooling not in _POOLING:
         raise StatusError(Code.INVALID_ARGUMENT, f"unknown pooling {request.pooling}")
     return Options(
@@ -604,6 +643,11 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
             service.SparseEmbed,
             pb.SparseEmbedRequest.FromString,
             pb.SparseEmbedResponse.SerializeToString,
+        ),
+        "MultiVectorEmbed": (
+            service.MultiVectorEmbed,
+            pb.MultiVectorEmbedRequest.FromString,
+            pb.MultiVectorEmbedResponse.SerializeToString,
         ),
     }
     stages = service.state.metrics.stages

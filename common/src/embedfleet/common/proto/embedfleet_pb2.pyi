@@ -174,6 +174,30 @@ class SparseEmbedResponse(_message.Message):
     prompt_tokens: int
     def __init__(self, offsets: _Optional[bytes] = ..., indices: _Optional[bytes] = ..., values: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
+class MultiVectorEmbedRequest(_message.Message):
+    __slots__ = ("batch", "format")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    format: FloatFormat
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., format: _Optional[_Union[FloatFormat, str]] = ...) -> None: ...
+
+class MultiVectorEmbedResponse(_message.Message):
+    __slots__ = ("vectors", "offsets", "count", "dimensions", "format", "prompt_tokens")
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    vectors: bytes
+    offsets: bytes
+    count: int
+    dimensions: int
+    format: FloatFormat
+    prompt_tokens: int
+    def __init__(self, vectors: _Optional[bytes] = ..., offsets: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., format: _Optional[_Union[FloatFormat, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
 class EmbedCall(_message.Message):
     __slots__ = ("id", "request", "timeout_seconds")
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class WorkerStub:
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
                 response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
                 _registered_method=True)
+        self.MultiVectorEmbed = channel.unary_unary(
+                '/embedfleet.v1.Worker/MultiVectorEmbed',
+                request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.SerializeToString,
+                response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.FromString,
+                _registered_method=True)
         self.EmbedStream = channel.stream_stream(
                 '/embedfleet.v1.Worker/EmbedStream',
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedCall.SerializeToString,
@@ -105,6 +110,14 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MultiVectorEmbed(self, request, context):
+        """One vector per token for each tokenized input (ColBERT-style late interaction); multivector
+        models only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EmbedStream(self, request_iterator, context):
         """Embed calls as messages of one long-lived stream, answered by id in any order: the Rust
         gateway's small (coalesced) calls. A message costs the worker's front a fraction of a unary
@@ -141,6 +154,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.SparseEmbed,
                     request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.FromString,
                     response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.SerializeToString,
+            ),
+            'MultiVectorEmbed': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiVectorEmbed,
+                    request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.FromString,
+                    response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.SerializeToString,
             ),
             'EmbedStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EmbedStream,
@@ -283,6 +301,33 @@ class Worker:
             '/embedfleet.v1.Worker/SparseEmbed',
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedRequest.SerializeToString,
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.SparseEmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiVectorEmbed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedfleet.v1.Worker/MultiVectorEmbed',
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.SerializeToString,
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_client import Counter, Histogram
 
 from embedfleet.operator import paths
 from embedfleet.operator.autoscaling import signals, wake
@@ -45,6 +44,7 @@ from embedfleet.operator.autoscaling.state import rfc3339, status_patch
 from embedfleet.operator.informer import Informer
 from embedfleet.operator.kube import Kube, KubeError
 from embedfleet.operator.manifests import MANAGER, METRICS_PORTS, Names
+from embedfleet.operator.metrics import DECISIONS, SCALE_DECISIONS, TICK_SECONDS
 from embedfleet.operator.spec import GROUP, VERSION, Spec, SpecError, parse_spec
 
 log = logging.getLogger(__name__)
@@ -59,22 +59,6 @@ CONCURRENT_FLEETS = 16
 #: Bound on one fleet's whole measurement and decision: a hung pod or Prometheus costs that
 #: fleet this tick, never the tick of every other fleet.
 FLEET_TIMEOUT_SECONDS = 10.0
-
-SCALE_DECISIONS = Counter(
-    "embedfleet_operator_scale_decisions_total",
-    "Autoscaler decisions that changed the worker replica count, by reason.",
-    ["namespace", "deployment", "reason"],
-)
-DECISIONS = Counter(
-    "embedfleet_operator_autoscaler_decisions_total",
-    "Autoscaler decisions made: one per autoscaled fleet per tick, and one per wake.",
-)
-TICK_SECONDS = Histogram(
-    "embedfleet_operator_autoscaler_tick_seconds",
-    "Duration of one autoscaler tick over every autoscaled fleet (a tick starts every 5 s; one "
-    "longer than that delays the next).",
-    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
-)
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,11 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import Counter
-
 from embedfleet.common.logs import LogLimiter
 from embedfleet.operator import paths
 from embedfleet.operator.autoscaling.memory import Fleet, Memory
 from embedfleet.operator.kube import Kube, KubeError
+from embedfleet.operator.metrics import STATUS_WRITES
 from embedfleet.operator.status import mirrored
 from embedfleet.operator.workqueue import Lanes
 
@@ -42,13 +41,6 @@ DECISION, REFRESH = 0, 1
 #: Writes in flight at once: the API server is shared with the reconciles, which have 16.
 WRITERS = 4
 FAILURE_LOG_SECONDS = 10.0
-
-STATUS_WRITES = Counter(
-    "embedfleet_operator_autoscaler_status_writes_total",
-    "status.autoscaling writes the autoscaler made, by kind (decision: a new replica count, "
-    "reason or scale time; refresh: measurements only) and result (ok, error).",
-    ["kind", "result"],
-)
 
 
 class Recorder:

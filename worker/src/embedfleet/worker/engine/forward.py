@@ -84,13 +84,17 @@ def default_outputs(
     device: torch.device,
     runtime: Runtime | None = None,
 ) -> FloatArray:
-    """The default head's float32 rows for `tokens`, synchronous (the encoder eager, or in
-    `runtime`)."""
+    """The default head's float32 rows for `tokens` (a row a sequence, or a token for a
+    multivector head), synchronous (the encoder eager, or in `runtime`)."""
     with torch.inference_mode():
         host = pack([tokens], model.shape.position_offset)
         batch = to_device(host, device)
         _, head = forward(
             model, backend, pooler, batch, int(host.lengths.max()), host.lengths, runtime
         )
-        rows: FloatArray = head[: host.real_sequences].float().cpu().numpy()
+        # A multivector head has a row a token (the batch is unpadded: every token is real),
+        # so the dtype probe compares every token's vector, not only the first few.
+        per_token = head.shape[0] == host.total_tokens
+        real = host.real_tokens if per_token else host.real_sequences
+        rows: FloatArray = head[:real].float().cpu().numpy()
         return rows

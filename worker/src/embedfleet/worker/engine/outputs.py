@@ -2,7 +2,8 @@
 
 Pooling other than the default (then the model's Dense layers), Matryoshka truncation,
 normalization (embedders) or the activation (scorers and classifiers; sparse rows pass as they
-are), and the slice of the batch output each item reads back. Pure: the forward's tensors are
+are), and the slice of the batch output each item reads back (a multivector item: its tokens'
+rows). Pure: the forward's tensors are
 read, never written, so a graph's static outputs can be passed straight in.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from embedfleet.common.modeldir import Activation, Pooling
@@ -41,6 +43,8 @@ def apply_options(
     if model.task == "sparse":
         out = head[:real_sequences]
         return out, _slices(items, out.shape[1])
+    if model.task == "multivector":
+        return token_rows(items, head, model.skip_tokens)
     choices = [resolve(it.options, model) for it in items]
     if default is not None and set(choices) == {defaults(model)}:
         out = default[:real_sequences]
@@ -114,6 +118,30 @@ def _scores(
             row += it.tokens.count
     columns = scores.shape[1] if scores.dim() == 2 else 0
     return scores.contiguous(), _slices(items, columns)
+
+
+def token_rows(
+    items: Sequence[WorkItem], head: torch.Tensor, skip: int
+) -> tuple[torch.Tensor, list[Slice]]:
+    """The items' real tokens' rows of a per-token `head` [T, D], less the first `skip` tokens
+    of each sequence, and each item's slice of them. The rows kept are known on the host from the
+    lengths, so selecting them costs one index copy and no device sync."""
+    lengths = np.concatenate([it.tokens.lengths for it in items]).astype(np.int64)
+    real = int(lengths.sum())
+    if skip == 0:
+        out = head[:real]
+    else:
+        starts = np.cumsum(lengths) - lengths
+        place = np.arange(real) - np.repeat(starts, lengths)
+        keep = torch.from_numpy(np.flatnonzero(place >= skip))
+        out = head.index_select(0, keep.to(head.device, non_blocking=True))
+    slices: list[Slice] = []
+    row = 0
+    for it in items:
+        kept = int(np.maximum(it.tokens.lengths.astype(np.int64) - skip, 0).sum())
+        slices.append(Slice(row, row + kept, out.shape[1]))
+        row += kept
+    return out.contiguous(), slices
 
 
 def _slices(items: Sequence[WorkItem], columns: int) -> list[Slice]:

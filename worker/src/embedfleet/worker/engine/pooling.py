@@ -78,8 +78,11 @@ class Dense:
         return out if self.residual is None else out + F.linear(x, self.residual)
 
 
-def load_dense(layer: DenseLayer, device: torch.device) -> Dense:
-    tensors = load_tensors(layer.path)
+def load_dense(
+    layer: DenseLayer, device: torch.device, tensors: dict[str, torch.Tensor] | None = None
+) -> Dense:
+    """`layer` from its folder's weights, or from `tensors` (named linear.weight, ...)."""
+    tensors = load_tensors(layer.path) if tensors is None else tensors
 
     def get(name: str) -> torch.Tensor:
         if name not in tensors:

@@ -181,6 +181,7 @@ class TorchEngine:
             default_pooling=self.model_dir.pooling,
             default_normalize=self.model_dir.normalize,
             activation=self.model_dir.activation,
+            skip_tokens=self.model_dir.multivector.skip if self.model_dir.multivector else 0,
         )
 
     @classmethod

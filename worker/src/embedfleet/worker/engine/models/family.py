@@ -13,6 +13,7 @@ from embedfleet.worker.architectures import refusal
 from embedfleet.worker.engine.models import Model
 from embedfleet.worker.engine.models.bert import load_bert
 from embedfleet.worker.engine.models.classifier import load_classifier
+from embedfleet.worker.engine.models.colbert import ColBERT, load_projection
 from embedfleet.worker.engine.models.decoder import load_decoder
 from embedfleet.worker.engine.models.distilbert import load_distilbert
 from embedfleet.worker.engine.models.gemma3 import GEMMA3_TYPES, gemma3_decoder
@@ -72,6 +73,9 @@ def load_model(
         return load_classifier(config, tensors, dtype, device, one, len(model_dir.labels))
     if head == "splade":
         return load_splade(config, tensors, dtype, device)
+    if head == "colbert":
+        projection = load_projection(model_dir, device)
+        return ColBERT(ENCODERS[kind](config, tensors, dtype, device), projection)
     if kind in DECODER_TYPES:
         build = gemma3_decoder if kind in GEMMA3_TYPES else llama_decoder
         return load_decoder(build, config, tensors, dtype, device, bidirectional)

@@ -1,4 +1,4 @@
-"""Pure functions from the EmbeddingDeployments that name a shared gateway to its objects.
+"""A shared gateway: the EmbeddingDeployments that name it, and its objects.
 
 Fleets join with `spec.gateway.shared: NAME`; the namespace then has one more gateway, serving
 every member's model on one endpoint and routing by the request's `model` (the gateway's
@@ -14,7 +14,8 @@ drops out at the next reconcile of any fleet in the namespace. Each member keeps
 A member is called `model.servedModelName` there, else its EmbeddingDeployment's name (unique in
 the namespace, as KubeAI names models). The gateway-wide settings (replicas, image, resources,
 Service, request limits, timeouts, tracing) are the first member's by name; API keys are the
-first member's that has any, so a member asking for keys is never served without them.
+first member's that has any, so a member asking for keys is never served without them. Its
+Deployment, Service and RBAC are rendered by gateway.py, as a fleet's own gateway's are.
 """
 
 from __future__ import annotations
@@ -25,12 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedfleet.operator.manifests import (
-    API_KEYS_FILE,
-    CONFIG_HASH,
-    GATEWAY_COMMAND,
-    GATEWAY_PORT,
     GATEWAY_PREFIX,
-    GRACE_MARGIN_SECONDS,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -39,26 +35,14 @@ from embedfleet.operator.manifests import (
     LABEL_SHARED,
     MANAGER,
     MODEL_DIR,
-    PRESTOP_SECONDS,
     QUANTIZATION_DIR,
     Images,
     Manifest,
-    ModelMount,
-    Names,
     Owner,
-    _container_security,
-    _env,
-    _pod_security,
-    _resources,
-    config_hash,
-    gateway_probes,
-    http_service,
-    model_mount,
-    model_path,
-    served_task,
-    slice_reader,
-    tracing_env,
 )
+from embedfleet.operator.render import gateway, pods
+from embedfleet.operator.render.config import config_hash, env, tracing_env
+from embedfleet.operator.render.pods import ModelMount, model_mount
 from embedfleet.operator.spec import API_VERSION, KIND, Spec, SpecError, parse_spec
 
 COMPONENT = "shared-gateway"
@@ -172,28 +156,14 @@ def _root(index: int) -> str:
 
 def models_file(served: list[Member]) -> dict[str, Any]:
     """The gateway's --models-file: each member's own settings, by the gateway's setting names."""
-    out = []
-    for i, m in enumerate(served):
-        spec, gateway = m.spec, m.spec.gateway
-        out.append(
-            {
-                "served_model_name": m.served_name,
-                "model": model_path(spec.model.source, _root(i)),
-                "task": served_task(spec),
-                "max_input_tokens": spec.model.max_input_tokens,
-                "k8s_service": Names.of(m.owner.name).worker,
-                "k8s_port_name": "grpc",
-                "chunk_tokens": gateway.chunk_tokens,
-                "split_long_inputs": gateway.split_long_inputs,
-                "split_overlap_tokens": gateway.split_overlap_tokens,
-                "quantization_file": (
-                    f"{QUANTIZATION_DIR}/{i}/embedfleet_quantization.json"
-                    if gateway.quantization
-                    else ""
-                ),
-            }
-        )
-    return {"models": out}
+    return {
+        "models": [
+            gateway.model_settings(
+                m.served_name, m.owner, m.spec, _root(i), f"{QUANTIZATION_DIR}/{i}"
+            )
+            for i, m in enumerate(served)
+        ]
+    }
 
 
 def _keys_from(served: list[Member]) -> Member | None:
@@ -203,64 +173,31 @@ def _keys_from(served: list[Member]) -> Member | None:
 def gateway_env(served: list[Member]) -> dict[str, str]:
     """The process-wide settings: the first member's, API keys from the first that has any."""
     lead = served[0].spec
-    gateway = lead.gateway
     keys = _keys_from(served)
-    return _env(
-        GATEWAY_PREFIX,
-        {
-            "models_file": MODELS_FILE,
-            "max_client_batch": gateway.max_client_batch,
-            "max_request_tokens": gateway.max_request_tokens,
-            "upstream_timeout_seconds": gateway.upstream_timeout_seconds,
-            "max_queue_seconds": gateway.max_queue_seconds,
-            "api_keys_file": API_KEYS_FILE if keys else "",
-            "api_key_metrics": bool(keys and keys.spec.gateway.auth.per_key_metrics),
-            "host": "0.0.0.0",
-            "port": GATEWAY_PORT,
-        },
-    ) | tracing_env(GATEWAY_PREFIX, lead, "embedfleet-gateway")
+    per_key_metrics = bool(keys and keys.spec.gateway.auth.per_key_metrics)
+    process = gateway.process_settings(lead.gateway, keys is not None, per_key_metrics)
+    return env(GATEWAY_PREFIX, {"models_file": MODELS_FILE, **process}) | tracing_env(
+        GATEWAY_PREFIX, lead, "embedfleet-gateway"
+    )
 
 
 def _mounts(shared: str, served: list[Member], images: Images) -> ModelMount:
     """Each member's model at /models/N, its calibration ConfigMap, the API keys, models.json."""
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    inits: list[dict[str, Any]] = []
+    out = ModelMount([], [], [])
     for i, m in enumerate(served):
-        one = model_mount(m.spec, *images.fetcher(m.spec), _root(i), f"model-{i}")
-        volumes += one.volumes
-        mounts += one.mounts
-        inits += one.init_containers
+        out += model_mount(m.spec, *images.fetcher(m.spec), _root(i), f"model-{i}")
         if (ref := m.spec.gateway.quantization) is not None:
-            items = [{"key": ref.key, "path": "embedfleet_quantization.json"}]
-            volumes.append(
-                {"name": f"quantization-{i}", "configMap": {"name": ref.name, "items": items}}
-            )
-            mounts.append(
-                {
-                    "name": f"quantization-{i}",
-                    "mountPath": f"{QUANTIZATION_DIR}/{i}",
-                    "readOnly": True,
-                }
-            )
+            out += gateway.quantization(ref, f"quantization-{i}", f"{QUANTIZATION_DIR}/{i}")
     if (keys := _keys_from(served)) is not None:
         secret = keys.spec.gateway.auth.secret
         assert secret is not None
-        items = [{"key": secret.key, "path": API_KEYS_FILE.rsplit("/", 1)[1]}]
-        volumes.append(
-            {
-                "name": "api-keys",
-                "secret": {"secretName": secret.name, "items": items, "defaultMode": 0o440},
-            }
-        )
-        mounts.append(
-            {"name": "api-keys", "mountPath": API_KEYS_FILE.rsplit("/", 1)[0], "readOnly": True}
-        )
+        out += gateway.api_keys(secret)
     # A whole volume (no subPath), like every file a gateway reads.
     items = [{"key": "models.json", "path": "models.json"}]
-    volumes.append({"name": "models", "configMap": {"name": object_name(shared), "items": items}})
-    mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
-    return ModelMount(volumes, mounts, inits)
+    volume = {"name": "models", "configMap": {"name": object_name(shared), "items": items}}
+    return out + ModelMount(
+        [volume], [{"name": "models", "mountPath": MODELS_DIR, "readOnly": True}], []
+    )
 
 
 def config_map(namespace: str, shared: str, served: list[Member]) -> Manifest:
@@ -274,101 +211,35 @@ def config_map(namespace: str, shared: str, served: list[Member]) -> Manifest:
 
 
 def deployment(namespace: str, shared: str, served: list[Member], images: Images) -> Manifest:
-    lead = served[0].spec
-    gateway = lead.gateway
-    image = gateway.image or images.gateway
-    env = gateway_env(served)
-    mount = _mounts(shared, served, images)
-    container: dict[str, Any] = {
-        "name": "gateway",
-        "image": image,
-        "imagePullPolicy": gateway.image_pull_policy,
-        "command": GATEWAY_COMMAND,
-        "env": [
-            {"name": "HOME", "value": "/tmp"},
-            # An empty value is each setting's default, and the API server would drop it anyway.
-            *({"name": k, "value": v} for k, v in sorted(env.items()) if v),
-        ],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT, "protocol": "TCP"}],
-        **gateway_probes(),
-        "securityContext": _container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mount.mounts],
-    }
-    if resources := _resources(gateway.resources):
-        container["resources"] = resources
-    pod: dict[str, Any] = {
-        "securityContext": _pod_security(),
-        "serviceAccountName": object_name(shared),
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": int(gateway.upstream_timeout_seconds)
-        + PRESTOP_SECONDS
-        + GRACE_MARGIN_SECONDS,
-        "containers": [container],
-        "volumes": [{"name": "tmp", "emptyDir": {}}, *mount.volumes],
-    }
-    if mount.init_containers:
-        pod["initContainers"] = mount.init_containers
-    pull_secrets = sorted({s for m in served for s in m.spec.image_pull_secrets})
-    if pull_secrets:
-        pod["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
+    settings = gateway_env(served)
     # The models file is read at start: a change of members rolls the pods (so do their mounts).
-    digest = config_hash({**env, "models.json": json.dumps(models_file(served), sort_keys=True)})
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(namespace, shared, served),
-        "spec": {
-            "replicas": gateway.replicas,
-            "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": _selector(shared)},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": "25%"},
-            },
-            "template": {
-                "metadata": {
-                    "labels": {**_meta(namespace, shared, served)["labels"]},
-                    "annotations": {CONFIG_HASH: digest},
-                },
-                "spec": pod,
-            },
-        },
-    }
-
-
-def service(namespace: str, shared: str, served: list[Member]) -> Manifest:
-    meta = _meta(namespace, shared, served)
-    return http_service(meta, served[0].spec.gateway.service, _selector(shared))
-
-
-def rbac(namespace: str, shared: str, served: list[Member]) -> list[Manifest]:
-    """Read the EndpointSlices of the namespace (each member's worker Service), nothing else."""
-    return slice_reader(object_name(shared), namespace, lambda: _meta(namespace, shared, served))
-
-
-def disruption_budget(namespace: str, shared: str, served: list[Member]) -> Manifest:
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _meta(namespace, shared, served),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": _selector(shared)},
-            "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
+    models = json.dumps(models_file(served), sort_keys=True)
+    of = gateway.Pods(
+        meta=_meta(namespace, shared, served),
+        selector=_selector(shared),
+        pod_labels={**_meta(namespace, shared, served)["labels"]},
+        service_account=object_name(shared),
+        env_from=[],
+        # An empty value is each setting's default, and the API server would drop it anyway.
+        env=[{"name": k, "value": v} for k, v in sorted(settings.items()) if v],
+        mount=_mounts(shared, served, images),
+        pull_secrets=sorted({s for m in served for s in m.spec.image_pull_secrets}),
+        config_hash=config_hash({**settings, "models.json": models}),
+    )
+    return gateway.deployment(served[0].spec.gateway, images, of)
 
 
 def objects(namespace: str, shared: str, served: list[Member], images: Images) -> list[Manifest]:
     """Every object of the shared gateway, in apply order; none without a member."""
     if not served:
         return []
+    meta = _meta(namespace, shared, served)
     return [
         config_map(namespace, shared, served),
-        *rbac(namespace, shared, served),
+        *gateway.rbac(object_name(shared), namespace, lambda: _meta(namespace, shared, served)),
         deployment(namespace, shared, served, images),
-        service(namespace, shared, served),
-        disruption_budget(namespace, shared, served),
+        gateway.http_service(meta, served[0].spec.gateway.service, _selector(shared)),
+        pods.disruption_budget(_meta(namespace, shared, served), _selector(shared)),
     ]
 
 
