@@ -116,8 +116,9 @@ class WorkerSettings:
     graph_warmup_seconds: float = setting(
         30.0,
         "lazy mode: the start-up time spent capturing CUDA graphs before the worker serves, "
-        "every token bucket up to --max-batch-tokens, largest first, so that no client request "
-        "pays a capture; buckets left when it is spent are captured lazily. 0 captures none.",
+        "every token bucket up to --max-batch-tokens (the largest, then each lone request's, "
+        "then the rest), so that no client request pays a capture; buckets left when it is "
+        "spent are captured lazily. 0 captures none.",
     )
     token_buckets: str = setting(
         "geometric",
