@@ -127,8 +127,8 @@ def test_a_yielding_measurement_on_a_slow_device_runs_short_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Issue 38: on a 2-core CPU the first request after an idle second waited 0.3-0.6 s behind
-    # the probe's full batch. At 2,000 tokens/s a yielding probe keeps one request of at most
-    # YIELD_BATCH_SECONDS of work in flight, and still measures the device's rate.
+    # the probe's full batch. At 2,000 tokens/s a yielding probe keeps requests of at most
+    # YIELD_BATCH_SECONDS of work, two outstanding, and still measures the device's rate.
     device = FakeDevice(monkeypatch, 2000.0)
     sizes: list[int] = []
     in_flight = [0, 0]  # now, most
@@ -146,7 +146,7 @@ def test_a_yielding_measurement_on_a_slow_device_runs_short_batches(
     rate = asyncio.run(warmup.measure_capacity(submit, **SHAPE, seconds=1.0, stop=stop))
     assert sizes[0] == warmup.ROUGH_TOKENS  # the rough rate (warm_up paid the one-off costs)
     assert max(sizes[1:]) <= 2000 * warmup.YIELD_BATCH_SECONDS
-    assert in_flight[1] == 1
+    assert in_flight[1] == warmup.YIELD_OUTSTANDING
     assert rate == pytest.approx(2000.0, rel=0.05)
     # A device that runs a probe request within the bound (a GPU) probes with full batches.
     assert warmup.yielding_request_tokens(1e6, 512) is None

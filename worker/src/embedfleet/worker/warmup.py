@@ -35,6 +35,12 @@ YIELD_BATCH_SECONDS = 0.025
 #: Tokens of the item a yielding measurement reads its rough rate from first (a 20-token query's
 #: forward is a few ms on a CPU; a 512-token item was 10x that)
 ROUGH_TOKENS = 64
+#: Short probe requests outstanding: one runs while the next waits, so the engine never idles
+#: between them. With one, the time around each request (the event loop's turn, the hand-off to
+#: the engine thread) counted as the device's: the measured rate fell with the machine's load
+#: (a capacity test failed 20% low beside an e2e run). A request arriving finds the waiting one
+#: cancelled, as the full batches' queued ones are.
+YIELD_OUTSTANDING = 2
 
 
 def yields_to_traffic(interruptions: int, found_idle: bool = True) -> bool:
@@ -69,10 +75,10 @@ def probe_window(rough_tokens_per_second: float, seconds: float, max_batch_token
 def yielding_request_tokens(rough_tokens_per_second: float, request_tokens: int) -> int | None:
     """Tokens of each probe request of a measurement that yields to traffic, where a probe
     request of `request_tokens` would run past YIELD_BATCH_SECONDS at the rough rate: as many as
-    run in that time (at least 16), one request in flight at a time. None where a probe request
-    fits in it (a GPU: a few ms), which then probes with full batches as at start-up. On a
-    2-core CPU the capacity measured so stayed within noise of the full batches' (4,024 and
-    4,226 tokens/s against 4,086 and 4,567, online_path.md)."""
+    run in that time (at least 16), two requests outstanding (YIELD_OUTSTANDING). None where a
+    probe request fits in it (a GPU: a few ms), which then probes with full batches as at
+    start-up. On a 2-core CPU the capacity measured so stayed within noise of the full batches'
+    (online_path.md)."""
     fits = int(rough_tokens_per_second * YIELD_BATCH_SECONDS)
     return None if fits >= request_tokens else max(16, fits)
 
@@ -154,7 +160,7 @@ async def measure_capacity(
     window = probe_window(rough, seconds, max_batch_tokens)
     outstanding = max(2, 2 * window // request_tokens)
     if small is not None:
-        request_tokens, outstanding = small, 1
+        request_tokens, outstanding = small, YIELD_OUTSTANDING
     items = probe_items(outstanding, vocab_size, max_input_tokens, request_tokens)
 
     async def one(item: WorkItem) -> int:
