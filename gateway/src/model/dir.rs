@@ -292,6 +292,15 @@ fn task_head(
     }
 }
 
+/// The key under which a family's config.json holds a common field: DistilBERT names its
+/// width `dim` (the worker reads the same aliases, common/modeldir.py).
+fn family_key<'a>(config: &Value, key: &'a str) -> &'a str {
+    match (config["model_type"].as_str(), key) {
+        (Some("distilbert"), "hidden_size") => "dim",
+        _ => key,
+    }
+}
+
 pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
     let (path, bundled) = resolve_model_path(model)?;
     let config = read_json(&path.join("config.json"))?
@@ -326,7 +335,7 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
         }
     };
     let field = |key: &str| {
-        config[key]
+        config[family_key(&config, key)]
             .as_u64()
             .map(|n| n as usize)
             .ok_or_else(|| format!("{}: config.json has no {key}", path.display()))
@@ -428,5 +437,15 @@ mod tests {
         for dir in [pylate, bge_m3, plain] {
             std::fs::remove_dir_all(dir).unwrap();
         }
+    }
+
+    #[test]
+    fn distilberts_width_is_its_dim() {
+        let config = r#"{"model_type":"distilbert","architectures":["DistilBertModel"],
+            "dim":768,"n_heads":12,"vocab_size":30522,"max_position_embeddings":512}"#;
+        let dir = model_dir("distilbert", &[("config.json", config)]);
+        let loaded = load(dir.to_str().unwrap(), "auto").unwrap();
+        assert_eq!((loaded.hidden_size, loaded.vocab_size), (768, 30522));
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }
