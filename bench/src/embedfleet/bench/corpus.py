@@ -182,6 +182,18 @@ class Corpus:
         tok = tokenizer or load_model_dir(default_model_path()).tokenizer()
         return cut_to(tok, self.texts[longer[0]], length)
 
+    def for_tokenizer(self, tok: Tokenizer) -> Corpus:
+        """The same passages at the same lengths counted in `tok`'s tokens: each cut down where
+        `tok` makes more tokens of it (a byte-level BPE makes about three times a WordPiece's),
+        left out where it makes fewer. Idempotent for the tokenizer the corpus was cut with."""
+        texts = {n: cut_to(tok, pool, n) for n, pool in self.texts.items()}
+        return Corpus(self.source, _digest(texts), texts)
+
+
+def _digest(texts: dict[int, list[str]]) -> str:
+    blob = json.dumps({str(k): v for k, v in sorted(texts.items())}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
 
 def cut_to(tok: Tokenizer, texts: Sequence[str], length: int) -> list[str]:
     """Each of `texts` cut at a word end to exactly `length` tokens; a text no cut fits is left
@@ -222,12 +234,7 @@ def build(tokenizer: Tokenizer, counts: dict[int, int] | None = None) -> Corpus:
         root, version = _fetch_deb(Path(tmp))
         paras = [p for f in _source_files(root) for p in paragraphs(f.read_text(errors="replace"))]
     texts = passages(tokenizer, paras, counts)
-    blob = json.dumps({str(k): v for k, v in sorted(texts.items())}, sort_keys=True)
-    return Corpus(
-        source=f"debian:{DEB_PACKAGE}={version}",
-        sha256=hashlib.sha256(blob.encode()).hexdigest(),
-        texts=texts,
-    )
+    return Corpus(source=f"debian:{DEB_PACKAGE}={version}", sha256=_digest(texts), texts=texts)
 
 
 def corpus_path() -> Path:

