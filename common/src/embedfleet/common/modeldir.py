@@ -48,8 +48,7 @@ _ST_MODULES = (
 )
 #: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
 #: per label (config.id2label); sparse: lexical weights over the vocabulary (SPLADE, or bge-m3's
-#: sparse_linear.pt); multivector:
-#: one vector per token (ColBERT-style late interaction)
+#: sparse_linear.pt); multivector: one vector per token (ColBERT-style late interaction)
 Task = Literal["embed", "score", "classify", "sparse", "multivector"]
 TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse", "multivector")
 #: the worker's and the gateway's --task, documented once

@@ -49,7 +49,10 @@ class Lexical:
         slots, vocab = batch.lengths.shape[0], self.shape.vocab_size
         weights = torch.relu(torch.nn.functional.linear(hidden.float(), self.weight, self.bias))
         ids = batch.input_ids
-        weights = weights.squeeze(1).masked_fill(torch.isin(ids, self.special), 0.0)  # [T]
+        # A broadcast compare against the few special ids: no data-dependent shapes (isin may
+        # sort), so the head stays capturable in a CUDA graph.
+        special = (ids.unsqueeze(1) == self.special).any(dim=1)
+        weights = weights.squeeze(1).masked_fill(special, 0.0)  # [T]
         out = hidden.new_zeros((slots * vocab,), dtype=torch.float32)  # weights are >= 0
         out.scatter_reduce_(0, batch.seq_index * vocab + ids, weights, "amax", include_self=True)
         return out.view(slots, vocab)
