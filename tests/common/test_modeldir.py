@@ -140,8 +140,15 @@ def test_explicit_task_is_checked_against_the_checkpoint(tmp_path: Path) -> None
     assert load_model_dir(three).labels == ("LABEL_0", "LABEL_1", "LABEL_2")
     with pytest.raises(ModelDirError, match="one-label classifier; this one has 3 labels"):
         load_model_dir(three, "score")
-    with pytest.raises(ModelDirError, match="task sparse does not fit"):
+    with pytest.raises(ModelDirError, match=r"sparse: a \*ForMaskedLM or bge-m3's sparse_linear"):
         load_model_dir(one, "sparse")
+    # bge-m3's sparse_linear.pt serves sparse when asked; a masked-LM with one stays SPLADE.
+    cases = {"m3": ("XLMRobertaModel", "lexical"), "mlm": ("BertForMaskedLM", "splade")}
+    for name, (arch, head) in cases.items():
+        both = _dir(tmp_path, name, {"model_type": "xlm-roberta", "architectures": [arch]})
+        (both / "sparse_linear.pt").touch()
+        assert load_model_dir(both, "sparse").head == head
+    assert load_model_dir(tmp_path / "m3").task == "embed"
     with pytest.raises(ModelDirError, match="unknown task 'generate'"):
         load_model_dir(one, "generate")
     bad = _dir(tmp_path, "bad", {"architectures": ["BertForSequenceClassification"],

@@ -16,6 +16,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from embedfleet.testing.families import FamilyDirs
 from embedfleet.testing.gateway import child_env, gateway_binary, running_gateway
 from embedfleet.testing.polling import wait_for
 from embedfleet.testing.workers import running_worker
@@ -249,6 +250,13 @@ def behind_worker(
         settings = {"model": model, **SMALL_CHUNKS, **extra}
         with serving(settings, workdir / "gateway.log", addresses=[worker.address]) as gateway:
             yield gateway
+
+
+def bge_m3_served_as(task: str, family_dirs: FamilyDirs, workdir: Path) -> Iterator[Gateway]:
+    """The binary in front of a real torch worker serving the random-weight bge-m3 as `task`
+    (multivector, sparse): a module fixture's body."""
+    with behind_worker(family_dirs.get("bge-m3"), workdir, {"task": task}, engine="torch") as gw:
+        yield gw
 
 
 def host_ip() -> str:

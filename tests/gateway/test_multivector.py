@@ -16,17 +16,14 @@ from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
 from embedfleet.testing.families import TEXTS, FamilyDirs
 
-from .helpers import Gateway, behind_worker
+from .helpers import Gateway, bge_m3_served_as
 
 Vectors = npt.NDArray[np.float32]
 
 
 @pytest.fixture(scope="module")
 def colbert(family_dirs: FamilyDirs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    path = family_dirs.get("bge-m3")
-    workdir = tmp_path_factory.mktemp("colbert")
-    with behind_worker(path, workdir, {"task": "multivector"}, engine="torch") as gateway:
-        yield gateway
+    yield from bge_m3_served_as("multivector", family_dirs, tmp_path_factory.mktemp("colbert"))
 
 
 @pytest.fixture(scope="module")

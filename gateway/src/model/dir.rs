@@ -113,16 +113,20 @@ pub enum Task {
 }
 
 /// What turns the encoder's states into the output: pooling, a sequence-classification head, a
-/// causal LM's yes/no logits (Qwen3-Reranker), SPLADE over a masked-LM head, or a per-token
-/// projection (ColBERT).
+/// causal LM's yes/no logits (Qwen3-Reranker), SPLADE over a masked-LM head, a per-token weight
+/// max-pooled by token id (bge-m3's sparse_linear.pt), or a per-token projection (ColBERT).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     Pool,
     Classifier,
     YesNo,
     Splade,
+    Lexical,
     Colbert,
 }
+
+/// bge-m3's lexical weights: a torch.nn.Linear(hidden, 1) state dict (the workers read it).
+const BGE_M3_SPARSE: &str = "sparse_linear.pt";
 
 /// config.id2label in class-id order; without it, `num_labels` names LABEL_0.. (as transformers).
 fn labels(config: &Value) -> Result<Vec<String>, String> {
@@ -276,12 +280,13 @@ fn task_head(
         "score" if qwen && causal_lm => Ok((Task::Score, Head::YesNo)),
         "classify" if classifier => Ok((Task::Classify, Head::Classifier)),
         "sparse" if masked_lm => Ok((Task::Sparse, Head::Splade)),
+        "sparse" if path.join(BGE_M3_SPARSE).is_file() => Ok((Task::Sparse, Head::Lexical)),
         "score" | "classify" | "sparse" => {
             let quoted: Vec<String> = archs.iter().map(|a| format!("'{a}'")).collect();
             Err(format!(
                 "{}: task {task} does not fit architectures [{}] (score: a one-label \
                  *ForSequenceClassification or a Qwen3ForCausalLM reranker; classify: \
-                 *ForSequenceClassification; sparse: *ForMaskedLM)",
+                 *ForSequenceClassification; sparse: a *ForMaskedLM or bge-m3's {BGE_M3_SPARSE})",
                 path.display(),
                 quoted.join(", ")
             ))
@@ -402,6 +407,15 @@ mod tests {
         dir
     }
 
+    /// What the directory at `path` is served as for `task` (one label).
+    fn served(path: &Path, task: &str) -> Result<(Task, Head), String> {
+        let config = read_json(&path.join("config.json")).unwrap().unwrap();
+        let modules = read_json(&path.join("modules.json"))
+            .unwrap()
+            .unwrap_or(Value::Null);
+        head(path, &config, &modules, 1, task)
+    }
+
     #[test]
     fn multivector_is_pylates_layout_or_bge_m3_when_asked() {
         let config = r#"{"model_type":"bert","architectures":["BertModel"]}"#;
@@ -421,13 +435,7 @@ mod tests {
             &[("config.json", config), ("colbert_linear.pt", "")],
         );
         let plain = model_dir("plain", &[("config.json", config)]);
-        let task = |path: &Path, task: &str| {
-            let config = read_json(&path.join("config.json")).unwrap().unwrap();
-            let modules = read_json(&path.join("modules.json"))
-                .unwrap()
-                .unwrap_or(Value::Null);
-            head(path, &config, &modules, 1, task).map(|(t, _)| t)
-        };
+        let task = |path: &Path, task: &str| served(path, task).map(|(t, _)| t);
         assert_eq!(task(&pylate, "auto"), Ok(Task::MultiVector));
         assert_eq!(task(&bge_m3, "auto"), Ok(Task::Embed));
         assert_eq!(task(&bge_m3, "multivector"), Ok(Task::MultiVector));
@@ -435,6 +443,29 @@ mod tests {
             .unwrap_err()
             .contains("needs a per-token projection"));
         for dir in [pylate, bge_m3, plain] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn sparse_is_a_masked_lm_or_bge_m3s_sparse_linear_when_asked() {
+        let config = r#"{"model_type":"xlm-roberta","architectures":["XLMRobertaModel"]}"#;
+        let mlm = r#"{"model_type":"bert","architectures":["BertForMaskedLM"]}"#;
+        let bge_m3 = model_dir(
+            "bge-m3-sparse",
+            &[("config.json", config), ("sparse_linear.pt", "")],
+        );
+        let splade = model_dir(
+            "splade-sparse",
+            &[("config.json", mlm), ("sparse_linear.pt", "")],
+        );
+        let plain = model_dir("plain-sparse", &[("config.json", config)]);
+        assert_eq!(served(&bge_m3, "auto"), Ok((Task::Embed, Head::Pool)));
+        assert_eq!(served(&bge_m3, "sparse"), Ok((Task::Sparse, Head::Lexical)));
+        assert_eq!(served(&splade, "sparse"), Ok((Task::Sparse, Head::Splade)));
+        let refused = served(&plain, "sparse").unwrap_err();
+        assert!(refused.contains("sparse: a *ForMaskedLM or bge-m3's sparse_linear.pt"));
+        for dir in [bge_m3, splade, plain] {
             std::fs::remove_dir_all(dir).unwrap();
         }
     }

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from embedfleet.common.modeldir import load_model_dir
 from embedfleet.common.similarity import min_cosine
+from embedfleet.testing import families
 from embedfleet.worker.contract import Options
 from embedfleet.worker.engine import torch_engine
 from embedfleet.worker.engine.attention import VarlenBackend, relative_positions, visible
@@ -117,6 +120,27 @@ def graph_engine(corrupt: bool = False, **kw: object) -> tuple[TorchEngine, Eage
     # The mock holds what the real static buffers would (4096 tokens).
     engine._cache.max_tokens = 4096
     return engine, runner
+
+
+def assert_graph_path_matches(
+    eager: TorchEngine, texts: int, split: int, first: Options | None = None, **kw: object
+) -> None:
+    """The first `texts` of families.TEXTS, as two items split at `split` (the first with
+    `first` options), give on the graph path what `eager` gives, at its first (eager) run, its
+    capture and its replay; one graph in all. `kw`: the graph engine's config beyond the model."""
+    path = Path(eager.model_dir.path)
+    tok = load_model_dir(path).tokenizer()
+    seqs = [tok.encode(t).ids for t in families.TEXTS[:texts]]
+    items = [item(seqs[:split], first), item(seqs[split:])]
+    want = eager.run(items)
+    graphed, runner = graph_engine(model=str(path), **kw)
+    for _ in range(3):  # eager, capture, replay
+        got = graphed.run(items)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    counts = graphed.counters()
+    assert (counts.eager_runs, counts.captures, counts.replays) == (1, 1, 1)
+    assert len(runner) == 1
 
 
 def test_lazy_graph_path_matches_eager(

@@ -20,7 +20,7 @@ from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
 from .helpers import RUNTIMES, cached_engine
-from .test_engine_graph_path import graph_engine
+from .test_engine_graph_path import assert_graph_path_matches
 
 QUERIES = families.TEXTS[:5]
 DOCUMENTS = families.TEXTS[5:]
@@ -178,17 +178,5 @@ def test_classifiers_match_transformers(
 def test_heads_on_the_graph_path_match_eager(family_dirs: FamilyDirs, published: str) -> None:
     """Bucket padding adds a spare sequence slot and tokens; every head must leave real rows
     alone and read its slice of the static outputs (the CUDA recording alone is mocked)."""
-    path = family_dirs.get(published)
-    tok = load_model_dir(path).tokenizer()
-    seqs = [tok.encode(t).ids for t in families.TEXTS[:7]]
-    plain = engine(path, 512)
-    graphed, runner = graph_engine(model=str(path))
-    items = [WorkItem(tokens(seqs[:3]), Options(activate=True)), WorkItem(tokens(seqs[3:]))]
-    want = plain.run(items)
-    for _ in range(3):  # eager, capture, replay
-        got = graphed.run(items)
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g, w, atol=1e-5)
-    counts = graphed.counters()
-    assert (counts.eager_runs, counts.captures, counts.replays) == (1, 1, 1)
-    assert len(runner) == 1
+    eager = engine(family_dirs.get(published), 512)
+    assert_graph_path_matches(eager, texts=7, split=3, first=Options(activate=True))

@@ -16,7 +16,7 @@ from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
 from .helpers import cached_engine
-from .test_engine_graph_path import graph_engine
+from .test_engine_graph_path import assert_graph_path_matches
 
 
 def tokens(seqs: list[list[int]]) -> Tokens:
@@ -83,16 +83,4 @@ def test_graph_path_reads_each_items_token_rows(
 ) -> None:
     """Bucket padding (graph path, its recording mocked on the CPU) adds tokens to the batch's
     head: none reaches a request, and the CLS rows are dropped from the static output alike."""
-    path = family_dirs.get("bge-m3")
-    tok = load_model_dir(path).tokenizer()
-    seqs = [tok.encode(t).ids for t in families.TEXTS[:5]]
-    items = [WorkItem(tokens(seqs[:2])), WorkItem(tokens(seqs[2:]))]
-    want = bge_m3.run(items)
-    graphed, runner = graph_engine(model=str(path), task="multivector")
-    for _ in range(3):  # eager, capture, replay
-        got = graphed.run(items)
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g, w, atol=1e-5)
-    counts = graphed.counters()
-    assert (counts.eager_runs, counts.captures, counts.replays) == (1, 1, 1)
-    assert len(runner) == 1
+    assert_graph_path_matches(bge_m3, texts=5, split=2, task="multivector")

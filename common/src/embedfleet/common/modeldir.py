@@ -47,8 +47,8 @@ _ST_MODULES = (
     "Dropout",
 )
 #: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
-#: per label (config.id2label); sparse: SPLADE lexical weights over the vocabulary; multivector:
-#: one vector per token (ColBERT-style late interaction)
+#: per label (config.id2label); sparse: lexical weights over the vocabulary (SPLADE, or bge-m3's
+#: sparse_linear.pt); multivector: one vector per token (ColBERT-style late interaction)
 Task = Literal["embed", "score", "classify", "sparse", "multivector"]
 TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse", "multivector")
 #: the worker's and the gateway's --task, documented once
@@ -59,13 +59,15 @@ TASK_HELP = (
     "*reranker* is a yes/no reranker, a sentence-transformers Dense module with no pooling "
     "(PyLate ColBERT) gives per-token multivector outputs, anything else embeds); embed, score, "
     "classify, sparse or multivector say it outright and are checked against the checkpoint "
-    "(score on a Qwen3ForCausalLM: Qwen3-Reranker's yes/no scoring; multivector on BAAI/bge-m3: "
-    "its colbert_linear.pt vectors)."
+    "(score on a Qwen3ForCausalLM: Qwen3-Reranker's yes/no scoring; sparse: a SPLADE masked-LM "
+    "or BAAI/bge-m3's sparse_linear.pt weights; multivector on BAAI/bge-m3: its colbert_linear.pt "
+    "vectors)."
 )
 #: What turns the encoder's hidden states into the served output: pooling (embedders), a
 #: sequence-classification head, a causal LM's "yes"/"no" next-token logits (Qwen3-Reranker), or a
-#: masked-LM head max-pooled as SPLADE, or a per-token projection (ColBERT).
-Head = Literal["pool", "classifier", "yes_no", "splade", "colbert"]
+#: masked-LM head max-pooled as SPLADE, a per-token weight max-pooled by token id (bge-m3's
+#: sparse_linear.pt), or a per-token projection (ColBERT).
+Head = Literal["pool", "classifier", "yes_no", "splade", "lexical", "colbert"]
 #: How a classifier's logits become scores (config.problem_type; one label: sigmoid)
 Activation = Literal["softmax", "sigmoid", "none"]
 
@@ -218,6 +220,10 @@ def _dense(folder: Path, tokens: bool = False) -> DenseLayer:
 
 #: BAAI/bge-m3's ColBERT projection: a torch.nn.Linear(hidden, hidden) state dict (weight, bias)
 BGE_M3_COLBERT = "colbert_linear.pt"
+
+
+#: BAAI/bge-m3's lexical weights: a torch.nn.Linear(hidden, 1) state dict (weight, bias)
+BGE_M3_SPARSE = "sparse_linear.pt"
 
 
 @dataclass(frozen=True)
@@ -453,12 +459,14 @@ def _task_head(
         return "classify", "classifier"
     if task == "sparse" and masked_lm:
         return "sparse", "splade"
+    if task == "sparse" and (path / BGE_M3_SPARSE).is_file():
+        return "sparse", "lexical"
     if task not in TASKS:
         raise ModelDirError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     raise ModelDirError(
         f"{path}: task {task} does not fit architectures {architectures} (score: a one-label "
         "*ForSequenceClassification or a Qwen3ForCausalLM reranker; classify: "
-        "*ForSequenceClassification; sparse: *ForMaskedLM)"
+        f"*ForSequenceClassification; sparse: a *ForMaskedLM or bge-m3's {BGE_M3_SPARSE})"
     )
 
 

@@ -267,8 +267,10 @@ def splade(path: Path, seed: int = 0) -> Path:
 
 
 def bge_m3(path: Path, seed: int = 0) -> Path:
-    """XLMRobertaModel with BAAI/bge-m3's structure and its ColBERT projection: a
-    torch.nn.Linear(hidden, hidden) state dict in colbert_linear.pt, as its repository ships."""
+    """XLMRobertaModel with BAAI/bge-m3's structure and its two extra heads as its repository
+    ships them: state dicts of a torch.nn.Linear(hidden, hidden) in colbert_linear.pt (ColBERT)
+    and a torch.nn.Linear(hidden, 1) in sparse_linear.pt (lexical weights), and the special
+    tokens its tokenizer_config.json names."""
     import torch
     from transformers import XLMRobertaModel
 
@@ -277,6 +279,9 @@ def bge_m3(path: Path, seed: int = 0) -> Path:
     _seed(seed)
     _save(XLMRobertaModel(config, add_pooling_layer=False), tok, path)
     torch.save(torch.nn.Linear(64, 64).state_dict(), str(path / "colbert_linear.pt"))
+    torch.save(torch.nn.Linear(64, 1).state_dict(), str(path / "sparse_linear.pt"))
+    specials = {"cls_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(specials), encoding="utf-8")
     return path
 
 
@@ -296,6 +301,33 @@ def bge_m3_colbert(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
         vectors = torch.nn.functional.normalize(linear(hidden[:, 1:]), dim=-1)
     return [np.asarray(vectors[i, : len(s) - 1].numpy(), np.float32) for i, s in enumerate(seqs)]
+
+
+def bge_m3_lexical(path: Path, seqs: Ids) -> list[dict[int, float]]:
+    """bge-m3's lexical weights as FlagEmbedding's rule makes them, {token id: weight} per
+    sequence: ReLU(sparse_linear(last hidden state)) a token, the largest per id, the cls, eos,
+    pad and unk tokens and zero weights left out."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    model = XLMRobertaModel.from_pretrained(str(path), add_pooling_layer=False)
+    model.eval()  # type: ignore[no-untyped-call]
+    linear = torch.nn.Linear(64, 1)
+    linear.load_state_dict(torch.load(str(path / "sparse_linear.pt"), weights_only=True))
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    unused = {tok.token_to_id(t) for t in ("<s>", "</s>", "<pad>", "<unk>")}
+    ids, mask = _padded(seqs, 1)
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = torch.relu(linear(hidden)).squeeze(-1)
+    out: list[dict[int, float]] = []
+    for i, s in enumerate(seqs):
+        kept: dict[int, float] = {}
+        for token, weight in zip(s, weights[i, : len(s)].tolist(), strict=True):
+            if token not in unused and weight > kept.get(token, 0.0):
+                kept[token] = weight
+        out.append(kept)
+    return out
 
 
 def pylate_colbert_vectors(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:

@@ -29,10 +29,10 @@ ISSUES_URL = "https://github.com/embedfleet/embedfleet/issues"
 
 #: config.json model_type -> the heads it is served with (modeldir.Head)
 SERVED: dict[str, tuple[Head, ...]] = {
-    "bert": ("pool", "classifier", "splade", "colbert"),
-    "roberta": ("pool", "classifier", "splade", "colbert"),
-    "xlm-roberta": ("pool", "classifier", "splade", "colbert"),
-    "camembert": ("pool", "classifier", "splade", "colbert"),
+    "bert": ("pool", "classifier", "splade", "lexical", "colbert"),
+    "roberta": ("pool", "classifier", "splade", "lexical", "colbert"),
+    "xlm-roberta": ("pool", "classifier", "splade", "lexical", "colbert"),
+    "camembert": ("pool", "classifier", "splade", "lexical", "colbert"),
     "distilbert": ("pool", "colbert"),
     "mpnet": ("pool", "colbert"),
     "modernbert": ("pool", "colbert"),
@@ -67,6 +67,7 @@ _TASKS_OF: dict[Head, str] = {
     "pool": "embed",
     "classifier": "score/classify",
     "splade": "sparse",
+    "lexical": "sparse",
     "yes_no": "score",
     "colbert": "multivector",
 }
@@ -74,10 +75,10 @@ _TASKS_OF: dict[Head, str] = {
 
 def served_list() -> str:
     """What is served, by task: 'embed: bert, ...; score/classify: ...'."""
-    by_task: dict[str, list[str]] = {}
+    by_task: dict[str, set[str]] = {}
     for kind, heads in SERVED.items():
         for head in heads:
-            by_task.setdefault(_TASKS_OF[head], []).append(kind)
+            by_task.setdefault(_TASKS_OF[head], set()).add(kind)
     return "; ".join(f"{task}: {', '.join(sorted(kinds))}" for task, kinds in by_task.items())
 
 
@@ -100,7 +101,7 @@ def refusal(model: ModelDir) -> str | None:
     elif model.head in SERVED.get(kind, ()):
         return None
     elif kind in SERVED:
-        tasks = ", ".join(_TASKS_OF[h] for h in SERVED[kind])
+        tasks = ", ".join(dict.fromkeys(_TASKS_OF[h] for h in SERVED[kind]))
         why = f"it is served for {tasks} only, not {_TASKS_OF[model.head]} ({model.task})"
     else:
         why = "no engine family implements it"

@@ -37,6 +37,6 @@ class Model(Protocol):
 
     def head(self, hidden: torch.Tensor, batch: DeviceBatch) -> torch.Tensor | None:
         """The model's own head per sequence slot, float32: [N] relevance logits (score), [N, K]
-        class logits (classify), [N, vocab] SPLADE weights (sparse), or per packed token [T, D]
-        unit vectors (multivector); None for embedders, which are pooled instead."""
+        class logits (classify), [N, vocab] SPLADE or lexical weights (sparse), or per packed
+        token [T, D] unit vectors (multivector); None for embedders, which are pooled instead."""
         ...
