@@ -170,6 +170,7 @@ class TorchEngine:
             self.runtime = InductorRuntime(self.model)
 
     def _engine_info(self) -> EngineInfo:
+        multivector = self.model_dir.multivector
         return EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -181,7 +182,12 @@ class TorchEngine:
             default_pooling=self.model_dir.pooling,
             default_normalize=self.model_dir.normalize,
             activation=self.model_dir.activation,
-            skip_tokens=self.model_dir.multivector.skip if self.model_dir.multivector else 0,
+            skip_tokens=multivector.skip if multivector else 0,
+            token_dimensions=(
+                multivector.layer.out_features
+                if multivector and self.model_dir.task == "hybrid"
+                else 0
+            ),
         )
 
     @classmethod
