@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::api::errors::ApiError;
 use crate::api::request::{
-    ClassifyRequest, EmbeddingRequest, Encoding, Input, MultiVectorRequest, PairRequest,
-    RerankRequest, ScoreRequest, Side, SparseRequest,
+    ClassifyRequest, EmbeddingRequest, Encoding, HybridRequest, Input, MultiVectorRequest,
+    PairRequest, RerankRequest, ScoreRequest, Side, SparseRequest,
 };
 use crate::app::documents;
 use crate::model::dir::{Head, ModelDir, Task};
@@ -408,12 +408,13 @@ impl Service {
             Task::MultiVector => {
                 "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
             }
+            Task::Hybrid => "/v1/hybrid-embeddings",
         };
         Err(ApiError::WrongTask {
             model: self.name,
-            is: kind(own),
+            is: kind(own, Some(self.model.head)),
             route,
-            needs: kind(task),
+            needs: kind(task, None),
             serves,
         })
     }
@@ -748,6 +749,29 @@ impl Service {
         Ok(parts.into_iter().flatten().collect())
     }
 
+    /// POST /v1/hybrid-embeddings: each input's outputs asked for, from one forward a chunk.
+    pub async fn hybrid(&self, req: HybridRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+        let how = (req.truncate, req.side);
+        let input = (&req.input, req.input_type.as_deref());
+        let route = "/v1/hybrid-embeddings";
+        let (ids, lengths) = self
+            .input_ids((Task::Hybrid, route), input, how, ticket)
+            .await?;
+        let o = req.outputs;
+        let wanted = (o.dense, o.sparse, o.multi_vector);
+        let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let parts = self
+            .fan_out(&lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .hybrid_embed(batch, wanted, keep, c.tokens, timeout)
+            })
+            .await?;
+        let rows: Vec<_> = parts.into_iter().flatten().collect();
+        let tokens = lengths.iter().sum();
+        Ok(documents::hybrid(self.name, &rows, req.base64, tokens))
+    }
+
     pub async fn multi_vector(
         &self,
         req: MultiVectorRequest,
@@ -799,14 +823,18 @@ impl Service {
     }
 }
 
-/// What a model of each task is, for the 400 that sends a request to the right route.
-fn kind(task: Task) -> &'static str {
-    match task {
-        Task::Embed => "an embedding model",
-        Task::Score => "a cross-encoder reranker (it scores query-document pairs)",
-        Task::Classify => "a sequence classifier",
-        Task::Sparse => "a sparse (SPLADE) embedding model",
-        Task::MultiVector => "a multi-vector (ColBERT) model",
+/// What a model of each task is (with `head`: what this one is), for the 400 that sends a
+/// request to the right route.
+fn kind(task: Task, head: Option<Head>) -> &'static str {
+    match (task, head) {
+        (Task::Embed, _) => "an embedding model",
+        (Task::Score, _) => "a cross-encoder reranker (it scores query-document pairs)",
+        (Task::Classify, _) => "a sequence classifier",
+        (Task::Sparse, Some(Head::Lexical)) => "a sparse (bge-m3 lexical weights) embedding model",
+        (Task::Sparse, Some(_)) => "a sparse (SPLADE) embedding model",
+        (Task::Sparse, None) => "a sparse (SPLADE or bge-m3 lexical weights) embedding model",
+        (Task::MultiVector, _) => "a multi-vector (ColBERT) model",
+        (Task::Hybrid, _) => "a hybrid (bge-m3 dense, sparse and multi-vector) model",
     }
 }
 
