@@ -147,14 +147,18 @@ def token_rows(
     return out.contiguous(), slices
 
 
+def layout_of(model: EngineInfo) -> Layout:
+    """Where a hybrid model's head puts each output."""
+    return Layout(model.dimensions, model.vocab_size, model.token_dimensions)
+
+
 def hybrid_rows(
     items: Sequence[WorkItem], head: torch.Tensor, slots: int, tokens: int, model: EngineInfo
 ) -> tuple[torch.Tensor, list[Slice]]:
     """A hybrid head's flat output (`models.hybrid.Layout`) cut per item: each item's slice is
     its sequences' dense vectors [n, D], then their lexical rows [n, vocab], then their kept
     tokens' vectors [k, D'] (`token_rows`), each flattened (`contract.hybrid_parts` undoes it)."""
-    layout = Layout(model.dimensions, model.vocab_size, model.token_dimensions)
-    dense, lexical, per_token = layout.split(head, slots, tokens)
+    dense, lexical, per_token = layout_of(model).split(head, slots, tokens)
     vectors, kept = token_rows(items, per_token, model.skip_tokens)
     parts: list[torch.Tensor] = []
     slices: list[Slice] = []
