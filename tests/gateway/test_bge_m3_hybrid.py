@@ -66,9 +66,20 @@ def test_outputs_and_encoding_pick_what_comes_back(hybrid: Gateway) -> None:
         np.testing.assert_array_equal(raw, np.ravel(np.asarray(full[key], "<f4")))
 
 
-def test_the_single_output_routes_name_the_hybrid_route(hybrid: Gateway) -> None:
-    for path in ("/v1/embeddings", "/v1/sparse_embeddings", "/v1/multi-vector"):
-        error = hybrid.error(path, {"input": "a"}, 400)
-        assert error["param"] == "model"
-        assert "is a hybrid (bge-m3 dense, sparse and multi-vector) model" in error["message"]
-        assert error["message"].endswith("Use /v1/hybrid-embeddings.")
+def test_the_sparse_and_multi_vector_routes_serve_their_output(hybrid: Gateway) -> None:
+    """They ask the workers for that output alone; /v1/embeddings is refused naming the routes
+    that serve the model."""
+    texts = list(TEXTS[:2])
+    full = hybrid.ok(ROUTE, {"input": texts})["data"]
+    sparse = hybrid.ok("/v1/sparse_embeddings", {"input": texts})["data"]
+    assert [s["embedding"] for s in sparse] == [f["sparse"] for f in full]
+    vectors = hybrid.ok("/v1/multi-vector", {"input": texts})["data"]
+    assert [v["embedding"] for v in vectors] == [f["multi_vector"] for f in full]
+    [tei] = hybrid.ok("/embed_sparse", {"inputs": texts[0]})
+    assert [p["index"] for p in tei] == full[0]["sparse"]["indices"]
+    error = hybrid.error("/v1/embeddings", {"input": "a"}, 400)
+    assert error["param"] == "model"
+    assert "is a hybrid (bge-m3 dense, sparse and multi-vector) model" in error["message"]
+    assert error["message"].endswith(
+        "Use /v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector."
+    )

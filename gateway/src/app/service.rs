@@ -21,7 +21,7 @@ use crate::plan::windows;
 use crate::settings::Settings;
 use crate::telemetry::metrics::ModelMetrics;
 use crate::telemetry::traces::{self, Kind, Tracer};
-use crate::upstream::batch::{broken_reply, pack, pack_pairs, SparseRow, TokenVectors};
+use crate::upstream::batch::{broken_reply, pack, pack_pairs, HybridRow, SparseRow, TokenVectors};
 use crate::upstream::pool::Pool;
 
 /// One served model: its settings (the process's, with a models file's per-model ones), model
@@ -397,7 +397,9 @@ impl Service {
     /// A 400 naming the route that serves this model, when `route` needs a `task` model.
     fn require(&self, task: Task, route: &'static str) -> Result<(), ApiError> {
         let own = self.model.task;
-        if own == task {
+        // A hybrid model answers the sparse and multi-vector routes with that one output.
+        let part = own == Task::Hybrid && matches!(task, Task::Sparse | Task::MultiVector);
+        if own == task || part {
             return Ok(());
         }
         let serves = match own {
@@ -408,7 +410,7 @@ impl Service {
             Task::MultiVector => {
                 "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
             }
-            Task::Hybrid => "/v1/hybrid-embeddings",
+            Task::Hybrid => "/v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector",
         };
         Err(ApiError::WrongTask {
             model: self.name,
@@ -690,15 +692,19 @@ impl Service {
         let (ids, lengths) = self
             .input_ids((Task::Sparse, route), input, how, ticket)
             .await?;
-        let (top_k, threshold) = (req.top_k.unwrap_or(0) as u32, req.threshold);
-        let parts = self
-            .fan_out(&lengths, |c, timeout| {
-                let batch = pack(&ids[c.start..c.stop]);
-                self.pool
-                    .sparse_embed(batch, (top_k, threshold), c.tokens, timeout)
-            })
-            .await?;
-        let rows: Vec<_> = parts.into_iter().flatten().collect();
+        let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let rows = if self.model.task == Task::Hybrid {
+            let rows = self.hybrid_rows(&ids, &lengths, (false, true, false), keep);
+            rows.await?.into_iter().filter_map(|r| r.sparse).collect()
+        } else {
+            let parts = self
+                .fan_out(&lengths, |c, timeout| {
+                    let batch = pack(&ids[c.start..c.stop]);
+                    self.pool.sparse_embed(batch, keep, c.tokens, timeout)
+                })
+                .await?;
+            parts.into_iter().flatten().collect()
+        };
         Ok((rows, lengths.iter().sum()))
     }
 
@@ -740,10 +746,33 @@ impl Service {
         ids: &[Vec<u32>],
         lengths: &[usize],
     ) -> Result<Vec<TokenVectors>, ApiError> {
+        if self.model.task == Task::Hybrid {
+            let rows = self.hybrid_rows(ids, lengths, (false, false, true), (0, 0.0));
+            return Ok(rows.await?.into_iter().filter_map(|r| r.vectors).collect());
+        }
         let parts = self
             .fan_out(lengths, |c, timeout| {
                 let batch = pack(&ids[c.start..c.stop]);
                 self.pool.multi_vector_embed(batch, c.tokens, timeout)
+            })
+            .await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// A hybrid model's outputs `wanted` (dense, sparse, token vectors) of tokenized inputs,
+    /// chunked over the workers; `keep`: the lexical weights' top_k and threshold.
+    async fn hybrid_rows(
+        &self,
+        ids: &[Vec<u32>],
+        lengths: &[usize],
+        wanted: (bool, bool, bool),
+        keep: (u32, f32),
+    ) -> Result<Vec<HybridRow>, ApiError> {
+        let parts = self
+            .fan_out(lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .hybrid_embed(batch, wanted, keep, c.tokens, timeout)
             })
             .await?;
         Ok(parts.into_iter().flatten().collect())
@@ -760,14 +789,7 @@ impl Service {
         let o = req.outputs;
         let wanted = (o.dense, o.sparse, o.multi_vector);
         let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
-        let parts = self
-            .fan_out(&lengths, |c, timeout| {
-                let batch = pack(&ids[c.start..c.stop]);
-                self.pool
-                    .hybrid_embed(batch, wanted, keep, c.tokens, timeout)
-            })
-            .await?;
-        let rows: Vec<_> = parts.into_iter().flatten().collect();
+        let rows = self.hybrid_rows(&ids, &lengths, wanted, keep).await?;
         let tokens = lengths.iter().sum();
         Ok(documents::hybrid(self.name, &rows, req.base64, tokens))
     }
