@@ -13,8 +13,9 @@ from embedfleet.common.modeldir import ModelDirError, load_model_dir
 from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
 from embedfleet.testing.families import FamilyDirs
-from embedfleet.worker.contract import hybrid_parts
+from embedfleet.worker.contract import WorkItem, hybrid_parts
 from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.forward import default_outputs
 from embedfleet.worker.engine.models.hybrid import Hybrid
 from embedfleet.worker.engine.torch_engine import TorchEngine
 
@@ -92,6 +93,20 @@ def test_the_encoder_runs_once_a_batch(
     seqs = [tok.encode(t).ids for t in families.TEXTS[:3]]
     hybrid.run([item(seqs[:1]), item(seqs[1:])])
     assert len(calls) == 1
+
+
+def test_the_dtype_probe_compares_every_tokens_vector(family_dirs: FamilyDirs) -> None:
+    path = family_dirs.get("bge-m3")
+    hybrid = engine(path, "hybrid")
+    tok = load_model_dir(path).tokenizer()
+    probe = item([tok.encode(t).ids for t in families.TEXTS[:2]]).tokens
+    rows = default_outputs(hybrid.model, hybrid.backend, hybrid.pooler, probe, hybrid.device)
+    [want] = engine(path, "multivector").run([WorkItem(probe)])
+    # Every token's vector, the CLS tokens' too (the multivector rows drop them).
+    assert rows.shape == (probe.total, 64)
+    keep = np.ones(probe.total, bool)
+    keep[np.cumsum(probe.lengths) - probe.lengths] = False
+    np.testing.assert_allclose(rows[keep], want, atol=1e-5)
 
 
 def test_graph_path_cuts_each_items_outputs(family_dirs: FamilyDirs) -> None:

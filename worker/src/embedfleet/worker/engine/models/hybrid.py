@@ -47,12 +47,15 @@ class Layout:
 class Hybrid:
     """An encoder with bge-m3's pooling, lexical weight and per-token projection for its head."""
 
-    def __init__(self, lexical: Lexical, colbert: ColBERT, pooler: Pooler, normalize: bool) -> None:
+    def __init__(
+        self, lexical: Lexical, colbert: ColBERT, pooler: Pooler, normalize: bool, layout: Layout
+    ) -> None:
         self.encoder: Model = lexical.encoder
         self.lexical = lexical
         self.colbert = colbert
         self.pooler = pooler
         self.normalize = normalize
+        self.layout = layout
         self.shape: Shape = lexical.shape
 
     def forward(self, batch: DeviceBatch, plan: AttentionPlan) -> torch.Tensor:
@@ -65,13 +68,21 @@ class Hybrid:
         parts = (dense, self.lexical.head(hidden, batch), self.colbert.head(hidden, batch))
         return torch.cat([p.reshape(-1) for p in parts])
 
+    def token_vectors(self, head: torch.Tensor, batch: DeviceBatch) -> torch.Tensor:
+        """The per-token vectors [T, D'] of this head's output for `batch`."""
+        tokens = batch.input_ids.shape[0]
+        return self.layout.split(head, batch.lengths.shape[0], tokens)[2]
+
 
 def load_hybrid(model_dir: ModelDir, encoder: Model, device: torch.device) -> Hybrid:
     """`encoder` with bge-m3's sparse_linear.pt and colbert_linear.pt (float32 on `device`) and
     the directory's pooling."""
+    projection = load_projection(model_dir, device)
+    layout = Layout(model_dir.embedding_size, encoder.shape.vocab_size, projection.weight.shape[0])
     return Hybrid(
         load_lexical(model_dir, encoder, device),
-        ColBERT(encoder, load_projection(model_dir, device)),
+        ColBERT(encoder, projection),
         Pooler.of(model_dir, device),
         model_dir.normalize,
+        layout,
     )
