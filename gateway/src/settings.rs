@@ -110,7 +110,7 @@ pub struct Settings {
     #[arg(long, env = "EMBEDFLEET_GATEWAY_MODEL", default_value = "")]
     pub model: String,
     /// What the model is served as: auto (from its checkpoint), embed, score, classify, sparse,
-    /// multivector
+    /// multivector, hybrid
     #[arg(long, env = "EMBEDFLEET_GATEWAY_TASK", default_value = "auto")]
     pub task: String,
     /// The name requests use in `model` (empty: the model's own)

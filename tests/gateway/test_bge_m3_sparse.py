@@ -39,3 +39,12 @@ def test_sparse_routes_serve_bge_m3s_lexical_weights(
     assert [p["value"] for p in tei] == pytest.approx(
         [want[-1][i] for i in sorted(want[-1])], rel=1e-4
     )
+
+
+def test_a_lexical_model_is_named_as_one(lexical: Gateway) -> None:
+    """The wrong-route 400 and TEI's /info say what the model is: bge-m3's lexical weights, not
+    SPLADE."""
+    error = lexical.error("/v1/embeddings", {"input": "a"}, 400)
+    assert "is a sparse (bge-m3 lexical weights) embedding model;" in error["message"]
+    info = lexical.request("GET", "/info").json()
+    assert info["model_type"] == {"embedding": {"pooling": "lexical"}}

@@ -151,7 +151,8 @@ def test_other_routes_are_refused_naming_the_classify_route(classifier: Served) 
          "a cross-encoder reranker (it scores query-document pairs)"),
         ("/v1/score", {"text_1": "a", "text_2": "b"},
          "a cross-encoder reranker (it scores query-document pairs)"),
-        ("/v1/sparse_embeddings", {"input": []}, "a sparse (SPLADE) embedding model"),
+        ("/v1/sparse_embeddings", {"input": []},
+         "a sparse (SPLADE or bge-m3 lexical weights) embedding model"),
     ):  # fmt: skip
         error = gateway.error(path, body, 400)
         assert error["param"] == "model"

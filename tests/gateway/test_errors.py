@@ -171,7 +171,8 @@ CASES: dict[str, tuple[str, Any, int, str | None, str | None, str]] = {
                                                    None, INPUT_FORMS),
     "sparse on an embedding model": ("/v1/sparse_embeddings", {"input": ["a", "b"]}, 400,
                                      "model", None, "/v1/sparse_embeddings needs a sparse "
-                                     "(SPLADE) embedding model. Use /v1/embeddings (and "
+                                     "(SPLADE or bge-m3 lexical weights) embedding model. Use "
+                                     "/v1/embeddings (and "
                                      "/v1/rerank, /v1/score by cosine)."),
     "sparse a bad threshold on an embedding model": ("/v1/sparse_embeddings",
                                                      {"input": "a", "threshold": -1}, 400,
@@ -182,6 +183,15 @@ CASES: dict[str, tuple[str, Any, int, str | None, str | None, str]] = {
                                            "(ColBERT) model. Use /v1/embeddings"),
     "multi-vector a bad encoding": ("/v1/multi-vector", {"input": "a", "encoding_format": "int8"},
                                     400, "encoding_format", None, "'float' or 'base64'"),
+    "hybrid on an embedding model": ("/v1/hybrid-embeddings", {"input": ["a"]}, 400, "model",
+                                     None, "/v1/hybrid-embeddings needs a hybrid (bge-m3 dense, "
+                                     "sparse and multi-vector) model. Use /v1/embeddings"),
+    "hybrid unknown outputs": ("/v1/hybrid-embeddings", {"input": "a", "outputs": ["colbert"]},
+                               400, "outputs", None, "'dense', 'sparse' or 'multi_vector'"),
+    "hybrid no outputs": ("/v1/hybrid-embeddings", {"input": "a", "outputs": []}, 400,
+                          "outputs", None, "a non-empty list"),
+    "hybrid a bad threshold": ("/v1/hybrid-embeddings", {"input": "a", "threshold": "x"}, 400,
+                               "threshold", None, "valid number"),
 }  # fmt: skip
 
 
@@ -310,7 +320,8 @@ def test_the_document_states_the_rules_and_every_status(fakes: Gateway) -> None:
     assert schemas["EmbeddingRequest"]["properties"]["truncate"]["type"] == "boolean"
     every = {"200", "400", "404", "405", "408", "413", "415", "429", "502", "503", "504"}
     for path in ("/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/classify",
-                 "/v1/sparse_embeddings", "/v1/multi-vector"):  # fmt: skip
+                 "/v1/sparse_embeddings", "/v1/multi-vector",
+                 "/v1/hybrid-embeddings"):  # fmt: skip
         responses = doc["paths"][path]["post"]["responses"]
         assert every <= set(responses), path
         assert "Allow" in responses["405"]["headers"]

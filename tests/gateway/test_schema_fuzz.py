@@ -29,6 +29,7 @@ OPERATIONS = [
     ("POST", "/v1/classify"),
     ("POST", "/v1/sparse_embeddings"),
     ("POST", "/v1/multi-vector"),
+    ("POST", "/v1/hybrid-embeddings"),
     # TEI's and Cohere's routes (docs/clients.md)
     ("POST", "/"),
     ("POST", "/embed"),

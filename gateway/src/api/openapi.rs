@@ -78,6 +78,6 @@ mod tests {
                 "{path}"
             );
         }
-        assert_eq!(open["paths"].as_object().unwrap().len(), 23);
+        assert_eq!(open["paths"].as_object().unwrap().len(), 24);
     }
 }

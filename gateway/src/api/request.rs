@@ -434,26 +434,7 @@ pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
         Some(v) => input(v)?,
     };
     let top_k = optional_positive(&doc, "top_k")?;
-    // A number (float or integer), at least 0; the wrong type names the float member.
-    let threshold = match doc.get("threshold") {
-        None | Some(Value::Null) => 0.0,
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(t) if t >= 0.0 => t as f32,
-            _ => {
-                return Err(field_error(
-                    "threshold",
-                    "Input should be greater than or equal to 0",
-                ))
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::Field {
-                param: "threshold",
-                at: "threshold.float",
-                detail: "Input should be a valid number",
-            })
-        }
-    };
+    let threshold = threshold(&doc)?;
     let input_type = literal(&doc, "input_type", INPUT_TYPES, true)?.map(str::to_string);
     Ok(SparseRequest {
         model,
@@ -464,6 +445,26 @@ pub fn parse_sparse(body: &[u8]) -> Result<SparseRequest, ApiError> {
         threshold,
         input_type,
     })
+}
+
+/// `threshold`: a number (float or integer), at least 0, 0 when absent; the wrong type names
+/// the float member.
+fn threshold(doc: &Map<String, Value>) -> Result<f32, ApiError> {
+    match doc.get("threshold") {
+        None | Some(Value::Null) => Ok(0.0),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(t) if t >= 0.0 => Ok(t as f32),
+            _ => Err(field_error(
+                "threshold",
+                "Input should be greater than or equal to 0",
+            )),
+        },
+        Some(_) => Err(ApiError::Field {
+            param: "threshold",
+            at: "threshold.float",
+            detail: "Input should be a valid number",
+        }),
+    }
 }
 
 /// POST /v1/multi-vector: a vector per token of each input.
@@ -501,6 +502,82 @@ pub fn parse_multi_vector(body: &[u8]) -> Result<MultiVectorRequest, ApiError> {
     })
 }
 
+/// Which of a hybrid model's outputs a request wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outputs {
+    pub dense: bool,
+    pub sparse: bool,
+    pub multi_vector: bool,
+}
+
+const OUTPUT_NAMES: &str =
+    "Input should be a non-empty list of 'dense', 'sparse' or 'multi_vector'";
+
+/// POST /v1/hybrid-embeddings: a hybrid model's (bge-m3's) dense vector, lexical weights and
+/// token vectors of each input, from one forward.
+#[derive(Debug, Clone)]
+pub struct HybridRequest {
+    pub model: Option<String>,
+    pub truncate: bool,
+    pub side: Side,
+    pub input: Input,
+    pub outputs: Outputs,
+    /// the dense and token vectors as base64 of their row-major little-endian float32s
+    pub base64: bool,
+    pub top_k: Option<i64>,
+    pub threshold: f32,
+    pub input_type: Option<String>,
+}
+
+pub fn parse_hybrid(body: &[u8]) -> Result<HybridRequest, ApiError> {
+    let doc = object(body)?;
+    let (model, truncate, side) = common(&doc)?;
+    let input = match doc.get("input") {
+        None => return Err(ApiError::Required { param: "input" }),
+        Some(v) => input(v)?,
+    };
+    let outputs = match doc.get("outputs") {
+        None | Some(Value::Null) => Outputs {
+            dense: true,
+            sparse: true,
+            multi_vector: true,
+        },
+        Some(Value::Array(names)) if !names.is_empty() => {
+            let mut wanted = Outputs {
+                dense: false,
+                sparse: false,
+                multi_vector: false,
+            };
+            for name in names {
+                match name.as_str() {
+                    Some("dense") => wanted.dense = true,
+                    Some("sparse") => wanted.sparse = true,
+                    Some("multi_vector") => wanted.multi_vector = true,
+                    _ => return Err(field_error("outputs", OUTPUT_NAMES)),
+                }
+            }
+            wanted
+        }
+        Some(_) => return Err(field_error("outputs", OUTPUT_NAMES)),
+    };
+    let base64 = literal(&doc, "encoding_format", MULTI_VECTOR_ENCODINGS, false)? == Some("base64");
+    let top_k = optional_positive(&doc, "top_k")?;
+    let threshold = threshold(&doc)?;
+    optional_str(&doc, "user")?;
+    let input_type = literal(&doc, "input_type", INPUT_TYPES, true)?.map(str::to_string);
+    Ok(HybridRequest {
+        model,
+        truncate,
+        side,
+        input,
+        outputs,
+        base64,
+        top_k,
+        threshold,
+        input_type,
+    })
+}
+
 /// A parsed request for the workers, whichever API's route it came by.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -510,6 +587,7 @@ pub enum Call {
     Classify(ClassifyRequest),
     Sparse(SparseRequest),
     MultiVector(MultiVectorRequest),
+    Hybrid(HybridRequest),
 }
 
 impl Call {
@@ -522,6 +600,7 @@ impl Call {
             Call::Classify(r) => r.model.as_deref(),
             Call::Sparse(r) => r.model.as_deref(),
             Call::MultiVector(r) => r.model.as_deref(),
+            Call::Hybrid(r) => r.model.as_deref(),
         }
     }
 }
@@ -534,6 +613,7 @@ pub fn parse_call(route: &str, body: &[u8]) -> Result<Call, ApiError> {
         "/v1/classify" => Call::Classify(parse_classify(body)?),
         "/v1/sparse_embeddings" => Call::Sparse(parse_sparse(body)?),
         "/v1/multi-vector" => Call::MultiVector(parse_multi_vector(body)?),
+        "/v1/hybrid-embeddings" => Call::Hybrid(parse_hybrid(body)?),
         _ => Call::Embeddings(parse(body)?),
     })
 }

@@ -21,6 +21,7 @@ pub fn route_of(path: &str) -> &'static str {
         "/v1/classify" => "/v1/classify",
         "/v1/sparse_embeddings" => "/v1/sparse_embeddings",
         "/v1/multi-vector" => "/v1/multi-vector",
+        "/v1/hybrid-embeddings" => "/v1/hybrid-embeddings",
         "/health" => "/health",
         "/ready" => "/ready",
         "/metrics" => "/metrics",
@@ -50,7 +51,8 @@ pub fn post_api(route: &str) -> Option<Api> {
         | "/v1/score"
         | "/v1/classify"
         | "/v1/sparse_embeddings"
-        | "/v1/multi-vector" => Some(Api::OpenAi),
+        | "/v1/multi-vector"
+        | "/v1/hybrid-embeddings" => Some(Api::OpenAi),
         "/" | "/embed" | "/embed_sparse" | "/embed_all" | "/rerank" | "/predict"
         | "/similarity" | "/tokenize" | "/decode" => Some(Api::Tei),
         "/v2/embed" | "/v2/rerank" => Some(Api::Cohere),
@@ -80,6 +82,10 @@ mod tests {
         assert_eq!(post_api(route_of("/embed")), Some(Api::Tei));
         assert_eq!(post_api(route_of("/v2/rerank")), Some(Api::Cohere));
         assert_eq!(post_api(route_of("/v1/multi-vector")), Some(Api::OpenAi));
+        assert_eq!(
+            post_api(route_of("/v1/hybrid-embeddings")),
+            Some(Api::OpenAi)
+        );
         assert_eq!(post_api(route_of("/embed_all")), Some(Api::Tei));
         assert_eq!(post_api("/info"), None);
         assert!(keyed("/v1/nothing") && keyed("/v2/embed") && keyed("/") && keyed("/info"));

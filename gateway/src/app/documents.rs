@@ -7,7 +7,7 @@ use base64::Engine;
 use crate::api::errors::json_string;
 use crate::api::request::{Encoding, Precision};
 use crate::model::quantization::{self, Ranges, Row};
-use crate::upstream::batch::TokenVectors;
+use crate::upstream::batch::{HybridRow, TokenVectors};
 
 /// 0.8 is written 0.800000011920929), null where not finite.
 fn score_text(buffer: &mut ryu::Buffer, score: f32) -> String {
@@ -237,11 +237,9 @@ pub fn sparse(model: &str, rows: &[(Vec<i32>, Vec<f32>)], vocab: usize, tokens: 
         }
         out.extend_from_slice(br#"{"object":"sparse_embedding","index":"#);
         out.extend_from_slice(i.to_string().as_bytes());
-        out.extend_from_slice(br#","embedding":{"indices":"#);
-        int_array(&mut out, indices.iter().copied());
-        out.extend_from_slice(br#","values":"#);
-        float_array(&mut out, &mut floats, values);
-        out.extend_from_slice(br#"},"dimensions":"#);
+        out.extend_from_slice(br#","embedding":"#);
+        sparse_object(&mut out, &mut floats, indices, values);
+        out.extend_from_slice(br#","dimensions":"#);
         out.extend_from_slice(dims.as_bytes());
         out.push(b'}');
     }
@@ -263,18 +261,72 @@ pub fn multi_vector(model: &str, inputs: &[TokenVectors], base64: bool, tokens: 
         out.extend_from_slice(br#"{"object":"multi_vector","index":"#);
         out.extend_from_slice(i.to_string().as_bytes());
         out.extend_from_slice(br#","embedding":"#);
-        if base64 {
-            let bytes: Vec<u8> = input.rows.iter().flat_map(|v| v.to_le_bytes()).collect();
-            base64_string(&mut out, &bytes);
-        } else {
-            out.push(b'[');
-            for (j, row) in input.tokens().enumerate() {
-                if j > 0 {
-                    out.push(b',');
-                }
-                float_array(&mut out, &mut floats, row);
+        token_vectors(&mut out, &mut floats, input, base64);
+        out.push(b'}');
+    }
+    model_and_usage(&mut out, model, tokens);
+    out
+}
+
+/// `{"indices":[...],"values":[...]}`: a sparse vector's ascending ids and their weights.
+fn sparse_object(out: &mut Vec<u8>, floats: &mut ryu::Buffer, indices: &[i32], values: &[f32]) {
+    out.extend_from_slice(br#"{"indices":"#);
+    int_array(out, indices.iter().copied());
+    out.extend_from_slice(br#","values":"#);
+    float_array(out, floats, values);
+    out.push(b'}');
+}
+
+/// An input's token vectors: an array of float arrays, or one base64 string of its row-major
+/// little-endian float32s.
+fn token_vectors(out: &mut Vec<u8>, floats: &mut ryu::Buffer, input: &TokenVectors, base64: bool) {
+    if base64 {
+        base64_floats(out, &input.rows);
+        return;
+    }
+    out.push(b'[');
+    for (j, row) in input.tokens().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        float_array(out, floats, row);
+    }
+    out.push(b']');
+}
+
+fn base64_floats(out: &mut Vec<u8>, values: &[f32]) {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    base64_string(out, &bytes);
+}
+
+/// The hybrid embeddings document: each input's outputs asked for, `dense` (an embedding, as
+/// /v1/embeddings writes it in float or base64), `sparse` (the /v1/sparse_embeddings object's
+/// `embedding`) and `multi_vector` (the /v1/multi-vector object's `embedding`).
+pub fn hybrid(model: &str, rows: &[HybridRow], base64: bool, tokens: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + rows.len() * 256);
+    out.extend_from_slice(br#"{"object":"list","data":["#);
+    let mut floats = ryu::Buffer::new();
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(br#"{"object":"hybrid_embedding","index":"#);
+        out.extend_from_slice(i.to_string().as_bytes());
+        if let Some(dense) = &row.dense {
+            out.extend_from_slice(br#","dense":"#);
+            if base64 {
+                base64_floats(&mut out, dense);
+            } else {
+                float_array(&mut out, &mut floats, dense);
             }
-            out.push(b']');
+        }
+        if let Some((indices, values)) = &row.sparse {
+            out.extend_from_slice(br#","sparse":"#);
+            sparse_object(&mut out, &mut floats, indices, values);
+        }
+        if let Some(vectors) = &row.vectors {
+            out.extend_from_slice(br#","multi_vector":"#);
+            token_vectors(&mut out, &mut floats, vectors, base64);
         }
         out.push(b'}');
     }

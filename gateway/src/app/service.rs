@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::api::errors::ApiError;
 use crate::api::request::{
-    ClassifyRequest, EmbeddingRequest, Encoding, Input, MultiVectorRequest, PairRequest,
-    RerankRequest, ScoreRequest, Side, SparseRequest,
+    ClassifyRequest, EmbeddingRequest, Encoding, HybridRequest, Input, MultiVectorRequest,
+    PairRequest, RerankRequest, ScoreRequest, Side, SparseRequest,
 };
 use crate::app::documents;
 use crate::model::dir::{Head, ModelDir, Task};
@@ -21,7 +21,7 @@ use crate::plan::windows;
 use crate::settings::Settings;
 use crate::telemetry::metrics::ModelMetrics;
 use crate::telemetry::traces::{self, Kind, Tracer};
-use crate::upstream::batch::{broken_reply, pack, pack_pairs, SparseRow, TokenVectors};
+use crate::upstream::batch::{broken_reply, pack, pack_pairs, HybridRow, SparseRow, TokenVectors};
 use crate::upstream::pool::Pool;
 
 /// One served model: its settings (the process's, with a models file's per-model ones), model
@@ -397,7 +397,9 @@ impl Service {
     /// A 400 naming the route that serves this model, when `route` needs a `task` model.
     fn require(&self, task: Task, route: &'static str) -> Result<(), ApiError> {
         let own = self.model.task;
-        if own == task {
+        // A hybrid model answers the sparse and multi-vector routes with that one output.
+        let part = own == Task::Hybrid && matches!(task, Task::Sparse | Task::MultiVector);
+        if own == task || part {
             return Ok(());
         }
         let serves = match own {
@@ -408,12 +410,13 @@ impl Service {
             Task::MultiVector => {
                 "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
             }
+            Task::Hybrid => "/v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector",
         };
         Err(ApiError::WrongTask {
             model: self.name,
-            is: kind(own),
+            is: kind(own, Some(self.model.head)),
             route,
-            needs: kind(task),
+            needs: kind(task, None),
             serves,
         })
     }
@@ -689,15 +692,19 @@ impl Service {
         let (ids, lengths) = self
             .input_ids((Task::Sparse, route), input, how, ticket)
             .await?;
-        let (top_k, threshold) = (req.top_k.unwrap_or(0) as u32, req.threshold);
-        let parts = self
-            .fan_out(&lengths, |c, timeout| {
-                let batch = pack(&ids[c.start..c.stop]);
-                self.pool
-                    .sparse_embed(batch, (top_k, threshold), c.tokens, timeout)
-            })
-            .await?;
-        let rows: Vec<_> = parts.into_iter().flatten().collect();
+        let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let rows = if self.model.task == Task::Hybrid {
+            let rows = self.hybrid_rows(&ids, &lengths, (false, true, false), keep);
+            rows.await?.into_iter().filter_map(|r| r.sparse).collect()
+        } else {
+            let parts = self
+                .fan_out(&lengths, |c, timeout| {
+                    let batch = pack(&ids[c.start..c.stop]);
+                    self.pool.sparse_embed(batch, keep, c.tokens, timeout)
+                })
+                .await?;
+            parts.into_iter().flatten().collect()
+        };
         Ok((rows, lengths.iter().sum()))
     }
 
@@ -739,6 +746,10 @@ impl Service {
         ids: &[Vec<u32>],
         lengths: &[usize],
     ) -> Result<Vec<TokenVectors>, ApiError> {
+        if self.model.task == Task::Hybrid {
+            let rows = self.hybrid_rows(ids, lengths, (false, false, true), (0, 0.0));
+            return Ok(rows.await?.into_iter().filter_map(|r| r.vectors).collect());
+        }
         let parts = self
             .fan_out(lengths, |c, timeout| {
                 let batch = pack(&ids[c.start..c.stop]);
@@ -746,6 +757,41 @@ impl Service {
             })
             .await?;
         Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// A hybrid model's outputs `wanted` (dense, sparse, token vectors) of tokenized inputs,
+    /// chunked over the workers; `keep`: the lexical weights' top_k and threshold.
+    async fn hybrid_rows(
+        &self,
+        ids: &[Vec<u32>],
+        lengths: &[usize],
+        wanted: (bool, bool, bool),
+        keep: (u32, f32),
+    ) -> Result<Vec<HybridRow>, ApiError> {
+        let parts = self
+            .fan_out(lengths, |c, timeout| {
+                let batch = pack(&ids[c.start..c.stop]);
+                self.pool
+                    .hybrid_embed(batch, wanted, keep, c.tokens, timeout)
+            })
+            .await?;
+        Ok(parts.into_iter().flatten().collect())
+    }
+
+    /// POST /v1/hybrid-embeddings: each input's outputs asked for, from one forward a chunk.
+    pub async fn hybrid(&self, req: HybridRequest, ticket: &Ticket) -> Result<Vec<u8>, ApiError> {
+        let how = (req.truncate, req.side);
+        let input = (&req.input, req.input_type.as_deref());
+        let route = "/v1/hybrid-embeddings";
+        let (ids, lengths) = self
+            .input_ids((Task::Hybrid, route), input, how, ticket)
+            .await?;
+        let o = req.outputs;
+        let wanted = (o.dense, o.sparse, o.multi_vector);
+        let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
+        let rows = self.hybrid_rows(&ids, &lengths, wanted, keep).await?;
+        let tokens = lengths.iter().sum();
+        Ok(documents::hybrid(self.name, &rows, req.base64, tokens))
     }
 
     pub async fn multi_vector(
@@ -799,14 +845,18 @@ impl Service {
     }
 }
 
-/// What a model of each task is, for the 400 that sends a request to the right route.
-fn kind(task: Task) -> &'static str {
-    match task {
-        Task::Embed => "an embedding model",
-        Task::Score => "a cross-encoder reranker (it scores query-document pairs)",
-        Task::Classify => "a sequence classifier",
-        Task::Sparse => "a sparse (SPLADE) embedding model",
-        Task::MultiVector => "a multi-vector (ColBERT) model",
+/// What a model of each task is (with `head`: what this one is), for the 400 that sends a
+/// request to the right route.
+fn kind(task: Task, head: Option<Head>) -> &'static str {
+    match (task, head) {
+        (Task::Embed, _) => "an embedding model",
+        (Task::Score, _) => "a cross-encoder reranker (it scores query-document pairs)",
+        (Task::Classify, _) => "a sequence classifier",
+        (Task::Sparse, Some(Head::Lexical)) => "a sparse (bge-m3 lexical weights) embedding model",
+        (Task::Sparse, Some(_)) => "a sparse (SPLADE) embedding model",
+        (Task::Sparse, None) => "a sparse (SPLADE or bge-m3 lexical weights) embedding model",
+        (Task::MultiVector, _) => "a multi-vector (ColBERT) model",
+        (Task::Hybrid, _) => "a hybrid (bge-m3 dense, sparse and multi-vector) model",
     }
 }
 

@@ -169,6 +169,8 @@ pub fn default_route(service: &Service) -> &'static str {
         Task::Score => "/rerank",
         Task::Classify => "/predict",
         Task::MultiVector => "/embed_all",
+        // TEI has no hybrid route: /embed refuses it naming /v1/hybrid-embeddings.
+        Task::Hybrid => "/embed",
     }
 }
 
@@ -187,9 +189,10 @@ pub fn info(service: &Service) -> Result<Vec<u8>, ApiError> {
         (Task::Classify, _) => json!({"classifier": labels()}),
         (Task::Score, Head::YesNo) => json!({"reranker": {"id2label": {}, "label2id": {}}}),
         (Task::Score, _) => json!({"reranker": labels()}),
+        (Task::Sparse, Head::Lexical) => json!({"embedding": {"pooling": "lexical"}}),
         (Task::Sparse, _) => json!({"embedding": {"pooling": "splade"}}),
         (Task::MultiVector, _) => json!({"embedding": {"pooling": "none"}}),
-        (Task::Embed, _) => json!({"embedding": {"pooling": "model"}}),
+        (Task::Embed | Task::Hybrid, _) => json!({"embedding": {"pooling": "model"}}),
     };
     let s = &service.settings;
     bytes(&json!({

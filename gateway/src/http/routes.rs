@@ -324,6 +324,7 @@ async fn post(
             Call::Classify(r) => service.classify(r, &ticket).await?,
             Call::Sparse(r) => service.sparse_embeddings(r, &ticket).await?,
             Call::MultiVector(r) => service.multi_vector(r, &ticket).await?,
+            Call::Hybrid(r) => service.hybrid(r, &ticket).await?,
         },
         Shape::Tei(shape) => app_tei::answer(service, call, shape, &ticket).await?,
         Shape::Cohere(shape) => app_cohere::answer(service, call, shape, &ticket).await?,
@@ -352,6 +353,12 @@ fn admit(service: &Service, call: &Call) -> Result<admission::Ticket, ApiError> 
             ..
         })
         | Call::MultiVector(request::MultiVectorRequest {
+            input,
+            input_type,
+            truncate,
+            ..
+        })
+        | Call::Hybrid(request::HybridRequest {
             input,
             input_type,
             truncate,

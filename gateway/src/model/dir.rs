@@ -110,11 +110,14 @@ pub enum Task {
     Sparse,
     /// a vector per token (ColBERT-style late interaction)
     MultiVector,
+    /// bge-m3's dense vector, lexical weights and per-token vectors from one forward
+    Hybrid,
 }
 
 /// What turns the encoder's states into the output: pooling, a sequence-classification head, a
 /// causal LM's yes/no logits (Qwen3-Reranker), SPLADE over a masked-LM head, a per-token weight
-/// max-pooled by token id (bge-m3's sparse_linear.pt), or a per-token projection (ColBERT).
+/// max-pooled by token id (bge-m3's sparse_linear.pt), a per-token projection (ColBERT), or
+/// bge-m3's three at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Head {
     Pool,
@@ -123,6 +126,7 @@ pub enum Head {
     Splade,
     Lexical,
     Colbert,
+    Hybrid,
 }
 
 /// bge-m3's lexical weights: a torch.nn.Linear(hidden, 1) state dict (the workers read it).
@@ -216,6 +220,13 @@ fn head(
     task: &str,
 ) -> Result<(Task, Head), String> {
     match (task, colbert(path, modules)) {
+        ("hybrid", Some(false)) if path.join(BGE_M3_SPARSE).is_file() => {
+            Ok((Task::Hybrid, Head::Hybrid))
+        }
+        ("hybrid", _) => Err(format!(
+            "{}: task hybrid needs BAAI/bge-m3's colbert_linear.pt and {BGE_M3_SPARSE}",
+            path.display()
+        )),
         ("multivector", None) => Err(format!(
             "{}: task multivector needs a per-token projection: bge-m3's colbert_linear.pt or a \
              sentence-transformers Dense module right after the transformer (PyLate)",
@@ -292,7 +303,8 @@ fn task_head(
             ))
         }
         _ => Err(format!(
-            "unknown task '{task}'; choose one of embed, score, classify, sparse, multivector"
+            "unknown task '{task}'; choose one of embed, score, classify, sparse, multivector, \
+             hybrid"
         )),
     }
 }
@@ -466,6 +478,38 @@ mod tests {
         let refused = served(&plain, "sparse").unwrap_err();
         assert!(refused.contains("sparse: a *ForMaskedLM or bge-m3's sparse_linear.pt"));
         for dir in [bge_m3, splade, plain] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn hybrid_needs_both_of_bge_m3s_heads() {
+        let config = r#"{"model_type":"xlm-roberta","architectures":["XLMRobertaModel"]}"#;
+        let both = model_dir(
+            "bge-m3-hybrid",
+            &[
+                ("config.json", config),
+                ("colbert_linear.pt", ""),
+                ("sparse_linear.pt", ""),
+            ],
+        );
+        let colbert_only = model_dir(
+            "bge-m3-colbert-only",
+            &[("config.json", config), ("colbert_linear.pt", "")],
+        );
+        let sparse_only = model_dir(
+            "bge-m3-sparse-only",
+            &[("config.json", config), ("sparse_linear.pt", "")],
+        );
+        assert_eq!(served(&both, "auto"), Ok((Task::Embed, Head::Pool)));
+        assert_eq!(served(&both, "hybrid"), Ok((Task::Hybrid, Head::Hybrid)));
+        for dir in [&colbert_only, &sparse_only] {
+            let refused = served(dir, "hybrid").unwrap_err();
+            assert!(refused.ends_with(
+                "task hybrid needs BAAI/bge-m3's colbert_linear.pt and sparse_linear.pt"
+            ));
+        }
+        for dir in [both, colbert_only, sparse_only] {
             std::fs::remove_dir_all(dir).unwrap();
         }
     }

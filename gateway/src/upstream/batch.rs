@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use crate::api::errors::ApiError;
 use crate::telemetry::logs::Limiter;
 use crate::upstream::proto::{
-    EmbedResponse, FloatFormat, MultiVectorEmbedResponse, SparseEmbedResponse, TokenBatch,
+    EmbedResponse, FloatFormat, HybridEmbedResponse, MultiVectorEmbedResponse, SparseEmbedResponse,
+    TokenBatch,
 };
 
 /// Rows of one Embed reply as float32 (a worker may answer float16).
@@ -153,6 +154,49 @@ pub fn token_vectors(
             dims,
         })
         .collect())
+}
+
+/// One input's outputs of a hybrid model, those asked for.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HybridRow {
+    pub dense: Option<Vec<f32>>,
+    pub sparse: Option<SparseRow>,
+    pub vectors: Option<TokenVectors>,
+}
+
+/// A HybridEmbedResponse's inputs, `expected` of them: each part asked for (`wanted`: dense,
+/// sparse, token vectors) read as its own RPC's reply is.
+pub fn hybrid_rows(
+    reply: &HybridEmbedResponse,
+    (dense, sparse, vectors): (bool, bool, bool),
+    expected: usize,
+) -> Result<Vec<HybridRow>, ApiError> {
+    let missing = || broken_reply("a worker's hybrid reply lacks an output asked for");
+    let mut out = vec![HybridRow::default(); expected];
+    if dense {
+        let reply = reply.dense.as_ref().ok_or_else(missing)?;
+        let (count, dims) = (reply.count as usize, reply.dimensions as usize);
+        let rows = self::rows(reply);
+        if count != expected || rows.len() != count * dims {
+            return Err(broken_reply("a worker answered the wrong number of bytes"));
+        }
+        for (row, floats) in out.iter_mut().zip(rows.chunks_exact(dims.max(1))) {
+            row.dense = Some(floats.to_vec());
+        }
+    }
+    if sparse {
+        let reply = reply.sparse.as_ref().ok_or_else(missing)?;
+        for (row, sparse) in out.iter_mut().zip(sparse_rows(reply, expected)?) {
+            row.sparse = Some(sparse);
+        }
+    }
+    if vectors {
+        let reply = reply.multi_vector.as_ref().ok_or_else(missing)?;
+        for (row, vectors) in out.iter_mut().zip(token_vectors(reply, expected)?) {
+            row.vectors = Some(vectors);
+        }
+    }
+    Ok(out)
 }
 
 /// One line per 10 s: a broken worker would answer every request so.

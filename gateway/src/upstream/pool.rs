@@ -16,15 +16,17 @@ use crate::telemetry::logs::Limiter;
 use crate::telemetry::metrics::{ModelMetrics, WorkerState};
 use crate::telemetry::traces::{self, Span, Tracer};
 use crate::upstream::balancer::Balancer;
-use crate::upstream::batch::{floats, sparse_rows, token_vectors, SparseRow, TokenVectors};
+use crate::upstream::batch::{
+    floats, hybrid_rows, sparse_rows, token_vectors, HybridRow, SparseRow, TokenVectors,
+};
 use crate::upstream::coalescing::Coalescer;
 use crate::upstream::failure::{
     client_error, code_name, deadline_as_such, ejects, retryable, stopped_answering,
 };
 use crate::upstream::proto::worker_client::WorkerClient;
 use crate::upstream::proto::{
-    ClassifyRequest, FloatFormat, InfoRequest, InfoResponse, MultiVectorEmbedRequest, ScoreRequest,
-    SparseEmbedRequest, TokenBatch,
+    ClassifyRequest, FloatFormat, HybridEmbedRequest, InfoRequest, InfoResponse,
+    MultiVectorEmbedRequest, ScoreRequest, SparseEmbedRequest, TokenBatch,
 };
 
 const ATTEMPTS: usize = 2;
@@ -667,6 +669,38 @@ impl Pool {
             )
             .await?;
         token_vectors(&reply, count)
+    }
+
+    /// One chunk's hybrid outputs (the HybridEmbed RPC), those `wanted` (dense, sparse, token
+    /// vectors), from one forward. Float32 on the wire: the dense vectors are served at the
+    /// precision /v1/embeddings serves them.
+    pub async fn hybrid_embed(
+        &self,
+        batch: TokenBatch,
+        wanted: (bool, bool, bool),
+        (top_k, threshold): (u32, f32),
+        tokens: usize,
+        timeout: Duration,
+    ) -> Result<Vec<HybridRow>, ApiError> {
+        let count = batch.lengths.len() / 4;
+        let message = HybridEmbedRequest {
+            batch: Some(batch.clone()),
+            dense: wanted.0,
+            sparse: wanted.1,
+            multi_vector: wanted.2,
+            format: FloatFormat::Float32 as i32,
+            top_k,
+            threshold,
+        };
+        let reply = self
+            .unary(
+                ("HybridEmbed", &batch, tokens),
+                message,
+                timeout,
+                |mut c, r| async move { c.hybrid_embed(r).await },
+            )
+            .await?;
+        hybrid_rows(&reply, wanted, count)
     }
 }
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from embedfleet.common.codec import Tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.testing.families import FamilyDirs
-from embedfleet.worker.contract import Done, WorkItem
+from embedfleet.worker.contract import Done, UnservableError, WorkItem
 from embedfleet.worker.null_engine import NullEngine
 
 
@@ -35,3 +36,9 @@ def test_a_multivector_model_gets_a_row_a_token_with_a_vector(family_dirs: Famil
     [rows] = engine.step([WorkItem(Tokens(ids, np.array([3, 2], np.int32)))]).wait()
     assert rows.shape == (3, model.hidden_size)
     assert rows[:, :2].tolist() == [[6, 1], [7, 2], [9, 1]]
+
+
+def test_a_hybrid_model_is_refused(family_dirs: FamilyDirs) -> None:
+    model = load_model_dir(family_dirs.get("bge-m3"), "hybrid")
+    with pytest.raises(UnservableError, match="null engine does not serve task hybrid"):
+        NullEngine.from_model_dir(model)

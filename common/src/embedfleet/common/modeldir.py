@@ -48,9 +48,10 @@ _ST_MODULES = (
 )
 #: embed: dense vectors; score: one relevance score per (query, document) pair; classify: a score
 #: per label (config.id2label); sparse: lexical weights over the vocabulary (SPLADE, or bge-m3's
-#: sparse_linear.pt); multivector: one vector per token (ColBERT-style late interaction)
-Task = Literal["embed", "score", "classify", "sparse", "multivector"]
-TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse", "multivector")
+#: sparse_linear.pt); multivector: one vector per token (ColBERT-style late interaction); hybrid:
+#: bge-m3's dense vector, lexical weights and per-token vectors from one forward
+Task = Literal["embed", "score", "classify", "sparse", "multivector", "hybrid"]
+TASKS: tuple[Task, ...] = ("embed", "score", "classify", "sparse", "multivector", "hybrid")
 #: the worker's and the gateway's --task, documented once
 TASK_HELP = (
     "What to serve the model as: auto infers it from config.json (a one-label "
@@ -58,16 +59,18 @@ TASK_HELP = (
     "sparse vectors unless sentence-transformers pools it densely, a Qwen3ForCausalLM named "
     "*reranker* is a yes/no reranker, a sentence-transformers Dense module with no pooling "
     "(PyLate ColBERT) gives per-token multivector outputs, anything else embeds); embed, score, "
-    "classify, sparse or multivector say it outright and are checked against the checkpoint "
-    "(score on a Qwen3ForCausalLM: Qwen3-Reranker's yes/no scoring; sparse: a SPLADE masked-LM "
-    "or BAAI/bge-m3's sparse_linear.pt weights; multivector on BAAI/bge-m3: its colbert_linear.pt "
-    "vectors)."
+    "classify, sparse, multivector or hybrid say it outright and are checked against the "
+    "checkpoint (score on a Qwen3ForCausalLM: Qwen3-Reranker's yes/no scoring; sparse: a SPLADE "
+    "masked-LM or BAAI/bge-m3's sparse_linear.pt weights; multivector on BAAI/bge-m3: its "
+    "colbert_linear.pt vectors; hybrid on BAAI/bge-m3: its dense vector, lexical weights and "
+    "colbert_linear.pt vectors from one forward)."
 )
 #: What turns the encoder's hidden states into the served output: pooling (embedders), a
 #: sequence-classification head, a causal LM's "yes"/"no" next-token logits (Qwen3-Reranker), or a
 #: masked-LM head max-pooled as SPLADE, a per-token weight max-pooled by token id (bge-m3's
-#: sparse_linear.pt), or a per-token projection (ColBERT).
-Head = Literal["pool", "classifier", "yes_no", "splade", "lexical", "colbert"]
+#: sparse_linear.pt), a per-token projection (ColBERT), or bge-m3's three at once (pooling, its
+#: lexical weight and its per-token projection).
+Head = Literal["pool", "classifier", "yes_no", "splade", "lexical", "colbert", "hybrid"]
 #: How a classifier's logits become scores (config.problem_type; one label: sigmoid)
 Activation = Literal["softmax", "sigmoid", "none"]
 
@@ -413,6 +416,12 @@ def _head(
 ) -> tuple[Task, Head]:
     """`_task_head`, with the multivector task checked for a projection (`_multivector`)."""
     colbert = _multivector(path, config, modules)
+    if task == "hybrid":
+        if colbert is None or not colbert.state_file or not (path / BGE_M3_SPARSE).is_file():
+            raise ModelDirError(
+                f"{path}: task hybrid needs BAAI/bge-m3's {BGE_M3_COLBERT} and {BGE_M3_SPARSE}"
+            )
+        return "hybrid", "hybrid"
     if task == "multivector" and colbert is None:
         raise ModelDirError(
             f"{path}: task multivector needs a per-token projection: bge-m3's {BGE_M3_COLBERT} "
@@ -480,8 +489,10 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
     modules = _read_json(path / "modules.json") or []
     labels = _labels(config)
     served, head = _head(path, config, modules, len(labels), task)
-    steps = _modules(path, modules) if head == "pool" else _Modules()
-    if head == "pool" and not modules and (path / "1_Pooling" / "config.json").is_file():
+    # hybrid's dense vector pools as the embedder of the same directory does
+    pools = head in ("pool", "hybrid")
+    steps = _modules(path, modules) if pools else _Modules()
+    if pools and not modules and (path / "1_Pooling" / "config.json").is_file():
         steps = _Modules(pooling=_read_json(path / "1_Pooling" / "config.json") or {})
     normalize = steps.normalize
     if not modules and served == "embed" and config.get("model_type") in ("qwen3", "qwen2"):
@@ -491,7 +502,7 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
     default_max = min(int(st_cfg.get("max_seq_length") or limit), limit)
     st_meta = _read_json(path / "config_sentence_transformers.json") or {}
     prompts = {str(k): str(v) for k, v in (st_meta.get("prompts") or {}).items()}
-    if head != "pool":
+    if not pools:
         pooling: Pooling = "cls"
     elif steps.pooling is not None:
         pooling = _pooling(steps.pooling, prompts, path)
@@ -511,5 +522,5 @@ def load_model_dir(path: Path, task: str = "") -> ModelDir:
         head=head,
         labels=labels if head == "classifier" else (),
         activation=_activation(config, len(labels)),
-        multivector=_multivector(path, config, modules) if head == "colbert" else None,
+        multivector=_multivector(path, config, modules) if head in ("colbert", "hybrid") else None,
     )

@@ -16,6 +16,7 @@ from types import FrameType
 from embedfleet.common import logs
 from embedfleet.common.exits import EXIT_REFUSED
 from embedfleet.common.logs import LOG_FORMATS
+from embedfleet.common.modeldir import TASKS
 from embedfleet.fleet import calibrate
 from embedfleet.fleet.binary import BINARY, BINARY_ENV, GatewayBinaryError
 from embedfleet.fleet.supervisor import (
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--task",
         default="auto",
-        choices=("auto", "embed", "score", "classify", "sparse", "multivector"),
+        choices=("auto", *TASKS),
         help="What to serve the model as, for the workers and the gateway alike (default auto: "
         "from config.json; score makes a Qwen3ForCausalLM a yes/no reranker).",
     )

@@ -30,7 +30,7 @@ _FILE = re.compile(r"^file://(/[^/].*)$")
 SHARED_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 SHARED_MAX = 40
 #: what model.task may be (the CRD schema's enum)
-TaskName = Literal["embed", "score", "classify", "sparse", "multivector"]
+TaskName = Literal["embed", "score", "classify", "sparse", "multivector", "hybrid"]
 
 
 class SpecError(ValueError):
@@ -257,6 +257,8 @@ def _task(raw: object) -> TaskName:
         return "sparse"
     if raw == "multivector":
         return "multivector"
+    if raw == "hybrid":
+        return "hybrid"
     return "embed"
 
 

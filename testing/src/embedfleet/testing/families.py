@@ -303,6 +303,20 @@ def bge_m3_colbert(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
     return [np.asarray(vectors[i, : len(s) - 1].numpy(), np.float32) for i, s in enumerate(seqs)]
 
 
+def bge_m3_dense(path: Path, seqs: Ids) -> npt.NDArray[np.float32]:
+    """bge-m3's dense vectors before its Normalize module: each sequence's first (CLS) token's
+    last hidden state, [N, hidden]."""
+    import torch
+    from transformers import XLMRobertaModel
+
+    model = XLMRobertaModel.from_pretrained(str(path), add_pooling_layer=False)
+    model.eval()  # type: ignore[no-untyped-call]
+    ids, mask = _padded(seqs, 1)
+    with torch.inference_mode():
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return np.asarray(hidden[:, 0].numpy(), np.float32)
+
+
 def bge_m3_lexical(path: Path, seqs: Ids) -> list[dict[int, float]]:
     """bge-m3's lexical weights as FlagEmbedding's rule makes them, {token id: weight} per
     sequence: ReLU(sparse_linear(last hidden state)) a token, the largest per id, the cls, eos,

@@ -29,10 +29,10 @@ ISSUES_URL = "https://github.com/embedfleet/embedfleet/issues"
 
 #: config.json model_type -> the heads it is served with (modeldir.Head)
 SERVED: dict[str, tuple[Head, ...]] = {
-    "bert": ("pool", "classifier", "splade", "lexical", "colbert"),
-    "roberta": ("pool", "classifier", "splade", "lexical", "colbert"),
-    "xlm-roberta": ("pool", "classifier", "splade", "lexical", "colbert"),
-    "camembert": ("pool", "classifier", "splade", "lexical", "colbert"),
+    "bert": ("pool", "classifier", "splade", "lexical", "colbert", "hybrid"),
+    "roberta": ("pool", "classifier", "splade", "lexical", "colbert", "hybrid"),
+    "xlm-roberta": ("pool", "classifier", "splade", "lexical", "colbert", "hybrid"),
+    "camembert": ("pool", "classifier", "splade", "lexical", "colbert", "hybrid"),
     "distilbert": ("pool", "colbert"),
     "mpnet": ("pool", "colbert"),
     "modernbert": ("pool", "colbert"),
@@ -70,6 +70,7 @@ _TASKS_OF: dict[Head, str] = {
     "lexical": "sparse",
     "yes_no": "score",
     "colbert": "multivector",
+    "hybrid": "hybrid",
 }
 
 

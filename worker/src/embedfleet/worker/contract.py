@@ -60,8 +60,8 @@ class WorkItem:
 class EngineInfo:
     model_name: str
     task: Task
-    #: embed: the vector size; score: 1; classify: the label count; sparse: the vocabulary size;
-    #: multivector: each token vector's size
+    #: embed and hybrid: the (dense) vector size; score: 1; classify: the label count; sparse: the
+    #: vocabulary size; multivector: each token vector's size
     dimensions: int
     max_input_tokens: int
     vocab_size: int
@@ -71,8 +71,11 @@ class EngineInfo:
     default_normalize: bool
     #: classify: how `Options.activate` turns logits into scores
     activation: Activation = "sigmoid"
-    #: multivector: the leading tokens of each sequence that get no vector (bge-m3: 1, its CLS)
+    #: multivector and hybrid: the leading tokens of each sequence that get no vector (bge-m3: 1,
+    #: its CLS)
     skip_tokens: int = 0
+    #: hybrid: each per-token vector's size
+    token_dimensions: int = 0
 
 
 def check_tokens(tokens: Tokens, max_tokens: int, vocab_size: int, type_vocab_size: int) -> None:
@@ -99,7 +102,7 @@ def check_tokens(tokens: Tokens, max_tokens: int, vocab_size: int, type_vocab_si
 
 def output_dimensions(model: ModelDir) -> int:
     """Columns of a result row for the model's task (see `EngineInfo.dimensions`)."""
-    if model.task == "embed":
+    if model.task in ("embed", "hybrid"):
         return model.embedding_size
     if model.task == "classify":
         return len(model.labels)
@@ -108,6 +111,21 @@ def output_dimensions(model: ModelDir) -> int:
     if model.multivector is not None:
         return model.multivector.layer.out_features
     return 1
+
+
+def hybrid_parts(
+    flat: FloatArray, count: int, model: EngineInfo
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A hybrid model's result for one item of `count` sequences (one flat row, the engine's
+    `outputs.hybrid_rows`) back as (dense [n, D], lexical [n, vocab], vectors
+    [k, D'])."""
+    lexical_at = count * model.dimensions
+    vectors_at = lexical_at + count * model.vocab_size
+    return (
+        flat[:lexical_at].reshape(count, model.dimensions),
+        flat[lexical_at:vectors_at].reshape(count, model.vocab_size),
+        flat[vectors_at:].reshape(-1, model.token_dimensions),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from embedfleet.worker.contract import (
     GraphCounters,
     InvalidInputError,
     Pending,
+    UnservableError,
     WorkItem,
     check_tokens,
     output_dimensions,
@@ -33,6 +34,10 @@ class NullEngine:
     multivector: a row a token with a vector, [its id, its position, 0, ...])."""
 
     def __init__(self, info: EngineInfo, tokens_per_second: float = 0.0) -> None:
+        if info.task == "hybrid":
+            # Its results are three outputs in one flat row (contract.hybrid_parts): the harness
+            # measures the single-output tasks.
+            raise UnservableError("the null engine does not serve task hybrid")
         self._info = info
         self._runs = 0
         self._tokens_per_second = tokens_per_second

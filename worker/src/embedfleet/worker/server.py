@@ -28,7 +28,7 @@ from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.common.tracing import OFF, Tracer
-from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem
+from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem, hybrid_parts
 from embedfleet.worker.inflight import ByteBudget, Ticket
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import (
@@ -60,6 +60,7 @@ _TASKS = {
     "Classify": "classify",
     "SparseEmbed": "sparse",
     "MultiVectorEmbed": "multivector",
+    "HybridEmbed": "hybrid",
 }
 R = TypeVar("R")
 
@@ -365,23 +366,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.SparseEmbedRequest, pb.SparseEmbedResponse],
     ) -> pb.SparseEmbedResponse:
         def options() -> Options:
-            if not math.isfinite(request.threshold) or request.threshold < 0:
-                raise StatusError(
-                    Code.INVALID_ARGUMENT, f"threshold must be >= 0, got {request.threshold}"
-                )
+            _check_threshold(request.threshold)
             return Options()
 
         def reply(entry: Entry) -> pb.SparseEmbedResponse:
-            rows = entry.future.result()  # [count, vocab], dense
-            sparse = sparsify(rows, int(request.top_k), float(request.threshold))
-            return pb.SparseEmbedResponse(
-                offsets=sparse.offsets.astype("<i4").tobytes(),
-                indices=sparse.indices.astype("<i4").tobytes(),
-                values=pack_floats(sparse.values),
-                count=int(rows.shape[0]),
-                dimensions=int(rows.shape[1]),
-                prompt_tokens=entry.tokens,
-            )
+            # [count, vocab], dense
+            return _sparse_response(entry.future.result(), request, entry.tokens)
 
         return await self._serve("SparseEmbed", request.batch, options, reply, context)
 
@@ -394,24 +384,44 @@ class WorkerService(pb_grpc.WorkerServicer):
             _check_format(request.format)
             return Options()
 
-        layout = self.state.model.multivector
-        skip = layout.skip if layout is not None else 0
+        skip = self._skip_tokens()
 
         def reply(entry: Entry) -> pb.MultiVectorEmbedResponse:
-            vectors = entry.future.result()  # [vectors, dimensions], every sequence's in order
-            counts = np.maximum(entry.item.tokens.lengths.astype(np.int64) - skip, 0)
-            offsets = np.zeros(counts.size + 1, "<i4")
-            np.cumsum(counts, out=offsets[1:])
-            return pb.MultiVectorEmbedResponse(
-                vectors=pack_floats(vectors, request.format),
-                offsets=offsets.tobytes(),
-                count=int(counts.size),
-                dimensions=int(vectors.shape[1]),
-                format=request.format,
-                prompt_tokens=entry.tokens,
-            )
+            # [vectors, dimensions], every sequence's in order
+            vectors = entry.future.result()
+            return _multi_vector_response(vectors, entry, skip, request.format)
 
         return await self._serve("MultiVectorEmbed", request.batch, options, reply, context)
+
+    async def HybridEmbed(  # noqa: N802 - gRPC method names
+        self,
+        request: pb.HybridEmbedRequest,
+        context: grpc.aio.ServicerContext[pb.HybridEmbedRequest, pb.HybridEmbedResponse],
+    ) -> pb.HybridEmbedResponse:
+        def options() -> Options:
+            _check_format(request.format)
+            _check_threshold(request.threshold)
+            return Options()
+
+        every = not (request.dense or request.sparse or request.multi_vector)
+        skip = self._skip_tokens()
+
+        def reply(entry: Entry) -> pb.HybridEmbedResponse:
+            engine = self.state.engine
+            assert engine is not None  # a request ran on it
+            flat = entry.future.result()
+            dense, lexical, vectors = hybrid_parts(flat, entry.item.tokens.count, engine.info)
+            out = pb.HybridEmbedResponse(prompt_tokens=entry.tokens)
+            if every or request.dense:
+                out.dense.CopyFrom(_dense_response(dense, request.format, entry.tokens))
+            if every or request.sparse:
+                out.sparse.CopyFrom(_sparse_response(lexical, request, entry.tokens))
+            if every or request.multi_vector:
+                vectors_reply = _multi_vector_response(vectors, entry, skip, request.format)
+                out.multi_vector.CopyFrom(vectors_reply)
+            return out
+
+        return await self._serve("HybridEmbed", request.batch, options, reply, context)
 
     async def Info(  # noqa: N802 - gRPC method names
         self,
@@ -504,6 +514,11 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._record(rpc, Code.OK, started)
         return answer, entry
 
+    def _skip_tokens(self) -> int:
+        """The leading tokens of each sequence that get no per-token vector (bge-m3: its CLS)."""
+        layout = self.state.model.multivector
+        return layout.skip if layout is not None else 0
+
     def _check_task(self, task: str) -> None:
         if self.state.model.task != task:
             raise StatusError(
@@ -584,12 +599,53 @@ def _embed_options(request: pb.EmbedRequest) -> Options:
 
 
 def _embed_response(request: pb.EmbedRequest, entry: Entry) -> pb.EmbedResponse:
-    result = entry.future.result()
+    return _dense_response(entry.future.result(), request.format, entry.tokens)
+
+
+def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.EmbedResponse:
     return pb.EmbedResponse(
-        embeddings=pack_floats(result, request.format),
-        count=int(result.shape[0]),
-        dimensions=int(result.shape[1]),
-        format=request.format,
+        embeddings=pack_floats(rows, fmt),
+        count=int(rows.shape[0]),
+        dimensions=int(rows.shape[1]),
+        format=fmt,
+        prompt_tokens=tokens,
+    )
+
+
+def _check_threshold(threshold: float) -> None:
+    if not math.isfinite(threshold) or threshold < 0:
+        raise StatusError(Code.INVALID_ARGUMENT, f"threshold must be >= 0, got {threshold}")
+
+
+def _sparse_response(
+    rows: FloatArray, request: pb.SparseEmbedRequest | pb.HybridEmbedRequest, tokens: int
+) -> pb.SparseEmbedResponse:
+    """`rows` [count, vocab] (dense, zeros for absent ids) as SparseEmbed replies them."""
+    sparse = sparsify(rows, int(request.top_k), float(request.threshold))
+    return pb.SparseEmbedResponse(
+        offsets=sparse.offsets.astype("<i4").tobytes(),
+        indices=sparse.indices.astype("<i4").tobytes(),
+        values=pack_floats(sparse.values),
+        count=int(rows.shape[0]),
+        dimensions=int(rows.shape[1]),
+        prompt_tokens=tokens,
+    )
+
+
+def _multi_vector_response(
+    vectors: FloatArray, entry: Entry, skip: int, fmt: pb.FloatFormat
+) -> pb.MultiVectorEmbedResponse:
+    """The entry's token `vectors` [vectors, dimensions] as MultiVectorEmbed replies them, each
+    sequence's first `skip` tokens having none."""
+    counts = np.maximum(entry.item.tokens.lengths.astype(np.int64) - skip, 0)
+    offsets = np.zeros(counts.size + 1, "<i4")
+    np.cumsum(counts, out=offsets[1:])
+    return pb.MultiVectorEmbedResponse(
+        vectors=pack_floats(vectors, fmt),
+        offsets=offsets.tobytes(),
+        count=int(counts.size),
+        dimensions=int(vectors.shape[1]),
+        format=fmt,
         prompt_tokens=entry.tokens,
     )
 
@@ -648,6 +704,11 @@ def add_to_server(service: WorkerService, server: grpc.aio.Server) -> None:
             service.MultiVectorEmbed,
             pb.MultiVectorEmbedRequest.FromString,
             pb.MultiVectorEmbedResponse.SerializeToString,
+        ),
+        "HybridEmbed": (
+            service.HybridEmbed,
+            pb.HybridEmbedRequest.FromString,
+            pb.HybridEmbedResponse.SerializeToString,
         ),
     }
     stages = service.state.metrics.stages

@@ -198,6 +198,36 @@ class MultiVectorEmbedResponse(_message.Message):
     prompt_tokens: int
     def __init__(self, vectors: _Optional[bytes] = ..., offsets: _Optional[bytes] = ..., count: _Optional[int] = ..., dimensions: _Optional[int] = ..., format: _Optional[_Union[FloatFormat, str]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
+class HybridEmbedRequest(_message.Message):
+    __slots__ = ("batch", "dense", "sparse", "multi_vector", "format", "top_k", "threshold")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    batch: TokenBatch
+    dense: bool
+    sparse: bool
+    multi_vector: bool
+    format: FloatFormat
+    top_k: int
+    threshold: float
+    def __init__(self, batch: _Optional[_Union[TokenBatch, _Mapping]] = ..., dense: _Optional[bool] = ..., sparse: _Optional[bool] = ..., multi_vector: _Optional[bool] = ..., format: _Optional[_Union[FloatFormat, str]] = ..., top_k: _Optional[int] = ..., threshold: _Optional[float] = ...) -> None: ...
+
+class HybridEmbedResponse(_message.Message):
+    __slots__ = ("dense", "sparse", "multi_vector", "prompt_tokens")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    dense: EmbedResponse
+    sparse: SparseEmbedResponse
+    multi_vector: MultiVectorEmbedResponse
+    prompt_tokens: int
+    def __init__(self, dense: _Optional[_Union[EmbedResponse, _Mapping]] = ..., sparse: _Optional[_Union[SparseEmbedResponse, _Mapping]] = ..., multi_vector: _Optional[_Union[MultiVectorEmbedResponse, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
 class EmbedCall(_message.Message):
     __slots__ = ("id", "request", "timeout_seconds")
     ID_FIELD_NUMBER: _ClassVar[int]

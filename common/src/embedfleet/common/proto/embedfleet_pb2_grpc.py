@@ -64,6 +64,11 @@ class WorkerStub:
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.SerializeToString,
                 response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.FromString,
                 _registered_method=True)
+        self.HybridEmbed = channel.unary_unary(
+                '/embedfleet.v1.Worker/HybridEmbed',
+                request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedRequest.SerializeToString,
+                response_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedResponse.FromString,
+                _registered_method=True)
         self.EmbedStream = channel.stream_stream(
                 '/embedfleet.v1.Worker/EmbedStream',
                 request_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.EmbedCall.SerializeToString,
@@ -118,6 +123,15 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HybridEmbed(self, request, context):
+        """BAAI/bge-m3's dense vector, lexical weights and per-token vectors for each tokenized input,
+        from one forward, in Embed's, SparseEmbed's and MultiVectorEmbed's encodings; hybrid models
+        only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EmbedStream(self, request_iterator, context):
         """Embed calls as messages of one long-lived stream, answered by id in any order: the Rust
         gateway's small (coalesced) calls. A message costs the worker's front a fraction of a unary
@@ -159,6 +173,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.MultiVectorEmbed,
                     request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.FromString,
                     response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.SerializeToString,
+            ),
+            'HybridEmbed': grpc.unary_unary_rpc_method_handler(
+                    servicer.HybridEmbed,
+                    request_deserializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedRequest.FromString,
+                    response_serializer=embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedResponse.SerializeToString,
             ),
             'EmbedStream': grpc.stream_stream_rpc_method_handler(
                     servicer.EmbedStream,
@@ -328,6 +347,33 @@ class Worker:
             '/embedfleet.v1.Worker/MultiVectorEmbed',
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedRequest.SerializeToString,
             embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.MultiVectorEmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HybridEmbed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/embedfleet.v1.Worker/HybridEmbed',
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedRequest.SerializeToString,
+            embedfleet_dot_common_dot_proto_dot_embedfleet__pb2.HybridEmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ from embedfleet.common.codec import Tokens
 from embedfleet.worker.engine.attention import AttentionBackend
 from embedfleet.worker.engine.batch import DeviceBatch, pack, to_device
 from embedfleet.worker.engine.models import Model
+from embedfleet.worker.engine.models.hybrid import Hybrid
 from embedfleet.worker.engine.pooling import Pooler
 
 
@@ -92,6 +93,9 @@ def default_outputs(
         _, head = forward(
             model, backend, pooler, batch, int(host.lengths.max()), host.lengths, runtime
         )
+        if isinstance(model, Hybrid):
+            # Its per-token vectors: every token's state through a head, the closest check.
+            head = model.token_vectors(head, batch)
         # A multivector head has a row a token (the batch is unpadded: every token is real),
         # so the dtype probe compares every token's vector, not only the first few.
         per_token = head.shape[0] == host.total_tokens

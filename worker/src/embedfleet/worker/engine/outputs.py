@@ -17,6 +17,7 @@ import torch
 from embedfleet.common.modeldir import Activation, Pooling
 from embedfleet.worker.contract import EngineInfo, Options, WorkItem
 from embedfleet.worker.engine.batch import DeviceBatch
+from embedfleet.worker.engine.models.hybrid import Layout
 from embedfleet.worker.engine.pending import Slice
 from embedfleet.worker.engine.pooling import Pooler, finish
 
@@ -45,6 +46,8 @@ def apply_options(
         return out, _slices(items, out.shape[1])
     if model.task == "multivector":
         return token_rows(items, head, model.skip_tokens)
+    if model.task == "hybrid":
+        return hybrid_rows(items, head, batch.lengths.shape[0], hidden.shape[0], model)
     choices = [resolve(it.options, model) for it in items]
     if default is not None and set(choices) == {defaults(model)}:
         out = default[:real_sequences]
@@ -142,6 +145,32 @@ def token_rows(
         slices.append(Slice(row, row + kept, out.shape[1]))
         row += kept
     return out.contiguous(), slices
+
+
+def layout_of(model: EngineInfo) -> Layout:
+    """Where a hybrid model's head puts each output."""
+    return Layout(model.dimensions, model.vocab_size, model.token_dimensions)
+
+
+def hybrid_rows(
+    items: Sequence[WorkItem], head: torch.Tensor, slots: int, tokens: int, model: EngineInfo
+) -> tuple[torch.Tensor, list[Slice]]:
+    """A hybrid head's flat output (`models.hybrid.Layout`) cut per item: each item's slice is
+    its sequences' dense vectors [n, D], then their lexical rows [n, vocab], then their kept
+    tokens' vectors [k, D'] (`token_rows`), each flattened (`contract.hybrid_parts` undoes it)."""
+    dense, lexical, per_token = layout_of(model).split(head, slots, tokens)
+    vectors, kept = token_rows(items, per_token, model.skip_tokens)
+    parts: list[torch.Tensor] = []
+    slices: list[Slice] = []
+    row = at = 0
+    for it, own in zip(items, kept, strict=True):
+        span = slice(row, row + it.tokens.count)
+        mine = (dense[span], lexical[span], vectors[own.start : own.stop])
+        parts.extend(p.reshape(-1) for p in mine)
+        size = sum(p.numel() for p in mine)
+        slices.append(Slice(at, at + size, 0))
+        row, at = span.stop, at + size
+    return torch.cat(parts), slices
 
 
 def _slices(items: Sequence[WorkItem], columns: int) -> list[Slice]:

@@ -47,7 +47,7 @@ from embedfleet.worker.engine.graph_policy import (
     warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
-from embedfleet.worker.engine.outputs import apply_options, default_rows
+from embedfleet.worker.engine.outputs import apply_options, default_rows, layout_of
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.plan import DeviceFacts, ModelFacts, plan_engine
 from embedfleet.worker.engine.pooling import Pooler
@@ -170,6 +170,7 @@ class TorchEngine:
             self.runtime = InductorRuntime(self.model)
 
     def _engine_info(self) -> EngineInfo:
+        multivector = self.model_dir.multivector
         return EngineInfo(
             model_name=self.model_dir.name,
             task=self.model_dir.task,
@@ -181,7 +182,12 @@ class TorchEngine:
             default_pooling=self.model_dir.pooling,
             default_normalize=self.model_dir.normalize,
             activation=self.model_dir.activation,
-            skip_tokens=self.model_dir.multivector.skip if self.model_dir.multivector else 0,
+            skip_tokens=multivector.skip if multivector else 0,
+            token_dimensions=(
+                multivector.layer.out_features
+                if multivector and self.model_dir.task == "hybrid"
+                else 0
+            ),
         )
 
     @classmethod
@@ -381,8 +387,7 @@ class TorchEngine:
         # Every new graph is checked once against the eager run of the same batch (launched at
         # the batch's own longest sequence): a graph that disagrees is never served.
         eager = self._body(views, int(host.lengths.max()), host)
-        real = host.real_sequences
-        score = agreement(outputs[1][:real], eager[1][:real])
+        score = self._agreement(outputs, eager, views, host)
         if score < MIN_AGREEMENT:
             log.error(
                 "CUDA graph for %s disagrees with eager (agreement %.6f < %s); running it eager "
@@ -396,6 +401,23 @@ class TorchEngine:
             runner.evict(key)
             return eager, views
         return outputs, views
+
+    def _agreement(
+        self,
+        graphed: tuple[torch.Tensor, ...],
+        eager: tuple[torch.Tensor, ...],
+        batch: DeviceBatch,
+        host: HostBatch,
+    ) -> float:
+        """`agreement` of the real rows of the two runs' heads; a hybrid head's worst part."""
+        real = host.real_sequences
+        if self._info.task != "hybrid":
+            return agreement(graphed[1][:real], eager[1][:real])
+        layout = layout_of(self._info)
+        slots, tokens = batch.lengths.shape[0], graphed[0].shape[0]
+        ours, theirs = (layout.split(run[1], slots, tokens) for run in (graphed, eager))
+        rows = (real, real, host.real_tokens)
+        return min(agreement(a[:n], b[:n]) for a, b, n in zip(ours, theirs, rows, strict=True))
 
     def _runner_for(self) -> GraphRunner:
         if self._runner is None:

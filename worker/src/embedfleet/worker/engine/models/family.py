@@ -17,6 +17,7 @@ from embedfleet.worker.engine.models.colbert import ColBERT, load_projection
 from embedfleet.worker.engine.models.decoder import load_decoder
 from embedfleet.worker.engine.models.distilbert import load_distilbert
 from embedfleet.worker.engine.models.gemma3 import GEMMA3_TYPES, gemma3_decoder
+from embedfleet.worker.engine.models.hybrid import load_hybrid
 from embedfleet.worker.engine.models.lexical import load_lexical
 from embedfleet.worker.engine.models.llama import LLAMA_TYPES, llama_decoder
 from embedfleet.worker.engine.models.modernbert import load_modernbert
@@ -79,6 +80,8 @@ def load_model(
         return ColBERT(ENCODERS[kind](config, tensors, dtype, device), projection)
     if head == "lexical":
         return load_lexical(model_dir, ENCODERS[kind](config, tensors, dtype, device), device)
+    if head == "hybrid":
+        return load_hybrid(model_dir, ENCODERS[kind](config, tensors, dtype, device), device)
     if kind in DECODER_TYPES:
         build = gemma3_decoder if kind in GEMMA3_TYPES else llama_decoder
         return load_decoder(build, config, tensors, dtype, device, bidirectional)

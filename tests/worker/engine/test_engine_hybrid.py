@@ -1,0 +1,117 @@
+"""bge-m3's dense, lexical and per-token outputs from one forward (task hybrid), against each
+single head's engine and the references written out on `transformers`' XLMRobertaModel
+(testing.families.bge_m3_colbert / bge_m3_lexical)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedfleet.common.modeldir import ModelDirError, load_model_dir
+from embedfleet.common.similarity import min_cosine
+from embedfleet.testing import families
+from embedfleet.testing.families import FamilyDirs
+from embedfleet.worker.contract import WorkItem, hybrid_parts
+from embedfleet.worker.engine.config import EngineConfig
+from embedfleet.worker.engine.forward import default_outputs
+from embedfleet.worker.engine.models.hybrid import Hybrid
+from embedfleet.worker.engine.torch_engine import TorchEngine
+
+from .helpers import RUNTIMES, cached_engine, item
+from .test_engine_graph_path import assert_graph_path_matches
+from .test_engine_lexical import as_dicts, assert_same
+
+
+def engine(path: Path, task: str, runtime: str = "eager") -> TorchEngine:
+    config = EngineConfig(
+        model=str(path), device="cpu", dtype="float32", task=task, cpu_runtime=runtime
+    )
+    return cached_engine(config)
+
+
+def test_hybrid_needs_both_of_bge_m3s_heads(family_dirs: FamilyDirs, tmp_path: Path) -> None:
+    path = family_dirs.get("bge-m3")
+    assert load_model_dir(path).task == "embed"
+    model = load_model_dir(path, "hybrid")
+    assert (model.task, model.head) == ("hybrid", "hybrid")
+    assert model.pooling == load_model_dir(path).pooling
+    assert model.multivector is not None
+    assert model.multivector.skip == 1
+    # One of the two files alone is not enough.
+    for name in ("config.json", "colbert_linear.pt"):
+        (tmp_path / name).write_bytes((path / name).read_bytes())
+    with pytest.raises(ModelDirError, match=r"task hybrid needs BAAI/bge-m3's colbert_linear\.pt"):
+        load_model_dir(tmp_path, "hybrid")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_one_forward_gives_each_heads_output(family_dirs: FamilyDirs, runtime: str) -> None:
+    path = family_dirs.get("bge-m3")
+    tok = load_model_dir(path).tokenizer()
+    texts = (*families.TEXTS[:4], "hi", "the the the cat")
+    seqs = [tok.encode(t).ids for t in texts]
+    hybrid = engine(path, "hybrid", runtime)
+    info = hybrid.info
+    items = [item(seqs[:3]), item(seqs[3:])]
+    got = [
+        hybrid_parts(flat, it.tokens.count, info)
+        for flat, it in zip(hybrid.run(items), items, strict=True)
+    ]
+    dense = np.concatenate([g[0] for g in got])
+    lexical = np.concatenate([g[1] for g in got])
+    vectors = np.concatenate([g[2] for g in got])
+    # Each single head's engine, run on the same items.
+    want_dense = np.concatenate(engine(path, "embed", runtime).run(items))
+    np.testing.assert_allclose(dense, want_dense, atol=1e-5)
+    assert_same(as_dicts(lexical), families.bge_m3_lexical(path, seqs))
+    want_vectors = np.concatenate(families.bge_m3_colbert(path, seqs))
+    assert vectors.shape == want_vectors.shape == (sum(len(s) - 1 for s in seqs), 64)
+    assert min_cosine(vectors, want_vectors) >= 0.999
+    np.testing.assert_allclose(
+        vectors, np.concatenate(engine(path, "multivector", runtime).run(items)), atol=1e-5
+    )
+
+
+def test_the_encoder_runs_once_a_batch(
+    family_dirs: FamilyDirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = family_dirs.get("bge-m3")
+    hybrid = engine(path, "hybrid")
+    assert isinstance(hybrid.model, Hybrid)
+    encoder = hybrid.model.encoder
+    calls: list[int] = []
+    forward = encoder.forward
+
+    def counted(*args: object) -> object:
+        calls.append(1)
+        return forward(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(encoder, "forward", counted)
+    tok = load_model_dir(path).tokenizer()
+    seqs = [tok.encode(t).ids for t in families.TEXTS[:3]]
+    hybrid.run([item(seqs[:1]), item(seqs[1:])])
+    assert len(calls) == 1
+
+
+def test_the_dtype_probe_compares_every_tokens_vector(family_dirs: FamilyDirs) -> None:
+    path = family_dirs.get("bge-m3")
+    hybrid = engine(path, "hybrid")
+    tok = load_model_dir(path).tokenizer()
+    probe = item([tok.encode(t).ids for t in families.TEXTS[:2]]).tokens
+    rows = default_outputs(hybrid.model, hybrid.backend, hybrid.pooler, probe, hybrid.device)
+    [want] = engine(path, "multivector").run([WorkItem(probe)])
+    # Every token's vector, the CLS tokens' too (the multivector rows drop them).
+    assert rows.shape == (probe.total, 64)
+    keep = np.ones(probe.total, bool)
+    keep[np.cumsum(probe.lengths) - probe.lengths] = False
+    np.testing.assert_allclose(rows[keep], want, atol=1e-5)
+
+
+def test_graph_path_cuts_each_items_outputs(family_dirs: FamilyDirs) -> None:
+    """Bucket padding (graph path, its recording mocked on the CPU) grows every part of the
+    flat head: each item still reads its own rows of each."""
+    assert_graph_path_matches(
+        engine(family_dirs.get("bge-m3"), "hybrid"), texts=5, split=2, task="hybrid"
+    )
