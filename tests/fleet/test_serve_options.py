@@ -124,6 +124,15 @@ def test_a_missing_keys_file_model_or_gateway_binary_or_a_taken_port_is_one_line
     ]
 
 
+def test_a_start_that_outlasts_its_timeout_is_one_line() -> None:
+    done = _serve_once("--start-timeout", "0.2", env=dict(os.environ))
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "embedfleet serve: the fleet was not ready within 0.2s; a large model on a CPU may need "
+        "a longer --start-timeout"
+    )
+
+
 def _executable(path: Path) -> Path:
     path.write_text("#!/bin/sh\n")
     path.chmod(0o755)

@@ -275,6 +275,8 @@ def embedfleet_spec(workers: int, device: str = "cpu", graphs: bool = True) -> S
         # `python -m`, not the console script: runs from a source tree too (the GPU script)
         argv = [sys.executable, "-m", "embedfleet.fleet.cli", "serve", "--model", str(model)]
         argv += ["--workers", str(workers), "--port", str(port)]
+        # The suites wait on /ready themselves; a 1.5B model's start on 2 cores outlasts 180 s.
+        argv += ["--start-timeout", "1800"]
         return Server(
             name,
             argv,

@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default: text at a terminal, else json).",
     )
     serve.add_argument(
+        "--start-timeout",
+        type=float,
+        default=180.0,
+        help="Seconds to wait for every worker to be in rotation before giving up (default "
+        "180). A large model on a CPU loads, converts and warms up for longer.",
+    )
+    serve.add_argument(
         "--gateway-binary",
         default="",
         help=f"The gateway binary (default: ${BINARY_ENV}, else {BINARY} on PATH, else this "
@@ -164,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         fleet.plan()
         print(f"starting a gateway and {fleet.workers} worker(s) ...", flush=True)
-        fleet.start()
+        fleet.start(args.start_timeout)
     except (FleetError, GatewayBinaryError) as exc:
         raise SystemExit(f"embedfleet serve: {exc}") from None
     except KeyboardInterrupt:

@@ -247,7 +247,10 @@ class Fleet:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise FleetError(f"the fleet was not ready within {timeout:.0f}s")
+                raise FleetError(
+                    f"the fleet was not ready within {timeout:g}s; a large model on a CPU may "
+                    "need a longer --start-timeout"
+                )
             time.sleep(0.2)
 
     def _exit_reason(self, child: Child) -> str:
