@@ -419,7 +419,11 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
         default_max_tokens: default_max,
         prompts,
         default_prompt_name: meta["default_prompt_name"].as_str().map(str::to_string),
-        pylate: pylate(&path, &meta, colbert(&path, &modules)),
+        // only where it is served per token (PyLate's own rules are for its ColBERT encoding)
+        pylate: match task {
+            Task::MultiVector => pylate(&path, &meta, colbert(&path, &modules)),
+            _ => None,
+        },
         task,
         head,
         labels: if head == Head::Classifier {
