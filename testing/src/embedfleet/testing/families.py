@@ -785,6 +785,9 @@ def pylate_colbert_marked(path: Path, seed: int = 0) -> Path:
     _embedder(path, model, tok, "[PAD]", None, dense=dense, normalize=False, seed=seed)
     meta = json_of(path / "config_sentence_transformers.json")
     (path / "config_sentence_transformers.json").write_text(json.dumps({**meta, **PYLATE_RULES}))
+    # the token query expansion pads with, named as BERT checkpoints name it
+    specials = json_of(path / "tokenizer_config.json")
+    (path / "tokenizer_config.json").write_text(json.dumps({**specials, "mask_token": "[MASK]"}))
     return path
 
 
