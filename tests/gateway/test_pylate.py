@@ -84,3 +84,10 @@ def test_rerank_scores_the_query_against_documents(pylate: Gateway, model: Path)
 def test_an_unknown_input_type_is_refused(pylate: Gateway) -> None:
     err = pylate.error("/v1/multi-vector", {"input": QUERY, "input_type": "passage"}, 400)
     assert err["param"] == "input_type"
+
+
+def test_tei_embed_all_takes_the_query_side_from_prompt_name(pylate: Gateway) -> None:
+    [query] = pylate.ok("/embed_all", {"inputs": QUERY, "prompt_name": "query"})
+    [document] = pylate.ok("/embed_all", {"inputs": QUERY})
+    assert len(query) == families.PYLATE_RULES["query_length"]
+    assert len(document) < len(query)  # "?" skipped, no expansion
