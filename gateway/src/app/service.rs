@@ -112,16 +112,21 @@ impl Service {
             Input::Texts(texts) => {
                 empty_item(texts, "input")?;
                 let prompt = self.model.prompt_for(input_type).to_string();
-                self.tokenized(texts, move |tok, texts| {
-                    if windowed {
-                        tok.whole_texts(texts, &prompt)
-                            .map(|(ids, ends)| (ids, Some(ends)))
-                    } else {
-                        tok.texts(texts, &prompt, truncate, side)
-                            .map(|ids| (ids, None))
-                    }
-                })
-                .await
+                let (mut ids, ends) = self
+                    .tokenized(texts, move |tok, texts| {
+                        if windowed {
+                            tok.whole_texts(texts, &prompt)
+                                .map(|(ids, ends)| (ids, Some(ends)))
+                        } else {
+                            tok.texts(texts, &prompt, truncate, side)
+                                .map(|ids| (ids, None))
+                        }
+                    })
+                    .await?;
+                if !windowed {
+                    self.pylate_encode(&mut ids, input_type);
+                }
+                Ok((ids, ends))
             }
             Input::Ids(seqs) => {
                 let ids = self
@@ -388,10 +393,42 @@ impl Service {
         side: Side,
     ) -> Result<Vec<Vec<u32>>, ApiError> {
         let prompt = self.model.prompt_for(Some(input_type)).to_string();
-        self.tokenized(texts, move |tok, texts| {
-            tok.texts(texts, &prompt, truncate, side)
-        })
-        .await
+        let mut ids = self
+            .tokenized(texts, move |tok, texts| {
+                tok.texts(texts, &prompt, truncate, side)
+            })
+            .await?;
+        self.pylate_encode(&mut ids, Some(input_type));
+        Ok(ids)
+    }
+
+    /// A PyLate ColBERT's texts' ids as PyLate encodes a query (`input_type` "query") or a
+    /// document (any other); other models' ids as they are.
+    fn pylate_encode(&self, ids: &mut [Vec<u32>], input_type: Option<&str>) {
+        if let Some(rules) = &self.tokenization.pylate {
+            let query = input_type == Some("query");
+            ids.iter_mut().for_each(|i| rules.encode(i, query));
+        }
+    }
+
+    /// Documents' token vectors less those of a PyLate ColBERT's skip-list tokens (each token
+    /// has one vector, in order).
+    fn pylate_skip(&self, ids: &[Vec<u32>], vectors: &mut [TokenVectors]) {
+        let Some(rules) = &self.tokenization.pylate else {
+            return;
+        };
+        for (ids, v) in ids.iter().zip(vectors.iter_mut()) {
+            if v.tokens().len() != ids.len() {
+                continue;
+            }
+            let kept: Vec<f32> = ids
+                .iter()
+                .zip(v.tokens())
+                .filter(|(&id, _)| rules.keeps(id))
+                .flat_map(|(_, row)| row.iter().copied())
+                .collect();
+            v.rows = kept;
+        }
     }
 
     /// A 400 naming the route that serves this model, when `route` needs a `task` model.
@@ -460,7 +497,9 @@ impl Service {
         self.check_tokens(&lengths, param, ticket)?;
         let total: usize = lengths.iter().sum();
         if self.model.task == Task::MultiVector {
-            let vectors = self.vectors_of(&ids, &lengths).await?;
+            let mut vectors = self.vectors_of(&ids, &lengths).await?;
+            let documents = firsts.len();
+            self.pylate_skip(&ids[documents..], &mut vectors[documents..]);
             let scores = pairs
                 .iter()
                 .map(|(a, b)| max_sim(&vectors[where_a[a]], &vectors[firsts.len() + where_b[b]]))
@@ -736,7 +775,10 @@ impl Service {
         let (ids, lengths) = self
             .input_ids((Task::MultiVector, route), input, how, ticket)
             .await?;
-        let vectors = self.vectors_of(&ids, &lengths).await?;
+        let mut vectors = self.vectors_of(&ids, &lengths).await?;
+        if matches!(req.input, Input::Texts(_)) && req.input_type.as_deref() != Some("query") {
+            self.pylate_skip(&ids, &mut vectors);
+        }
         Ok((vectors, lengths.iter().sum()))
     }
 

@@ -14,10 +14,12 @@ fn bytes(doc: &impl serde::Serialize) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(doc).map_err(|_| ApiError::Internal {})
 }
 
-/// A `prompt_name` must name one of the model's prompts (TEI refuses any other).
+/// A `prompt_name` must name one of the model's prompts (TEI refuses any other); a PyLate
+/// ColBERT's two sides, "query" and "document", are its own.
 fn check_prompt(service: &Service, name: Option<&str>) -> Result<(), ApiError> {
+    let side = |n| service.model.pylate.is_some() && matches!(n, "query" | "document");
     match name {
-        Some(n) if !service.model.prompts.contains_key(n) => Err(field_error(
+        Some(n) if !service.model.prompts.contains_key(n) && !side(n) => Err(field_error(
             "prompt_name",
             "Input should name one of the model's prompts (config_sentence_transformers.json)",
         )),

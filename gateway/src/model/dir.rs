@@ -24,6 +24,60 @@ pub struct ModelDir {
     pub head: Head,
     /// label names by class id (config.id2label), for classifier heads
     pub labels: Vec<String>,
+    /// PyLate's query/document rules, for a PyLate ColBERT whose config names them
+    pub pylate: Option<Pylate>,
+}
+
+/// A PyLate ColBERT's own encoding rules (config_sentence_transformers.json): the marker token
+/// after the first one, the lengths queries and documents are cut to, queries padded with the
+/// mask token to their length (query expansion), and the tokens left out of documents' vectors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pylate {
+    pub query_prefix: String,
+    pub document_prefix: String,
+    pub query_length: usize,
+    pub document_length: usize,
+    pub query_expansion: bool,
+    pub skiplist: Vec<String>,
+    /// tokenizer_config.json's mask token, which query expansion pads with
+    pub mask_token: String,
+}
+
+/// PyLate's rules where a PyLate-layout directory names its query prefix (a directory without
+/// them is served as before: its tokens as the tokenizer makes them).
+fn pylate(path: &Path, meta: &Value, layout: Option<bool>) -> Option<Pylate> {
+    if layout != Some(true) {
+        return None;
+    }
+    let tok = read_json(&path.join("tokenizer_config.json"))
+        .ok()
+        .flatten();
+    let mask = tok.as_ref().map(|t| &t["mask_token"]);
+    let mask_token = mask
+        .and_then(|m| m.as_str().or_else(|| m["content"].as_str()))
+        .unwrap_or("[MASK]")
+        .to_string();
+    let text = |k: &str| meta[k].as_str().map(str::to_string);
+    let length = |k: &str, or: usize| {
+        meta[k]
+            .as_u64()
+            .filter(|&n| n >= 3)
+            .map_or(or, |n| n as usize)
+    };
+    Some(Pylate {
+        query_prefix: text("query_prefix")?,
+        document_prefix: text("document_prefix").unwrap_or_default(),
+        query_length: length("query_length", 32),
+        document_length: length("document_length", 180),
+        query_expansion: meta["do_query_expansion"].as_bool().unwrap_or(true),
+        skiplist: meta["skiplist_words"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w.as_str().map(str::to_string))
+            .collect(),
+        mask_token,
+    })
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, String> {
@@ -365,6 +419,11 @@ pub fn load(model: &str, task: &str) -> Result<ModelDir, String> {
         default_max_tokens: default_max,
         prompts,
         default_prompt_name: meta["default_prompt_name"].as_str().map(str::to_string),
+        // only where it is served per token (PyLate's own rules are for its ColBERT encoding)
+        pylate: match task {
+            Task::MultiVector => pylate(&path, &meta, colbert(&path, &modules)),
+            _ => None,
+        },
         task,
         head,
         labels: if head == Head::Classifier {
@@ -426,6 +485,32 @@ mod tests {
             .unwrap()
             .unwrap_or(Value::Null);
         head(path, &config, &modules, 1, task)
+    }
+
+    #[test]
+    fn pylates_rules_need_its_layout_and_a_query_prefix() {
+        let meta: Value = serde_json::from_str(
+            r#"{"query_prefix":"[Q] ","document_prefix":"[D] ","query_length":40,
+                "skiplist_words":[".", ","]}"#,
+        )
+        .unwrap();
+        let nowhere = Path::new("/nonexistent");
+        let rules = pylate(nowhere, &meta, Some(true)).unwrap();
+        assert_eq!(
+            rules,
+            Pylate {
+                query_prefix: "[Q] ".into(),
+                document_prefix: "[D] ".into(),
+                query_length: 40,
+                document_length: 180, // PyLate's defaults where the config is silent
+                query_expansion: true,
+                skiplist: vec![".".into(), ",".into()],
+                mask_token: "[MASK]".into(),
+            }
+        );
+        // bge-m3's colbert_linear.pt and other layouts keep their tokens as they are
+        assert_eq!(pylate(nowhere, &meta, Some(false)), None);
+        assert_eq!(pylate(nowhere, &Value::Null, Some(true)), None);
     }
 
     #[test]

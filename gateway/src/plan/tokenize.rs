@@ -8,7 +8,7 @@ use tokenizers::{
 
 use crate::api::errors::ApiError;
 use crate::api::request::Side;
-use crate::model::dir::{Head, ModelDir};
+use crate::model::dir::{Head, ModelDir, Pylate};
 use crate::plan::windows::special_ends;
 use crate::plan::wordpiece::Bert;
 use crate::telemetry::logs::Limiter;
@@ -137,6 +137,69 @@ pub struct Tokenization {
     first_chars: usize,
     /// a yes/no reranker's judging frame, tokenized (prefix, suffix); empty for other models
     frame: (Vec<u32>, Vec<u32>),
+    /// a PyLate ColBERT's rules as token ids
+    pub pylate: Option<PylateIds>,
+}
+
+/// PyLate's rules (model/dir.rs `Pylate`) resolved against the vocabulary.
+pub struct PylateIds {
+    query_prefix: u32,
+    document_prefix: u32,
+    query_length: usize,
+    document_length: usize,
+    /// the mask token queries are padded with; None without query expansion
+    expansion: Option<u32>,
+    skiplist: std::collections::HashSet<u32>,
+}
+
+impl PylateIds {
+    fn new(tok: &Tokenizer, rules: &Pylate) -> Result<Self, String> {
+        // A marker is one token, as its text or without its trailing space ("[Q] ").
+        let id = |t: &str| {
+            tok.token_to_id(t)
+                .or_else(|| tok.token_to_id(t.trim()))
+                .ok_or_else(|| format!("PyLate token '{t}' is not in the vocabulary"))
+        };
+        Ok(PylateIds {
+            query_prefix: id(&rules.query_prefix)?,
+            document_prefix: id(&rules.document_prefix)?,
+            query_length: rules.query_length,
+            document_length: rules.document_length,
+            expansion: match rules.query_expansion {
+                true => Some(id(&rules.mask_token)?),
+                false => None,
+            },
+            skiplist: rules
+                .skiplist
+                .iter()
+                .filter_map(|w| tok.token_to_id(w))
+                .collect(),
+        })
+    }
+
+    /// A text's ids (its special tokens included) as PyLate encodes it: cut to one less than
+    /// the query or document length keeping its last (closing) token, the marker inserted
+    /// after its first token, and a query padded with the mask token to the query length.
+    pub fn encode(&self, ids: &mut Vec<u32>, query: bool) {
+        let (prefix, length) = match query {
+            true => (self.query_prefix, self.query_length),
+            false => (self.document_prefix, self.document_length),
+        };
+        if ids.len() > length - 1 {
+            let last = ids[ids.len() - 1];
+            ids.truncate(length - 2);
+            ids.push(last);
+        }
+        ids.insert(1.min(ids.len()), prefix);
+        if let (true, Some(mask)) = (query, self.expansion) {
+            ids.resize(length, mask);
+        }
+    }
+
+    /// Whether a document's token `id` keeps its vector (PyLate's skip-list drops it).
+    pub fn keeps(&self, id: u32) -> bool {
+        !self.skiplist.contains(&id)
+    }
 }
 
 fn load_tokenizer(model: &ModelDir) -> Result<Tokenizer, String> {
@@ -193,7 +256,15 @@ impl Tokenization {
                 ));
             }
         }
+        let pylate = match &model.pylate {
+            Some(rules) => Some(
+                PylateIds::new(&plain, rules)
+                    .map_err(|e| format!("{}: {e}", model.path.display()))?,
+            ),
+            None => None,
+        };
         Ok(Tokenization {
+            pylate,
             left: cutting(TruncationDirection::Left)?,
             right: cutting(TruncationDirection::Right)?,
             first_chars: (max_tokens + 1) * (longest + 1),
@@ -550,6 +621,35 @@ mod tests {
         assert_eq!(exact_tokens(&words, Side::Right), 3); // words 0, 1, 1
         assert_eq!(exact_tokens(&words, Side::Left), 3); // words 2, 3, 3
         assert_eq!(exact_tokens(&[None, None], Side::Right), 0);
+    }
+
+    #[test]
+    fn pylate_marks_cuts_and_expands() {
+        let rules = PylateIds {
+            query_prefix: 7,
+            document_prefix: 8,
+            query_length: 6,
+            document_length: 5,
+            expansion: Some(4),
+            skiplist: [13].into(),
+        };
+        let mut query = vec![2, 10, 3];
+        rules.encode(&mut query, true);
+        assert_eq!(query, [2, 7, 10, 3, 4, 4]); // padded with the mask token to 6
+        let mut long = vec![2, 10, 11, 12, 13, 14, 15, 3];
+        rules.encode(&mut long, true);
+        assert_eq!(long, [2, 7, 10, 11, 12, 3]); // cut to 5 keeping [SEP], then marked
+        let mut document = long.clone();
+        rules.encode(&mut document, false);
+        assert_eq!(document, [2, 8, 7, 10, 3]); // no expansion for documents
+        assert!(!rules.keeps(13) && rules.keeps(14));
+        let plain = PylateIds {
+            expansion: None,
+            ..rules
+        };
+        let mut short = vec![2, 10, 3];
+        plain.encode(&mut short, true);
+        assert_eq!(short, [2, 7, 10, 3]);
     }
 
     #[test]

@@ -759,6 +759,75 @@ def pylate_colbert(path: Path, seed: int = 0) -> Path:
     return _embedder(path, model, tok, "[PAD]", None, dense=dense, normalize=False, seed=seed)
 
 
+PYLATE_RULES = {
+    "query_prefix": "[unused0]",
+    "document_prefix": "[unused1]",
+    "query_length": 12,
+    "document_length": 10,
+    "do_query_expansion": True,
+    "attend_to_expansion_tokens": True,
+    "skiplist_words": [".", ",", "!", "?"],
+}
+
+
+def pylate_colbert_marked(path: Path, seed: int = 0) -> Path:
+    """`pylate_colbert` with PyLate's encoding rules in config_sentence_transformers.json: its
+    marker tokens in the vocabulary, short query/document lengths so texts get cut, query
+    expansion (the expansion tokens attended to: the gateway's packed forward attends to
+    every token) and a punctuation skip-list."""
+    from transformers import BertConfig, BertModel
+
+    tok = wordpiece_tokenizer()
+    tok.add_special_tokens(["[unused0]", "[unused1]"])
+    _seed(seed)
+    model = BertModel(BertConfig(**small_bert(tok)), add_pooling_layer=False)
+    dense = ((64, 24, "Identity", False),)
+    _embedder(path, model, tok, "[PAD]", None, dense=dense, normalize=False, seed=seed)
+    meta = json_of(path / "config_sentence_transformers.json")
+    (path / "config_sentence_transformers.json").write_text(json.dumps({**meta, **PYLATE_RULES}))
+    # the token query expansion pads with, named as BERT checkpoints name it
+    specials = json_of(path / "tokenizer_config.json")
+    (path / "tokenizer_config.json").write_text(json.dumps({**specials, "mask_token": "[MASK]"}))
+    return path
+
+
+def pylate_encoded(path: Path, texts: Sequence[str], query: bool) -> list[list[int]]:
+    """PyLate's ids of `texts` as a query or document: the tokenizer's ids cut to one less
+    than the length (keeping the closing token), the marker after the first token, a query
+    padded with the mask token to its length."""
+    from tokenizers import Tokenizer
+
+    rules = json_of(path / "config_sentence_transformers.json")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    side = "query" if query else "document"
+    length = int(rules[f"{side}_length"])
+    marker, mask = tok.token_to_id(rules[f"{side}_prefix"]), tok.token_to_id("[MASK]")
+    assert marker is not None
+    assert mask is not None
+    out = []
+    for text in texts:
+        ids = tok.encode(text).ids
+        if len(ids) > length - 1:
+            ids = [*ids[: length - 2], ids[-1]]
+        ids.insert(1, marker)
+        if query and rules["do_query_expansion"]:
+            ids += [mask] * (length - len(ids))
+        out.append(ids)
+    return out
+
+
+def pylate_kept(path: Path, ids: Sequence[int]) -> list[bool]:
+    """Which of a document's tokens keep their vectors: those not in PyLate's skip-list."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    skip = {
+        tok.token_to_id(w)
+        for w in json_of(path / "config_sentence_transformers.json")["skiplist_words"]
+    }
+    return [i not in skip for i in ids]
+
+
 # ---- references ---------------------------------------------------------------------------------
 
 Ids = Sequence[Sequence[int]]
@@ -881,6 +950,7 @@ BUILDERS: dict[str, Callable[[Path], Path]] = {
     "splade": splade,
     "bge-m3": bge_m3,
     "pylate-colbert": pylate_colbert,
+    "pylate-colbert-marked": pylate_colbert_marked,
     "finbert": finbert,
     "go_emotions": go_emotions,
     **{name: functools.partial(decoder_embedder, published=name) for name in DECODERS},

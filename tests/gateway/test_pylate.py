@@ -1,0 +1,93 @@
+"""A PyLate ColBERT that names PyLate's encoding rules (markers, query/document lengths, query
+expansion, skip-list) through the gateway binary in front of a REAL torch worker: each route's
+vectors against PyLate's rules applied in the test (families.pylate_encoded) and the model run
+on `transformers`. Vectors cross the wire as float16."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from embedfleet.common.similarity import min_cosine
+from embedfleet.testing import families
+from embedfleet.testing.families import TEXTS, FamilyDirs
+
+from .helpers import Gateway, behind_worker
+
+Vectors = npt.NDArray[np.float32]
+QUERY, DOCUMENTS = TEXTS[0], [TEXTS[8], TEXTS[1]]  # "... Germany." keeps its "." under the cut
+
+
+@pytest.fixture(scope="module")
+def model(family_dirs: FamilyDirs) -> Path:
+    return family_dirs.get("pylate-colbert-marked")
+
+
+@pytest.fixture(scope="module")
+def pylate(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with behind_worker(model, tmp_path_factory.mktemp("pylate"), engine="torch") as gateway:
+        yield gateway
+
+
+def reference(model: Path, texts: list[str], query: bool) -> list[Vectors]:
+    """Each text's vectors as PyLate gives them: its encoded ids through the model, a
+    document's skip-list tokens left out."""
+    seqs = families.pylate_encoded(model, texts, query)
+    vectors = families.pylate_colbert_vectors(model, seqs)
+    if query:
+        return vectors
+    return [v[families.pylate_kept(model, s)] for v, s in zip(vectors, seqs, strict=True)]
+
+
+def vectors_of(doc: dict[str, object]) -> list[Vectors]:
+    data = doc["data"]
+    assert isinstance(data, list)
+    return [np.asarray(d["embedding"], np.float32) for d in data]
+
+
+def test_a_query_is_marked_and_expanded_to_its_length(pylate: Gateway, model: Path) -> None:
+    body = {"input": [QUERY, TEXTS[1]], "input_type": "query"}
+    got = vectors_of(pylate.ok("/v1/multi-vector", body))
+    want = reference(model, [QUERY, TEXTS[1]], query=True)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape == (families.PYLATE_RULES["query_length"], 24)
+        assert min_cosine(g, w) >= 0.999
+
+
+def test_a_document_is_marked_cut_and_skips_punctuation(pylate: Gateway, model: Path) -> None:
+    doc = pylate.ok("/v1/multi-vector", {"input": DOCUMENTS})  # a document by default
+    want = reference(model, DOCUMENTS, query=False)
+    seqs = families.pylate_encoded(model, DOCUMENTS, query=False)
+    assert not all(families.pylate_kept(model, seqs[0]))  # the test text has a skipped token
+    for g, w in zip(vectors_of(doc), want, strict=True):
+        assert g.shape == w.shape
+        assert min_cosine(g, w) >= 0.999
+    # usage counts the tokens the model ran, skipped ones included
+    assert doc["usage"]["prompt_tokens"] == sum(len(s) for s in seqs)
+
+
+def test_rerank_scores_the_query_against_documents(pylate: Gateway, model: Path) -> None:
+    doc = pylate.ok("/v1/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    [q] = reference(model, [QUERY], query=True)
+    want = {
+        i: float((q @ d.T).max(axis=1).sum())
+        for i, d in enumerate(reference(model, DOCUMENTS, query=False))
+    }
+    got = {r["index"]: r["relevance_score"] for r in doc["results"]}
+    assert got == pytest.approx(want, abs=2e-2)
+
+
+def test_an_unknown_input_type_is_refused(pylate: Gateway) -> None:
+    err = pylate.error("/v1/multi-vector", {"input": QUERY, "input_type": "passage"}, 400)
+    assert err["param"] == "input_type"
+
+
+def test_tei_embed_all_takes_the_query_side_from_prompt_name(pylate: Gateway) -> None:
+    [query] = pylate.ok("/embed_all", {"inputs": QUERY, "prompt_name": "query"})
+    [document] = pylate.ok("/embed_all", {"inputs": QUERY})
+    assert len(query) == families.PYLATE_RULES["query_length"]
+    assert len(document) < len(query)  # "?" skipped, no expansion
