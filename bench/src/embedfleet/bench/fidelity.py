@@ -1,15 +1,18 @@
 """Every system's outputs against the `transformers` reference on the same inputs.
 
-The reference is plain `transformers` in float32: BertModel, mean pooling over the attention mask,
-L2 normalization (the model's sentence-transformers modules), one text at a time so no padding is
-involved. A system drifts when any cosine falls below 1 - 0.1%.
+The reference is plain `transformers` in float32: the model's `AutoModel`, the pooling its
+sentence-transformers Pooling module names (cls, mean over the attention mask, last token or max;
+mean without one), L2 normalization, one text at a time so no padding is involved. A system
+drifts when any cosine falls below 1 - 0.1%.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +47,45 @@ class Fidelity:
         return not self.drift <= DRIFT_LIMIT  # NaN (no result) is flagged too
 
 
+POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_max_tokens": "max",
+}
+
+
+def pooling_mode(model_dir: Path) -> str:
+    """The sentence-transformers Pooling module's mode (its `pooling_mode`, or the older flags);
+    "mean" for a directory without one."""
+    modules = model_dir / "modules.json"
+    entries = json.loads(modules.read_text()) if modules.is_file() else []
+    for entry in entries:
+        if str(entry.get("type", "")).endswith("Pooling"):
+            config = json.loads((model_dir / entry["path"] / "config.json").read_text())
+            if "pooling_mode" in config:
+                return str(config["pooling_mode"])
+            flags = [mode for key, mode in POOLING_FLAGS.items() if config.get(key)]
+            if len(flags) != 1:
+                raise ValueError(f"{model_dir}: pooling {flags} has no reference here")
+            return flags[0]
+    return "mean"
+
+
+def pool(hidden: Any, mask: Any, mode: str) -> Any:
+    """[H] of one sequence's [T, H] states, `mask` [T] its attention mask."""
+    real = hidden[mask.bool()]
+    if mode == "cls":
+        return real[0]
+    if mode == "lasttoken":
+        return real[-1]
+    if mode == "max":
+        return real.max(dim=0).values
+    if mode == "mean":
+        return real.mean(dim=0)
+    raise ValueError(f"pooling mode {mode!r} has no reference here")
+
+
 def reference(
     model_dir: Path, texts: Sequence[str], query: str, documents: Sequence[str]
 ) -> Reference:
@@ -53,14 +95,15 @@ def reference(
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModel.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
 
+    mode = pooling_mode(model_dir)
+
     def embed(items: Sequence[str]) -> FloatArray:
         rows = []
         with torch.inference_mode():
             for text in items:
                 enc = tok(text, return_tensors="pt", truncation=False)
                 hidden = model(**enc).last_hidden_state[0]
-                mask = enc["attention_mask"][0].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(0) / mask.sum()
+                pooled = pool(hidden, enc["attention_mask"][0], mode)
                 rows.append(torch.nn.functional.normalize(pooled, dim=0).numpy())
         return np.stack(rows).astype(np.float32)
 
