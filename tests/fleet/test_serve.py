@@ -293,7 +293,7 @@ def test_serve_keeps_the_workers_openvino_graphs_in_the_user_cache(
     monkeypatch.setenv(OPENVINO_CACHE_ENV, own)
     planned: list[Fleet] = []
 
-    def stop_after_plan(self: Fleet) -> Fleet:
+    def stop_after_plan(self: Fleet, timeout: float) -> Fleet:
         planned.append(self)
         raise FleetError("planned")
 
