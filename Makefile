@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 COMPONENTS := common worker fleet operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist); tests/conftest.py groups the tests that share a cluster or a
+# directory's fixtures. 0: one process, as before.
+PYTEST_WORKERS ?= 2
 # Each build step and the tests report their wall and CPU seconds on stderr (hack/timed.sh).
 TIMED = bash hack/timed.sh
 
@@ -16,11 +19,10 @@ TIMED = bash hack/timed.sh
 # both reused when unchanged.
 install: $(STAMP) gateway
 
-# Reinstall only when a pyproject changes; pip keeps its cache so a fresh venv is quick too.
+# Reinstall only when a pyproject changes; a fresh clone reuses the last clone's venv when no
+# pyproject differs (hack/venv.sh: hard links from ~/.cache/embedfleet/venv), else pip (its cache kept).
 $(STAMP): pyproject.toml $(foreach c,$(COMPONENTS),$(c)/pyproject.toml)
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install -q $(foreach c,$(COMPONENTS),-e ./$(c)) --group dev
+	$(TIMED) venv bash hack/venv.sh $(PY) $(VENV) $(COMPONENTS)
 	touch $@
 
 run: install
@@ -29,7 +31,7 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(TIMED) mypy $(BIN)/mypy
+	MYPY_CACHE_DIR=$${EMBEDFLEET_CACHE:-$$HOME/.cache/embedfleet}/mypy $(TIMED) mypy $(BIN)/mypy
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -94,7 +96,7 @@ prepare:
 # the 40 slowest tests are listed at the end: where CI time goes.
 test: prepare
 	PYTHONUNBUFFERED=1 $(TIMED) pytest $(BIN)/pytest -v -o console_output_style=times \
-		--durations=40 $(PYTEST_ARGS)
+		--durations=40 -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m embedfleet.bench

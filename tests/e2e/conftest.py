@@ -31,10 +31,18 @@ if TYPE_CHECKING:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """A serial run's figures; under xdist tests/conftest.py prints those its workers sent."""
     if FIGURES:
         terminalreporter.section("end-to-end figures")
         for name, value in FIGURES.items():
             terminalreporter.write_line(f"{name}: {value}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and FIGURES:
+        workeroutput["end-to-end figures"] = dict(FIGURES)
+        FIGURES.clear()  # said once, by the controller
 
 
 @pytest.fixture(scope="module")
