@@ -34,6 +34,7 @@ from embedfleet.worker.engine.attention import (
     AttentionBackend,
     AttentionShape,
     BackendUnavailableError,
+    GroupedBackend,
     select_backend,
 )
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors, pack, to_device
@@ -107,6 +108,11 @@ class TorchEngine:
             self._attention_shape(),
             graphs=plan.prefer_graph_safe,
             features=self.shape.attention_features,
+        )
+        #: what runs a batch with key lengths: the model's backend when it takes them, else the
+        #: grouped one (any device and dtype), eager
+        self.keyed_backend: AttentionBackend = (
+            self.backend if "keys" in self.backend.features else GroupedBackend()
         )
         if self.runtime is not None and self.runtime_name == "openvino":
             if plan.measure_seqlen:
@@ -264,7 +270,8 @@ class TorchEngine:
         offset = self.shape.position_offset
         total = sum(p.total for p in parts)
         count = sum(p.count for p in parts)
-        if self._graphs_enabled:
+        # A captured graph's plan reads cu_seqlens alone: key lengths run eager.
+        if self._graphs_enabled and all(p.key_lengths is None for p in parts):
             longest = max(int(p.lengths.max()) for p in parts)
             real = (total, count, longest)
             decision = self._cache.decide(self.buckets.key(*real), real)
@@ -291,9 +298,10 @@ class TorchEngine:
         batch = to_device(host, self.device)
         packed = time.perf_counter_ns()
         longest = int(host.lengths.max())
-        runtime = self.runtime if longest <= self.compiled_seqlen else None
+        runtime = self._runtime_for(host, longest)
         self._use_threads(runtime)
-        hidden = encode(self.model, self.backend, batch, longest, host.lengths, runtime)
+        backend = self._backend_for(host)
+        hidden = encode(self.model, backend, batch, longest, host.lengths, runtime, host.keys)
         encoded = time.perf_counter_ns()
         head = default_head(self.model, self.pooler, hidden, batch)
         out, slices = apply_options(
@@ -306,6 +314,19 @@ class TorchEngine:
             results,
             (("pack", packed - start), ("forward", encoded - packed), ("pool", pooled - encoded)),
         )
+
+    def _runtime_for(self, host: HostBatch, longest: int) -> Runtime | None:
+        """The compiled runtime when it runs this batch, else None (eager): past its longest
+        sequence, or a causal model's batch with key lengths (its graph ignores the key mask)."""
+        if longest > self.compiled_seqlen or self._keyed_causal(host):
+            return None
+        return self.runtime
+
+    def _keyed_causal(self, host: HostBatch) -> bool:
+        return host.keys is not None and self.shape.causal
+
+    def _backend_for(self, host: HostBatch | None) -> AttentionBackend:
+        return self.backend if host is None or host.keys is None else self.keyed_backend
 
     def _measured_seqlen(self, runtime: Runtime) -> int:
         """Under auto, the longest sequence a batch may have to run in `runtime` rather than
@@ -435,10 +456,12 @@ class TorchEngine:
         scores [N], what a request with the model's default options gets [N, ...]). Inside a
         graph all three are captured: such a request launches nothing after the replay."""
         lengths = host.lengths if host is not None else np.zeros(0, np.int64)
+        keys = host.keys if host is not None else None
         # Graph captures (CUDA, host None) never meet a CPU runtime.
-        runtime = self.runtime if host is not None else None
+        runtime = None if host is None or self._keyed_causal(host) else self.runtime
+        backend = self._backend_for(host)
         hidden, head = forward(
-            self.model, self.backend, self.pooler, batch, max_seqlen, lengths, runtime
+            self.model, backend, self.pooler, batch, max_seqlen, lengths, runtime, keys
         )
         return hidden, head, default_rows(head, self._info)
 
