@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from embedfleet.common.codec import Tokens
+from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
 from embedfleet.testing.families import FamilyDirs
 from embedfleet.worker.contract import WorkItem
@@ -23,6 +24,7 @@ from embedfleet.worker.engine.attention import (
 from embedfleet.worker.engine.batch import pack
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.padded import PaddedPlan, padded_layout, plan_tensors
+from embedfleet.worker.engine.torch_engine import TorchEngine
 
 from .helpers import RUNTIMES, cached_engine, item
 from .test_engine_graph_path import REFERENCE, graph_engine
@@ -51,6 +53,17 @@ def dense_reference(
         ).transpose(0, 1)
         start += n
     return out
+
+
+def keyed(seqs: list[list[int]], keys: list[int]) -> WorkItem:
+    """One item of `seqs` with their key lengths."""
+    return WorkItem(
+        Tokens(
+            np.concatenate([np.asarray(s, np.int32) for s in seqs]),
+            np.array([len(s) for s in seqs], np.int32),
+            key_lengths=np.array(keys, np.int32),
+        )
+    )
 
 
 def qkv(total: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -125,13 +138,8 @@ def test_an_expanded_query_beside_documents_matches_pylate(
     )
     assert engine.runtime_name == runtime
     want = families.pylate_colbert_vectors(path, seqs, keys)
-    query = Tokens(
-        np.asarray(seqs[0], np.int32),
-        np.array([len(seqs[0])], np.int32),
-        key_lengths=np.array(keys[:1], np.int32),
-    )
     # The query and the documents as two items of one batch: the documents' item has none.
-    got_query, got_docs = engine.run([WorkItem(query), item(seqs[1:])])
+    got_query, got_docs = engine.run([keyed(seqs[:1], keys[:1]), item(seqs[1:])])
     np.testing.assert_allclose(got_query, want[0], rtol=RTOL, atol=RTOL)
     np.testing.assert_allclose(got_docs, np.concatenate(want[1:]), rtol=RTOL, atol=RTOL)
     # The documents alone (today's path, no key mask) give the same rows.
@@ -151,12 +159,7 @@ def test_a_graph_engine_runs_key_lengths_eager_on_the_grouped_plan(
     seqs, keys = expanded
     engine, _ = graph_engine(model=str(path))
     assert isinstance(engine.keyed_backend, GroupedBackend)
-    keyed = Tokens(
-        np.concatenate([np.asarray(s, np.int32) for s in seqs]),
-        np.array([len(s) for s in seqs], np.int32),
-        key_lengths=np.array(keys, np.int32),
-    )
-    [got] = engine.run([WorkItem(keyed)])
+    [got] = engine.run([keyed(seqs, keys)])
     want = np.concatenate(families.pylate_colbert_vectors(path, seqs, keys))
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL)
     counts = engine.counters()
@@ -164,3 +167,24 @@ def test_a_graph_engine_runs_key_lengths_eager_on_the_grouped_plan(
     for _ in range(2):  # a bucket's first batch runs eager, its second is captured
         engine.run([item(seqs)])
     assert engine.counters().captures == 1
+
+
+@pytest.mark.gpu
+def test_on_cuda_key_lengths_leave_the_graphs_for_the_grouped_backend(
+    family_dirs: FamilyDirs, expanded: tuple[list[list[int]], list[int]]
+) -> None:
+    """The real CUDA route: a graph-safe varlen backend, its captured graphs for plain batches,
+    and a batch with key lengths eager on the grouped backend (bf16)."""
+    path = family_dirs.get("pylate-colbert-marked")
+    seqs, keys = expanded
+    engine = TorchEngine(EngineConfig(model=str(path), device="cuda", cuda_graphs="lazy"))
+    assert engine.backend.graph_safe, engine.graphs_off_reason
+    assert isinstance(engine.keyed_backend, GroupedBackend)
+    want = np.concatenate(families.pylate_colbert_vectors(path, seqs, keys))
+    for _ in range(3):
+        [got] = engine.run([keyed(seqs, keys)])
+        assert min_cosine(got, want) >= 0.999
+    for _ in range(3):  # eager, capture, replay
+        engine.run([item(seqs)])
+    counts = engine.counters()
+    assert (counts.eager_runs, counts.captures, counts.replays) == (4, 1, 1)
