@@ -121,6 +121,12 @@ def test_only_the_outputs_asked_for_are_computed_and_returned(
     parts = hybrid_parts(flat, 3, hybrid.info, only)
     assert list(parts) == ["multi_vector"]
     assert parts["multi_vector"].shape == (sum(len(s) - 1 for s in seqs), 64)
+    # Items of one batch keep their own options and outputs.
+    cut, every = hybrid.run([item(seqs, options), item(seqs, EVERY)])
+    np.testing.assert_allclose(cut.reshape(3, -1), want, atol=1e-5)
+    dense = hybrid_parts(every, 3, hybrid.info, EVERY.outputs)["dense"]
+    [embedded] = engine(path, "embed").run([item(seqs)])
+    np.testing.assert_allclose(dense, embedded, atol=1e-5)
 
 
 def counted(call: object, name: str, calls: list[str]) -> object:
