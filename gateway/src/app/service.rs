@@ -447,8 +447,10 @@ impl Service {
     /// A 400 naming the route that serves this model, when `route` needs a `task` model.
     fn require(&self, task: Task, route: &'static str) -> Result<(), ApiError> {
         let own = self.model.task;
-        // A hybrid model answers the sparse and multi-vector routes with that one output.
-        let part = own == Task::Hybrid && matches!(task, Task::Sparse | Task::MultiVector);
+        // A hybrid model answers the dense, sparse and multi-vector routes with that one output
+        // (its dense vector through Embed, as the same model served as an embedder).
+        let part =
+            own == Task::Hybrid && matches!(task, Task::Embed | Task::Sparse | Task::MultiVector);
         if own == task || part {
             return Ok(());
         }
@@ -460,7 +462,10 @@ impl Service {
             Task::MultiVector => {
                 "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
             }
-            Task::Hybrid => "/v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector",
+            Task::Hybrid => {
+                "/v1/hybrid-embeddings, /v1/embeddings, /v1/sparse_embeddings or /v1/multi-vector \
+                 (and /v1/rerank, /v1/score by cosine)"
+            }
         };
         Err(ApiError::WrongTask {
             model: self.name,
@@ -472,7 +477,8 @@ impl Service {
     }
 
     /// Relevance of each (query, document) pair: the reranker's own score, a multi-vector
-    /// model's MaxSim, else the cosine of their embeddings; and the tokens the workers ran.
+    /// model's MaxSim, else the cosine of their embeddings (a hybrid model's dense ones, as the
+    /// same model served as an embedder scores them); and the tokens the workers ran.
     async fn pair_scores(
         &self,
         pairs: &[(&str, &str)],
@@ -482,7 +488,7 @@ impl Service {
     ) -> Result<(Vec<f32>, usize), ApiError> {
         if !matches!(
             self.model.task,
-            Task::Score | Task::Embed | Task::MultiVector
+            Task::Score | Task::Embed | Task::MultiVector | Task::Hybrid
         ) {
             self.require(Task::Score, "/v1/rerank and /v1/score")?;
         }

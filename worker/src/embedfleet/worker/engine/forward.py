@@ -98,12 +98,12 @@ def default_outputs(
     with torch.inference_mode():
         host = pack([tokens], model.shape.position_offset)
         batch = to_device(host, device)
-        _, head = forward(
+        hidden, head = forward(
             model, backend, pooler, batch, int(host.lengths.max()), host.lengths, runtime
         )
         if isinstance(model, Hybrid):
             # Its per-token vectors: every token's state through a head, the closest check.
-            head = model.token_vectors(head, batch)
+            head = model.colbert.head(hidden, batch)
         # A multivector head has a row a token (the batch is unpadded: every token is real),
         # so the dtype probe compares every token's vector, not only the first few.
         per_token = head.shape[0] == host.total_tokens

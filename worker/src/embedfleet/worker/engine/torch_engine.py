@@ -48,7 +48,8 @@ from embedfleet.worker.engine.graph_policy import (
     warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
-from embedfleet.worker.engine.outputs import apply_options, default_rows, layout_of
+from embedfleet.worker.engine.models.hybrid import Hybrid
+from embedfleet.worker.engine.outputs import apply_options, default_rows
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.plan import DeviceFacts, ModelFacts, plan_engine
 from embedfleet.worker.engine.pooling import Pooler
@@ -99,6 +100,8 @@ class TorchEngine:
         self.compiled_seqlen = self.max_tokens
         self._load()
         self.shape = self.model.shape
+        #: a hybrid model's lexical and per-token heads, run per batch as its items ask
+        self._hybrid = self.model if isinstance(self.model, Hybrid) else None
         #: sentence-transformers' pooling and Dense modules (embedders; unused by other heads)
         self.pooler = Pooler.of(self.model_dir, self.device)
         self.backend: AttentionBackend = select_backend(
@@ -211,7 +214,7 @@ class TorchEngine:
             item.tokens, self.max_tokens, self.shape.vocab_size, self.shape.type_vocab_size
         )
         dims = item.options.dimensions
-        if self.model_dir.task == "embed" and not 0 <= dims <= self._info.dimensions:
+        if self.model_dir.task in ("embed", "hybrid") and not 0 <= dims <= self._info.dimensions:
             raise InvalidInputError(
                 f"dimensions must be between 1 and {self._info.dimensions} (0 for all)"
             )
@@ -304,9 +307,7 @@ class TorchEngine:
         hidden = encode(self.model, backend, batch, longest, host.lengths, runtime, host.keys)
         encoded = time.perf_counter_ns()
         head = default_head(self.model, self.pooler, hidden, batch)
-        out, slices = apply_options(
-            items, hidden, head, batch, host.real_sequences, self._info, self.pooler
-        )
+        out, slices = self._finish(items, (hidden, head), batch, host)
         results = split(out.numpy(), slices)
         pooled = time.perf_counter_ns()
         self._counts["eager_runs"] += 1
@@ -408,7 +409,7 @@ class TorchEngine:
         # Every new graph is checked once against the eager run of the same batch (launched at
         # the batch's own longest sequence): a graph that disagrees is never served.
         eager = self._body(views, int(host.lengths.max()), host)
-        score = self._agreement(outputs, eager, views, host)
+        score = self._agreement(outputs, eager, host)
         if score < MIN_AGREEMENT:
             log.error(
                 "CUDA graph for %s disagrees with eager (agreement %.6f < %s); running it eager "
@@ -424,21 +425,11 @@ class TorchEngine:
         return outputs, views
 
     def _agreement(
-        self,
-        graphed: tuple[torch.Tensor, ...],
-        eager: tuple[torch.Tensor, ...],
-        batch: DeviceBatch,
-        host: HostBatch,
+        self, graphed: tuple[torch.Tensor, ...], eager: tuple[torch.Tensor, ...], host: HostBatch
     ) -> float:
-        """`agreement` of the real rows of the two runs' heads; a hybrid head's worst part."""
+        """`agreement` of the real rows of the two runs' default heads."""
         real = host.real_sequences
-        if self._info.task != "hybrid":
-            return agreement(graphed[1][:real], eager[1][:real])
-        layout = layout_of(self._info)
-        slots, tokens = batch.lengths.shape[0], graphed[0].shape[0]
-        ours, theirs = (layout.split(run[1], slots, tokens) for run in (graphed, eager))
-        rows = (real, real, host.real_tokens)
-        return min(agreement(a[:n], b[:n]) for a, b, n in zip(ours, theirs, rows, strict=True))
+        return agreement(graphed[1][:real], eager[1][:real])
 
     def _runner_for(self) -> GraphRunner:
         if self._runner is None:
@@ -472,9 +463,19 @@ class TorchEngine:
         batch: DeviceBatch,
         host: HostBatch,
     ) -> tuple[torch.Tensor, list[Slice]]:
-        hidden, head, default = outputs
+        """Each item's rows from (hidden, head) and, when the body made them, the default rows."""
+        hidden, head, *made = outputs
+        default = made[0] if made else None
         return apply_options(
-            items, hidden, head, batch, host.real_sequences, self._info, self.pooler, default
+            items,
+            hidden,
+            head,
+            batch,
+            host.real_sequences,
+            self._info,
+            self.pooler,
+            default,
+            self._hybrid,
         )
 
     def _capture_listed(self) -> None:
