@@ -24,6 +24,17 @@ def test_tokens_round_trip_through_the_wire() -> None:
     assert [s.tolist() for s in tokens.sequences()] == seqs
     assert tokens.type_ids is not None
     assert tokens.type_ids.tolist() == [0, 0, 0, 0, 1, 1]
+    assert tokens.key_lengths is None
+
+
+def test_key_lengths_round_trip_and_are_bounded_by_their_sequence() -> None:
+    seqs = [[101, 7, 102, 9], [101, 102], []]
+    tokens = unpack_tokens(pack_tokens(seqs, key_lengths=[3, 2, 0]))
+    assert tokens.key_lengths is not None
+    assert tokens.key_lengths.tolist() == [3, 2, 0]
+    for keys in ([5, 2, 0], [0, 2, 0], [3, 2, 1], [3, 2]):
+        with pytest.raises(CodecError):
+            unpack_tokens(pack_tokens(seqs, key_lengths=keys))
 
 
 @pytest.mark.parametrize(

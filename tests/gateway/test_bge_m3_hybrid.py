@@ -1,15 +1,18 @@
 """/v1/hybrid-embeddings through the gateway binary in front of a REAL torch worker serving a
 random-weight bge-m3 with --task hybrid (testing.families): its dense vector, lexical weights and
-token vectors from one forward, each against bge-m3's own recipe run on `transformers`."""
+token vectors from one forward, each against bge-m3's own recipe run on `transformers`; and every
+route an embedder of the same directory answers, from that dense vector."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
@@ -67,7 +70,7 @@ def test_outputs_and_encoding_pick_what_comes_back(hybrid: Gateway) -> None:
 
 
 def test_the_sparse_and_multi_vector_routes_serve_their_output(hybrid: Gateway) -> None:
-    """They ask the workers for that output alone; /v1/embeddings is refused naming the routes
+    """They ask the workers for that output alone; /v1/classify is refused naming the routes
     that serve the model."""
     texts = list(TEXTS[:2])
     full = hybrid.ok(ROUTE, {"input": texts})["data"]
@@ -77,9 +80,67 @@ def test_the_sparse_and_multi_vector_routes_serve_their_output(hybrid: Gateway) 
     assert [v["embedding"] for v in vectors] == [f["multi_vector"] for f in full]
     [tei] = hybrid.ok("/embed_sparse", {"inputs": texts[0]})
     assert [p["index"] for p in tei] == full[0]["sparse"]["indices"]
-    error = hybrid.error("/v1/embeddings", {"input": "a"}, 400)
+    error = hybrid.error("/v1/classify", {"input": "a"}, 400)
     assert error["param"] == "model"
     assert "is a hybrid (bge-m3 dense, sparse and multi-vector) model" in error["message"]
     assert error["message"].endswith(
-        "Use /v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector."
+        "Use /v1/hybrid-embeddings, /v1/embeddings, /v1/sparse_embeddings or /v1/multi-vector "
+        "(and /v1/rerank, /v1/score by cosine)."
     )
+
+
+def rows(doc: dict[str, Any]) -> FloatArray:
+    return np.asarray([d["embedding"] for d in doc["data"]], np.float32)
+
+
+def test_the_dense_routes_serve_the_dense_output(hybrid: Gateway) -> None:
+    """/v1/embeddings, TEI's /embed (and /, its default route) and Cohere's /v2/embed give the
+    hybrid route's dense vectors, with `dimensions` and the encodings as for an embedder."""
+    texts = list(TEXTS[:2])
+    full = hybrid.ok(ROUTE, {"input": texts, "outputs": ["dense"]})["data"]
+    dense = np.asarray([f["dense"] for f in full], np.float32)
+    got = rows(hybrid.ok("/v1/embeddings", {"input": texts}))
+    assert got.shape == dense.shape
+    assert min_cosine(got, dense) >= 0.9999
+    cut = rows(hybrid.ok("/v1/embeddings", {"input": texts, "dimensions": 16}))
+    assert cut.shape == (2, 16)
+    assert min_cosine(cut, dense[:, :16]) >= 0.9999
+    encoded = hybrid.ok("/v1/embeddings", {"input": texts, "encoding_format": "base64"})["data"]
+    raw = [np.frombuffer(base64.b64decode(e["embedding"]), "<f4") for e in encoded]
+    np.testing.assert_array_equal(raw, got)
+    signs = hybrid.ok("/v1/embeddings", {"input": texts, "encoding_format": "ubinary"})
+    assert rows(signs).astype(np.uint8).tolist() == np.packbits(got > 0, axis=1).tolist()
+    for route in ("/embed", "/"):
+        tei = np.asarray(hybrid.ok(route, {"inputs": texts}), np.float32)
+        assert min_cosine(tei, got) >= 0.9999
+    body = {"texts": texts, "embedding_types": ["float"], "output_dimension": 16}
+    cohere = np.asarray(hybrid.ok("/v2/embed", body)["embeddings"]["float"], np.float32)
+    assert min_cosine(cohere, cut) >= 0.9999
+
+
+def test_the_pair_routes_score_by_the_dense_cosine(hybrid: Gateway) -> None:
+    """/v1/rerank, /v1/score, TEI's /rerank and /similarity and Cohere's /v2/rerank score a pair
+    by the cosine of its dense vectors, as for the same model served as an embedder."""
+    query, documents = TEXTS[0], list(TEXTS[1:4])
+    vectors = rows(hybrid.ok("/v1/embeddings", {"input": [query, *documents]}))
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    want = unit[1:] @ unit[0]
+    pair = {"query": query, "documents": documents}
+    scores = {
+        "/v1/rerank": by_index(hybrid.ok("/v1/rerank", pair)["results"], "relevance_score"),
+        "/v2/rerank": by_index(hybrid.ok("/v2/rerank", pair)["results"], "relevance_score"),
+        "/rerank": by_index(hybrid.ok("/rerank", {"query": query, "texts": documents}), "score"),
+        "/v1/score": [
+            d["score"]
+            for d in hybrid.ok("/v1/score", {"text_1": query, "text_2": documents})["data"]
+        ],
+        "/similarity": hybrid.ok(
+            "/similarity", {"inputs": {"source_sentence": query, "sentences": documents}}
+        ),
+    }
+    for route, got in scores.items():
+        np.testing.assert_allclose(got, want, atol=1e-5, err_msg=route)
+
+
+def by_index(results: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in sorted(results, key=lambda r: r["index"])]

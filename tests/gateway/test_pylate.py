@@ -6,6 +6,7 @@ on `transformers`. Vectors cross the wire as float16."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,9 @@ import pytest
 from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
 from embedfleet.testing.families import TEXTS, FamilyDirs
+from embedfleet.testing.workers import WorkerProcess, running_worker
 
-from .helpers import Gateway, behind_worker
+from .helpers import SMALL_CHUNKS, Gateway, serving
 
 Vectors = npt.NDArray[np.float32]
 QUERY, DOCUMENTS = TEXTS[0], [TEXTS[8], TEXTS[1]]  # "... Germany." keeps its "." under the cut
@@ -28,16 +30,51 @@ def model(family_dirs: FamilyDirs) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pylate(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with behind_worker(model, tmp_path_factory.mktemp("pylate"), engine="torch") as gateway:
+def worker(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    workdir = tmp_path_factory.mktemp("pylate-worker")
+    argv = ("--threads", "1", "--warmup-seconds", "0.2", "--model", str(model))
+    with running_worker(workdir, *argv) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="module")
+def pylate(
+    model: Path, worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """The fixture's rules: its expansion tokens attended to."""
+    with serve_model(model, worker, tmp_path_factory.mktemp("pylate")) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def unattended_model(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights with PyLate's default: no token attends to the expansion tokens."""
+    return families.pylate_unattended(model, tmp_path_factory.mktemp("models") / "unattended")
+
+
+@pytest.fixture(scope="module")
+def unattended(
+    unattended_model: Path, worker: WorkerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway of `unattended_model` before the same worker: the gateway reads the rule."""
+    with serve_model(unattended_model, worker, tmp_path_factory.mktemp("unattended")) as gw:
+        yield gw
+
+
+@contextmanager
+def serve_model(model: Path, worker: WorkerProcess, workdir: Path) -> Iterator[Gateway]:
+    settings = {"model": model, **SMALL_CHUNKS}
+    with serving(settings, workdir / "gateway.log", addresses=[worker.address]) as gateway:
         yield gateway
 
 
 def reference(model: Path, texts: list[str], query: bool) -> list[Vectors]:
-    """Each text's vectors as PyLate gives them: its encoded ids through the model, a
-    document's skip-list tokens left out."""
+    """Each text's vectors as PyLate gives them: its encoded ids through the model (a query's
+    expansion tokens attended to or not, as its config says), a document's skip-list tokens
+    left out."""
     seqs = families.pylate_encoded(model, texts, query)
-    vectors = families.pylate_colbert_vectors(model, seqs)
+    keys = families.pylate_keys(model, seqs) if query else None
+    vectors = families.pylate_colbert_vectors(model, seqs, keys)
     if query:
         return vectors
     return [v[families.pylate_kept(model, s)] for v, s in zip(vectors, seqs, strict=True)]
@@ -56,6 +93,25 @@ def test_a_query_is_marked_and_expanded_to_its_length(pylate: Gateway, model: Pa
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape == (families.PYLATE_RULES["query_length"], 24)
         assert min_cosine(g, w) >= 0.999
+
+
+def test_unattended_expansion_tokens_are_no_key_but_keep_their_vectors(
+    unattended: Gateway, unattended_model: Path, model: Path
+) -> None:
+    texts = [QUERY, "Paris?"]
+    got = vectors_of(unattended.ok("/v1/multi-vector", {"input": texts, "input_type": "query"}))
+    want = reference(unattended_model, texts, query=True)
+    attended = reference(model, texts, query=True)
+    for g, w, a in zip(got, want, attended, strict=True):
+        assert g.shape == w.shape == (families.PYLATE_RULES["query_length"], 24)
+        assert min_cosine(g, w) >= 0.999
+        assert np.abs(w - a).max() > 1e-2  # a result the attended fixture cannot give
+    # Beside documents in one request (rerank): documents as without the query's key lengths.
+    body = {"query": texts[1], "documents": DOCUMENTS}
+    ours = {r["index"]: r["relevance_score"] for r in unattended.ok("/v1/rerank", body)["results"]}
+    docs = reference(model, DOCUMENTS, query=False)
+    want_scores = {i: float((want[1] @ d.T).max(axis=1).sum()) for i, d in enumerate(docs)}
+    assert ours == pytest.approx(want_scores, abs=2e-2)
 
 
 def test_a_document_is_marked_cut_and_skips_punctuation(pylate: Gateway, model: Path) -> None:

@@ -21,7 +21,9 @@ use crate::plan::windows;
 use crate::settings::Settings;
 use crate::telemetry::metrics::ModelMetrics;
 use crate::telemetry::traces::{self, Kind, Tracer};
-use crate::upstream::batch::{broken_reply, pack, pack_pairs, HybridRow, SparseRow, TokenVectors};
+use crate::upstream::batch::{
+    broken_reply, pack, pack_keyed, pack_pairs, HybridRow, SparseRow, TokenVectors,
+};
 use crate::upstream::pool::Pool;
 
 /// One served model: its settings (the process's, with a models file's per-model ones), model
@@ -99,15 +101,17 @@ impl Service {
         plan(lengths, budget, s.chunk_sequences)
     }
 
-    /// The request's token ids; with `windowed`, over-long inputs stay whole and each input's
-    /// special ends come too, for splitting into windows.
+    /// The request's token ids and their key lengths (`Service::pylate_encode`); with
+    /// `windowed`, over-long inputs stay whole and each input's special ends come too, for
+    /// splitting into windows.
+    #[allow(clippy::type_complexity)]
     async fn tokenize(
         &self,
         input: &Input,
         input_type: Option<&str>,
         (truncate, side): (bool, Side),
         windowed: bool,
-    ) -> Result<(Vec<Vec<u32>>, Option<Vec<(usize, usize)>>), ApiError> {
+    ) -> Result<(Vec<Vec<u32>>, Option<Vec<(usize, usize)>>, Vec<usize>), ApiError> {
         match input {
             Input::Texts(texts) => {
                 empty_item(texts, "input")?;
@@ -123,17 +127,18 @@ impl Service {
                         }
                     })
                     .await?;
-                if !windowed {
-                    self.pylate_encode(&mut ids, input_type);
-                }
-                Ok((ids, ends))
+                let keys = match windowed {
+                    true => Vec::new(),
+                    false => self.pylate_encode(&mut ids, input_type),
+                };
+                Ok((ids, ends, keys))
             }
             Input::Ids(seqs) => {
                 let ids = self
                     .tokenization
                     .token_ids(seqs, truncate, side, windowed)?;
                 let ends = windowed.then(|| vec![(0, 0); ids.len()]);
-                Ok((ids, ends))
+                Ok((ids, ends, Vec::new()))
             }
         }
     }
@@ -279,7 +284,8 @@ impl Service {
         self.check_count(count, "input")?;
         self.admit_ready()?;
         let how = (req.truncate, req.side);
-        let (ids, ends) = self
+        // An embedder has no PyLate rules: every token is a key.
+        let (ids, ends, _) = self
             .tokenize(&req.input, req.input_type.as_deref(), how, windowed)
             .await?;
         let requested = match req.dimensions {
@@ -384,30 +390,37 @@ impl Service {
         done
     }
 
-    /// Texts' ids with the prompt of `input_type`.
+    /// Texts' ids with the prompt of `input_type`, and their key lengths.
     async fn text_ids(
         &self,
         texts: &[String],
         input_type: &str,
         truncate: bool,
         side: Side,
-    ) -> Result<Vec<Vec<u32>>, ApiError> {
+    ) -> Result<(Vec<Vec<u32>>, Vec<usize>), ApiError> {
         let prompt = self.model.prompt_for(Some(input_type)).to_string();
         let mut ids = self
             .tokenized(texts, move |tok, texts| {
                 tok.texts(texts, &prompt, truncate, side)
             })
             .await?;
-        self.pylate_encode(&mut ids, Some(input_type));
-        Ok(ids)
+        let keys = self.pylate_encode(&mut ids, Some(input_type));
+        Ok((ids, keys))
     }
 
     /// A PyLate ColBERT's texts' ids as PyLate encodes a query (`input_type` "query") or a
-    /// document (any other); other models' ids as they are.
-    fn pylate_encode(&self, ids: &mut [Vec<u32>], input_type: Option<&str>) {
-        if let Some(rules) = &self.tokenization.pylate {
-            let query = input_type == Some("query");
-            ids.iter_mut().for_each(|i| rules.encode(i, query));
+    /// document (any other); other models' ids as they are. Returns each one's count of leading
+    /// tokens that are attention keys where a query's expansion tokens are not attended to,
+    /// else nothing (every token is a key).
+    fn pylate_encode(&self, ids: &mut [Vec<u32>], input_type: Option<&str>) -> Vec<usize> {
+        let Some(rules) = &self.tokenization.pylate else {
+            return Vec::new();
+        };
+        let query = input_type == Some("query");
+        let keys: Vec<usize> = ids.iter_mut().map(|i| rules.encode(i, query)).collect();
+        match keys.iter().zip(ids.iter()).any(|(&k, i)| k < i.len()) {
+            true => keys,
+            false => Vec::new(),
         }
     }
 
@@ -434,8 +447,10 @@ impl Service {
     /// A 400 naming the route that serves this model, when `route` needs a `task` model.
     fn require(&self, task: Task, route: &'static str) -> Result<(), ApiError> {
         let own = self.model.task;
-        // A hybrid model answers the sparse and multi-vector routes with that one output.
-        let part = own == Task::Hybrid && matches!(task, Task::Sparse | Task::MultiVector);
+        // A hybrid model answers the dense, sparse and multi-vector routes with that one output
+        // (its dense vector through Embed, as the same model served as an embedder).
+        let part =
+            own == Task::Hybrid && matches!(task, Task::Embed | Task::Sparse | Task::MultiVector);
         if own == task || part {
             return Ok(());
         }
@@ -447,7 +462,10 @@ impl Service {
             Task::MultiVector => {
                 "/v1/multi-vector or /embed_all (and /v1/rerank, /v1/score by MaxSim)"
             }
-            Task::Hybrid => "/v1/hybrid-embeddings, /v1/sparse_embeddings or /v1/multi-vector",
+            Task::Hybrid => {
+                "/v1/hybrid-embeddings, /v1/embeddings, /v1/sparse_embeddings or /v1/multi-vector \
+                 (and /v1/rerank, /v1/score by cosine)"
+            }
         };
         Err(ApiError::WrongTask {
             model: self.name,
@@ -459,7 +477,8 @@ impl Service {
     }
 
     /// Relevance of each (query, document) pair: the reranker's own score, a multi-vector
-    /// model's MaxSim, else the cosine of their embeddings; and the tokens the workers ran.
+    /// model's MaxSim, else the cosine of their embeddings (a hybrid model's dense ones, as the
+    /// same model served as an embedder scores them); and the tokens the workers ran.
     async fn pair_scores(
         &self,
         pairs: &[(&str, &str)],
@@ -469,7 +488,7 @@ impl Service {
     ) -> Result<(Vec<f32>, usize), ApiError> {
         if !matches!(
             self.model.task,
-            Task::Score | Task::Embed | Task::MultiVector
+            Task::Score | Task::Embed | Task::MultiVector | Task::Hybrid
         ) {
             self.require(Task::Score, "/v1/rerank and /v1/score")?;
         }
@@ -491,13 +510,17 @@ impl Service {
         let (truncate, side) = (how.truncate, how.side);
         let (where_a, firsts) = distinct(pairs.iter().map(|p| p.0));
         let (where_b, seconds) = distinct(pairs.iter().map(|p| p.1));
-        let mut ids = self.text_ids(&firsts, "query", truncate, side).await?;
-        ids.extend(self.text_ids(&seconds, "document", truncate, side).await?);
+        let (mut ids, mut keys) = self.text_ids(&firsts, "query", truncate, side).await?;
+        let (documents, _) = self.text_ids(&seconds, "document", truncate, side).await?;
+        if !keys.is_empty() {
+            keys.extend(documents.iter().map(Vec::len));
+        }
+        ids.extend(documents);
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         self.check_tokens(&lengths, param, ticket)?;
         let total: usize = lengths.iter().sum();
         if self.model.task == Task::MultiVector {
-            let mut vectors = self.vectors_of(&ids, &lengths).await?;
+            let mut vectors = self.vectors_of(&ids, &lengths, &keys).await?;
             let documents = firsts.len();
             self.pylate_skip(&ids[documents..], &mut vectors[documents..]);
             let scores = pairs
@@ -700,23 +723,24 @@ impl Service {
         ))
     }
 
-    /// An input's token ids and their lengths, for a route that needs a `task` model: checked,
-    /// admitted when a worker is ready, tokenized with the prompt of its input type, and its
-    /// tokens counted against the request's limits.
+    /// An input's token ids, their lengths and key lengths (`Service::pylate_encode`), for a
+    /// route that needs a `task` model: checked, admitted when a worker is ready, tokenized with
+    /// the prompt of its input type, and its tokens counted against the request's limits.
+    #[allow(clippy::type_complexity)]
     async fn input_ids(
         &self,
         (task, route): (Task, &'static str),
         (input, input_type): (&Input, Option<&str>),
         how: (bool, Side),
         ticket: &Ticket,
-    ) -> Result<(Vec<Vec<u32>>, Vec<usize>), ApiError> {
+    ) -> Result<(Vec<Vec<u32>>, Vec<usize>, Vec<usize>), ApiError> {
         self.require(task, route)?;
         self.check_count(input.len(), "input")?;
         self.admit_ready()?;
-        let (ids, _) = self.tokenize(input, input_type, how, false).await?;
+        let (ids, _, keys) = self.tokenize(input, input_type, how, false).await?;
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         self.check_tokens(&lengths, "input", ticket)?;
-        Ok((ids, lengths))
+        Ok((ids, lengths, keys))
     }
 
     /// Each input's (ascending vocabulary ids, weights), and the tokens.
@@ -728,7 +752,7 @@ impl Service {
     ) -> Result<(Vec<SparseRow>, usize), ApiError> {
         let how = (req.truncate, req.side);
         let input = (&req.input, req.input_type.as_deref());
-        let (ids, lengths) = self
+        let (ids, lengths, _) = self
             .input_ids((Task::Sparse, route), input, how, ticket)
             .await?;
         let keep = (req.top_k.unwrap_or(0) as u32, req.threshold);
@@ -772,21 +796,23 @@ impl Service {
     ) -> Result<(Vec<TokenVectors>, usize), ApiError> {
         let how = (req.truncate, req.side);
         let input = (&req.input, req.input_type.as_deref());
-        let (ids, lengths) = self
+        let (ids, lengths, keys) = self
             .input_ids((Task::MultiVector, route), input, how, ticket)
             .await?;
-        let mut vectors = self.vectors_of(&ids, &lengths).await?;
+        let mut vectors = self.vectors_of(&ids, &lengths, &keys).await?;
         if matches!(req.input, Input::Texts(_)) && req.input_type.as_deref() != Some("query") {
             self.pylate_skip(&ids, &mut vectors);
         }
         Ok((vectors, lengths.iter().sum()))
     }
 
-    /// The token vectors of tokenized inputs, chunked over the workers.
+    /// The token vectors of tokenized inputs, chunked over the workers; `keys`: their key
+    /// lengths (empty: every token is a key; a hybrid model never has any).
     async fn vectors_of(
         &self,
         ids: &[Vec<u32>],
         lengths: &[usize],
+        keys: &[usize],
     ) -> Result<Vec<TokenVectors>, ApiError> {
         if self.model.task == Task::Hybrid {
             let rows = self.hybrid_rows(ids, lengths, (false, false, true), (0, 0.0));
@@ -794,7 +820,8 @@ impl Service {
         }
         let parts = self
             .fan_out(lengths, |c, timeout| {
-                let batch = pack(&ids[c.start..c.stop]);
+                let keys = keys.get(c.start..c.stop).unwrap_or_default();
+                let batch = pack_keyed(&ids[c.start..c.stop], keys);
                 self.pool.multi_vector_embed(batch, c.tokens, timeout)
             })
             .await?;
@@ -825,7 +852,7 @@ impl Service {
         let how = (req.truncate, req.side);
         let input = (&req.input, req.input_type.as_deref());
         let route = "/v1/hybrid-embeddings";
-        let (ids, lengths) = self
+        let (ids, lengths, _) = self
             .input_ids((Task::Hybrid, route), input, how, ticket)
             .await?;
         let o = req.outputs;

@@ -166,13 +166,12 @@ pub fn decode(service: &Service, req: &DecodeRequest) -> Result<Vec<u8>, ApiErro
 /// The route POST / takes for this model, as TEI routes it by the model's type.
 pub fn default_route(service: &Service) -> &'static str {
     match service.model.task {
-        Task::Embed => "/embed",
+        // A hybrid model's dense vectors, as the same model served as an embedder.
+        Task::Embed | Task::Hybrid => "/embed",
         Task::Sparse => "/embed_sparse",
         Task::Score => "/rerank",
         Task::Classify => "/predict",
         Task::MultiVector => "/embed_all",
-        // TEI has no hybrid route: /embed refuses it naming /v1/hybrid-embeddings.
-        Task::Hybrid => "/embed",
     }
 }
 

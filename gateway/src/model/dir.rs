@@ -30,7 +30,8 @@ pub struct ModelDir {
 
 /// A PyLate ColBERT's own encoding rules (config_sentence_transformers.json): the marker token
 /// after the first one, the lengths queries and documents are cut to, queries padded with the
-/// mask token to their length (query expansion), and the tokens left out of documents' vectors.
+/// mask token to their length (query expansion), whether the other tokens attend to those, and
+/// the tokens left out of documents' vectors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pylate {
     pub query_prefix: String,
@@ -38,6 +39,9 @@ pub struct Pylate {
     pub query_length: usize,
     pub document_length: usize,
     pub query_expansion: bool,
+    /// whether any token attends to the expansion tokens (PyLate's default: no); either way
+    /// each of them gets its vector
+    pub attend_to_expansion: bool,
     pub skiplist: Vec<String>,
     /// tokenizer_config.json's mask token, which query expansion pads with
     pub mask_token: String,
@@ -70,6 +74,9 @@ fn pylate(path: &Path, meta: &Value, layout: Option<bool>) -> Option<Pylate> {
         query_length: length("query_length", 32),
         document_length: length("document_length", 180),
         query_expansion: meta["do_query_expansion"].as_bool().unwrap_or(true),
+        attend_to_expansion: meta["attend_to_expansion_tokens"]
+            .as_bool()
+            .unwrap_or(false),
         skiplist: meta["skiplist_words"]
             .as_array()
             .into_iter()
@@ -504,6 +511,7 @@ mod tests {
                 query_length: 40,
                 document_length: 180, // PyLate's defaults where the config is silent
                 query_expansion: true,
+                attend_to_expansion: false,
                 skiplist: vec![".".into(), ",".into()],
                 mask_token: "[MASK]".into(),
             }

@@ -149,6 +149,8 @@ pub struct PylateIds {
     document_length: usize,
     /// the mask token queries are padded with; None without query expansion
     expansion: Option<u32>,
+    /// whether the other tokens attend to the expansion tokens
+    attend_to_expansion: bool,
     skiplist: std::collections::HashSet<u32>,
 }
 
@@ -169,6 +171,7 @@ impl PylateIds {
                 true => Some(id(&rules.mask_token)?),
                 false => None,
             },
+            attend_to_expansion: rules.attend_to_expansion,
             skiplist: rules
                 .skiplist
                 .iter()
@@ -180,7 +183,9 @@ impl PylateIds {
     /// A text's ids (its special tokens included) as PyLate encodes it: cut to one less than
     /// the query or document length keeping its last (closing) token, the marker inserted
     /// after its first token, and a query padded with the mask token to the query length.
-    pub fn encode(&self, ids: &mut Vec<u32>, query: bool) {
+    /// Returns how many of its leading tokens are attention keys: all of them but expansion
+    /// tokens not attended to (each still gets its vector).
+    pub fn encode(&self, ids: &mut Vec<u32>, query: bool) -> usize {
         let (prefix, length) = match query {
             true => (self.query_prefix, self.query_length),
             false => (self.document_prefix, self.document_length),
@@ -191,8 +196,13 @@ impl PylateIds {
             ids.push(last);
         }
         ids.insert(1.min(ids.len()), prefix);
+        let keys = ids.len();
         if let (true, Some(mask)) = (query, self.expansion) {
             ids.resize(length, mask);
+        }
+        match self.attend_to_expansion {
+            true => ids.len(),
+            false => keys,
         }
     }
 
@@ -631,24 +641,33 @@ mod tests {
             query_length: 6,
             document_length: 5,
             expansion: Some(4),
+            attend_to_expansion: false,
             skiplist: [13].into(),
         };
         let mut query = vec![2, 10, 3];
-        rules.encode(&mut query, true);
-        assert_eq!(query, [2, 7, 10, 3, 4, 4]); // padded with the mask token to 6
+        // padded with the mask token to 6; the 2 expansion tokens are no keys
+        assert_eq!(rules.encode(&mut query, true), 4);
+        assert_eq!(query, [2, 7, 10, 3, 4, 4]);
         let mut long = vec![2, 10, 11, 12, 13, 14, 15, 3];
-        rules.encode(&mut long, true);
+        assert_eq!(rules.encode(&mut long, true), 6); // nothing to expand: all keys
         assert_eq!(long, [2, 7, 10, 11, 12, 3]); // cut to 5 keeping [SEP], then marked
         let mut document = long.clone();
-        rules.encode(&mut document, false);
+        assert_eq!(rules.encode(&mut document, false), 5);
         assert_eq!(document, [2, 8, 7, 10, 3]); // no expansion for documents
         assert!(!rules.keeps(13) && rules.keeps(14));
-        let plain = PylateIds {
-            expansion: None,
+        let attended = PylateIds {
+            attend_to_expansion: true,
             ..rules
         };
+        let mut query = vec![2, 10, 3];
+        assert_eq!(attended.encode(&mut query, true), 6); // every token a key
+        assert_eq!(query, [2, 7, 10, 3, 4, 4]);
+        let plain = PylateIds {
+            expansion: None,
+            ..attended
+        };
         let mut short = vec![2, 10, 3];
-        plain.encode(&mut short, true);
+        assert_eq!(plain.encode(&mut short, true), 4);
         assert_eq!(short, [2, 7, 10, 3]);
     }
 

@@ -69,7 +69,21 @@ pub fn pack(seqs: &[Vec<u32>]) -> TokenBatch {
         token_ids: ids,
         lengths,
         token_type_ids: Vec::new(),
+        key_lengths: Vec::new(),
     }
+}
+
+/// The packed batch with each sequence's count of leading tokens that are attention keys
+/// (`keys`; empty: every token is one), sent only when one of them falls short of its sequence.
+pub fn pack_keyed(seqs: &[Vec<u32>], keys: &[usize]) -> TokenBatch {
+    let mut batch = pack(seqs);
+    if seqs.iter().zip(keys).any(|(s, &k)| k < s.len()) {
+        batch.key_lengths = keys
+            .iter()
+            .flat_map(|&k| (k as i32).to_le_bytes())
+            .collect();
+    }
+    batch
 }
 
 /// One sparse vector: its ascending vocabulary ids and their weights.
@@ -266,5 +280,15 @@ mod tests {
         assert_eq!(b.lengths, [2, 0, 0, 0, 1, 0, 0, 0]);
         assert_eq!(b.token_ids.len(), 12);
         assert_eq!(&b.token_ids[8..], [3, 0, 0, 0]);
+        assert!(b.key_lengths.is_empty());
+    }
+
+    #[test]
+    fn key_lengths_go_only_where_one_falls_short() {
+        let seqs = [vec![1, 2, 3], vec![4]];
+        assert!(pack_keyed(&seqs, &[3, 1]).key_lengths.is_empty());
+        assert!(pack_keyed(&seqs, &[]).key_lengths.is_empty());
+        let b = pack_keyed(&seqs, &[2, 1]);
+        assert_eq!(b.key_lengths, [2, 0, 0, 0, 1, 0, 0, 0]);
     }
 }

@@ -352,6 +352,8 @@ impl Coalescer {
                     .flat_map(|p| p.batch.lengths.iter().copied())
                     .collect(),
                 token_type_ids: Vec::new(),
+                // Embed calls: no PyLate query (a multi-vector model's) is ever among them
+                key_lengths: Vec::new(),
             }
         };
         let counts: Vec<usize> = parts.iter().map(|p| p.count).collect();

@@ -13,7 +13,7 @@ from embedfleet.common.modeldir import ModelDirError, load_model_dir
 from embedfleet.common.similarity import min_cosine
 from embedfleet.testing import families
 from embedfleet.testing.families import FamilyDirs
-from embedfleet.worker.contract import WorkItem, hybrid_parts
+from embedfleet.worker.contract import HYBRID_OUTPUTS, Options, WorkItem, hybrid_parts
 from embedfleet.worker.engine.config import EngineConfig
 from embedfleet.worker.engine.forward import default_outputs
 from embedfleet.worker.engine.models.hybrid import Hybrid
@@ -22,6 +22,8 @@ from embedfleet.worker.engine.torch_engine import TorchEngine
 from .helpers import RUNTIMES, cached_engine, item
 from .test_engine_graph_path import assert_graph_path_matches
 from .test_engine_lexical import as_dicts, assert_same
+
+EVERY = Options(outputs=frozenset(HYBRID_OUTPUTS))
 
 
 def engine(path: Path, task: str, runtime: str = "eager") -> TorchEngine:
@@ -54,14 +56,12 @@ def test_one_forward_gives_each_heads_output(family_dirs: FamilyDirs, runtime: s
     seqs = [tok.encode(t).ids for t in texts]
     hybrid = engine(path, "hybrid", runtime)
     info = hybrid.info
-    items = [item(seqs[:3]), item(seqs[3:])]
+    items = [item(seqs[:3], EVERY), item(seqs[3:], EVERY)]
     got = [
-        hybrid_parts(flat, it.tokens.count, info)
+        hybrid_parts(flat, it.tokens.count, info, EVERY.outputs)
         for flat, it in zip(hybrid.run(items), items, strict=True)
     ]
-    dense = np.concatenate([g[0] for g in got])
-    lexical = np.concatenate([g[1] for g in got])
-    vectors = np.concatenate([g[2] for g in got])
+    dense, lexical, vectors = (np.concatenate([g[name] for g in got]) for name in HYBRID_OUTPUTS)
     # Each single head's engine, run on the same items.
     want_dense = np.concatenate(engine(path, "embed", runtime).run(items))
     np.testing.assert_allclose(dense, want_dense, atol=1e-5)
@@ -91,8 +91,50 @@ def test_the_encoder_runs_once_a_batch(
     monkeypatch.setattr(encoder, "forward", counted)
     tok = load_model_dir(path).tokenizer()
     seqs = [tok.encode(t).ids for t in families.TEXTS[:3]]
-    hybrid.run([item(seqs[:1]), item(seqs[1:])])
+    hybrid.run([item(seqs[:1], EVERY), item(seqs[1:])])
     assert len(calls) == 1
+
+
+def test_only_the_outputs_asked_for_are_computed_and_returned(
+    family_dirs: FamilyDirs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dense-only item (an Embed call) runs neither the lexical nor the per-token head and
+    gets an embedder's rows, its options honoured; a multi-vector one skips the lexical head."""
+    path = family_dirs.get("bge-m3")
+    hybrid = engine(path, "hybrid")
+    assert isinstance(hybrid.model, Hybrid)
+    calls: list[str] = []
+    for name in ("lexical", "colbert"):
+        head = getattr(hybrid.model, name)
+        monkeypatch.setattr(head, "head", counted(head.head, name, calls))
+    tok = load_model_dir(path).tokenizer()
+    seqs = [tok.encode(t).ids for t in families.TEXTS[:3]]
+    options = Options(pooling="mean", dimensions=32)
+    [rows] = hybrid.run([item(seqs, options)])
+    assert calls == []
+    [want] = engine(path, "embed").run([item(seqs, options)])
+    assert want.shape == (3, 32)
+    np.testing.assert_allclose(rows.reshape(3, -1), want, atol=1e-5)
+    only = frozenset({"multi_vector"})
+    [flat] = hybrid.run([item(seqs, Options(outputs=only))])
+    assert calls == ["colbert"]
+    parts = hybrid_parts(flat, 3, hybrid.info, only)
+    assert list(parts) == ["multi_vector"]
+    assert parts["multi_vector"].shape == (sum(len(s) - 1 for s in seqs), 64)
+    # Items of one batch keep their own options and outputs.
+    cut, every = hybrid.run([item(seqs, options), item(seqs, EVERY)])
+    np.testing.assert_allclose(cut.reshape(3, -1), want, atol=1e-5)
+    dense = hybrid_parts(every, 3, hybrid.info, EVERY.outputs)["dense"]
+    [embedded] = engine(path, "embed").run([item(seqs)])
+    np.testing.assert_allclose(dense, embedded, atol=1e-5)
+
+
+def counted(call: object, name: str, calls: list[str]) -> object:
+    def run(*args: object) -> object:
+        calls.append(name)
+        return call(*args)  # type: ignore[operator]
+
+    return run
 
 
 def test_the_dtype_probe_compares_every_tokens_vector(family_dirs: FamilyDirs) -> None:
@@ -110,8 +152,8 @@ def test_the_dtype_probe_compares_every_tokens_vector(family_dirs: FamilyDirs) -
 
 
 def test_graph_path_cuts_each_items_outputs(family_dirs: FamilyDirs) -> None:
-    """Bucket padding (graph path, its recording mocked on the CPU) grows every part of the
-    flat head: each item still reads its own rows of each."""
+    """Bucket padding (graph path, its recording mocked on the CPU): each item still reads its
+    own rows of each output it asks for (the first all three, the second the dense ones)."""
     assert_graph_path_matches(
-        engine(family_dirs.get("bge-m3"), "hybrid"), texts=5, split=2, task="hybrid"
+        engine(family_dirs.get("bge-m3"), "hybrid"), texts=5, split=2, first=EVERY, task="hybrid"
     )

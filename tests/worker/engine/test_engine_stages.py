@@ -40,10 +40,15 @@ class _TimedEncoder:
     def __init__(self, engine: TorchEngine, clock: _Clock) -> None:
         self._engine, self._clock = engine, clock
 
-    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
+    def hidden(
+        self,
+        batch: DeviceBatch,
+        lengths: npt.NDArray[np.int64],
+        keys: npt.NDArray[np.int64] | None = None,
+    ) -> torch.Tensor:
         self._clock.ns += 1_000_000_000
         e = self._engine
-        return encode(e.model, e.backend, batch, int(lengths.max()), lengths)
+        return encode(e.model, e.backend, batch, int(lengths.max()), lengths, keys=keys)
 
 
 def test_a_cpu_batch_reports_pack_forward_and_pool() -> None:

@@ -1,6 +1,6 @@
 """The HybridEmbed RPC on a REAL worker process serving a random-weight bge-m3 with --task hybrid:
-the outputs its flags ask for (none: all three), each as the single RPC's reply encodes it; the
-single RPCs refused."""
+the outputs its flags ask for (none: all three), each as the single RPC's reply encodes it; Embed
+answered with the dense vector, the other single RPCs refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.codec import pack_tokens, unpack_floats, unpack_sparse
 from embedfleet.common.modeldir import load_model_dir
 from embedfleet.common.proto import embedfleet_pb2 as pb
@@ -63,12 +64,33 @@ def test_no_flag_asks_for_all_three(
     assert only.multi_vector == vectors
 
 
-def test_single_rpcs_and_a_bad_threshold_are_refused(
+def test_embed_gets_the_dense_vector_with_its_options(
+    hybrid_worker: pb_grpc.WorkerStub, family_dirs: FamilyDirs
+) -> None:
+    batch = pack_tokens(seqs(family_dirs))
+    hybrid = hybrid_worker.HybridEmbed(pb.HybridEmbedRequest(batch=batch, dense=True))
+    full = hybrid_worker.Embed(pb.EmbedRequest(batch=batch))
+    assert full == hybrid.dense
+    cut = hybrid_worker.Embed(pb.EmbedRequest(batch=batch, dimensions=16, normalize=False))
+    assert (cut.count, cut.dimensions) == (3, 16)
+    rows = unpack_floats(full.embeddings, full.count, full.dimensions)
+    raw = unpack_floats(cut.embeddings, cut.count, cut.dimensions)
+    # Truncated before normalizing, and left unnormalized as asked.
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    np.testing.assert_allclose(_unit(raw), _unit(rows[:, :16]), atol=1e-5)
+
+
+def _unit(rows: FloatArray) -> FloatArray:
+    unit: FloatArray = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return unit
+
+
+def test_other_single_rpcs_and_a_bad_threshold_are_refused(
     hybrid_worker: pb_grpc.WorkerStub, family_dirs: FamilyDirs
 ) -> None:
     batch = pack_tokens(seqs(family_dirs))
     with pytest.raises(grpc.RpcError) as failed:
-        hybrid_worker.Embed(pb.EmbedRequest(batch=batch))
+        hybrid_worker.SparseEmbed(pb.SparseEmbedRequest(batch=batch))
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "serves a hybrid model" in failed.value.details()
     with pytest.raises(grpc.RpcError) as failed:

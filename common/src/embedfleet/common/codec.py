@@ -32,11 +32,13 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Tokens:
-    """A decoded batch: flat ids, per-sequence lengths, optional segment ids aligned with ids."""
+    """A decoded batch: flat ids, per-sequence lengths, optional segment ids aligned with ids,
+    optional key lengths (each sequence's leading tokens others attend to; None: all)."""
 
     ids: npt.NDArray[np.int32]
     lengths: npt.NDArray[np.int32]
     type_ids: npt.NDArray[np.uint8] | None = None
+    key_lengths: npt.NDArray[np.int32] | None = None
 
     @property
     def count(self) -> int:
@@ -54,6 +56,7 @@ class Tokens:
 def pack_tokens(
     sequences: Sequence[Sequence[int]] | Sequence[npt.NDArray[np.integer]],
     type_ids: Sequence[Sequence[int]] | None = None,
+    key_lengths: Sequence[int] | None = None,
 ) -> pb.TokenBatch:
     lengths = np.fromiter((len(s) for s in sequences), dtype=_I32, count=len(sequences))
     flat = (
@@ -67,6 +70,8 @@ def pack_tokens(
         if types_flat.shape != flat.shape:
             raise CodecError("token_type_ids must align with token_ids")
         batch.token_type_ids = types_flat.tobytes()
+    if key_lengths is not None:
+        batch.key_lengths = np.asarray(key_lengths, _I32).tobytes()
     return batch
 
 
@@ -86,7 +91,21 @@ def unpack_tokens(batch: pb.TokenBatch) -> Tokens:
         type_ids = np.frombuffer(batch.token_type_ids, dtype=_U8)
         if type_ids.size != ids.size:
             raise CodecError("token_type_ids must have one entry per token id")
-    return Tokens(ids=ids, lengths=lengths, type_ids=type_ids)
+    keys = _key_lengths(batch.key_lengths, lengths) if batch.key_lengths else None
+    return Tokens(ids=ids, lengths=lengths, type_ids=type_ids, key_lengths=keys)
+
+
+def _key_lengths(data: bytes, lengths: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """The key lengths of a batch, each from 1 to its sequence's length (0 when empty): a query
+    with no key to attend to would have no defined output."""
+    if len(data) % 4:
+        raise CodecError("key_lengths must be a whole little-endian int32 array")
+    keys = np.frombuffer(data, dtype=_I32)
+    if keys.size != lengths.size:
+        raise CodecError("key_lengths must have one entry per sequence")
+    if ((keys > lengths) | (keys < np.minimum(lengths, 1))).any():
+        raise CodecError("each key length must be from 1 to its sequence's length")
+    return keys
 
 
 def pack_floats(array: npt.NDArray[np.floating], fmt: int = pb.FLOAT_FORMAT_FLOAT32) -> bytes:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -344,9 +345,13 @@ def bge_m3_lexical(path: Path, seqs: Ids) -> list[dict[int, float]]:
     return out
 
 
-def pylate_colbert_vectors(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32]]:
+def pylate_colbert_vectors(
+    path: Path, seqs: Ids, keys: Sequence[int] | None = None
+) -> list[npt.NDArray[np.float32]]:
     """A PyLate ColBERT's token vectors as its modules compute them: the last hidden state of
-    every token through the Dense module's linear map, L2-normalized (its skip-list left out)."""
+    every token through the Dense module's linear map, L2-normalized (its skip-list left out).
+    `keys`: each sequence's tokens the others attend to, its first ones (PyLate's attention mask
+    zeroed on query expansion tokens when `attend_to_expansion_tokens` is false); None: all."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModel
@@ -355,6 +360,8 @@ def pylate_colbert_vectors(path: Path, seqs: Ids) -> list[npt.NDArray[np.float32
     model.eval()
     weight = load_file(str(path / "1_Dense" / "model.safetensors"))["linear.weight"]
     ids, mask = _padded(seqs, 0)
+    for i, k in enumerate(keys or ()):
+        mask[i, k:] = 0
     with torch.inference_mode():
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
         vectors = torch.nn.functional.normalize(hidden @ weight.T, dim=-1)
@@ -773,8 +780,8 @@ PYLATE_RULES = {
 def pylate_colbert_marked(path: Path, seed: int = 0) -> Path:
     """`pylate_colbert` with PyLate's encoding rules in config_sentence_transformers.json: its
     marker tokens in the vocabulary, short query/document lengths so texts get cut, query
-    expansion (the expansion tokens attended to: the gateway's packed forward attends to
-    every token) and a punctuation skip-list."""
+    expansion (the expansion tokens attended to; `pylate_unattended` makes a copy where they are
+    not, PyLate's default) and a punctuation skip-list."""
     from transformers import BertConfig, BertModel
 
     tok = wordpiece_tokenizer()
@@ -814,6 +821,26 @@ def pylate_encoded(path: Path, texts: Sequence[str], query: bool) -> list[list[i
             ids += [mask] * (length - len(ids))
         out.append(ids)
     return out
+
+
+def pylate_unattended(marked: Path, path: Path) -> Path:
+    """A copy of the `pylate_colbert_marked` directory at `path` whose expansion tokens no
+    token attends to (`attend_to_expansion_tokens` false); the same weights."""
+    shutil.copytree(marked, path)
+    meta = json_of(path / "config_sentence_transformers.json")
+    meta["attend_to_expansion_tokens"] = False
+    (path / "config_sentence_transformers.json").write_text(json.dumps(meta))
+    return path
+
+
+def pylate_keys(path: Path, seqs: Ids) -> list[int]:
+    """Each encoded query's tokens attended to, as PyLate's attention mask has them: all of them,
+    or without `attend_to_expansion_tokens` those before the mask tokens padding it."""
+    rules = json_of(path / "config_sentence_transformers.json")
+    if rules["attend_to_expansion_tokens"]:
+        return [len(s) for s in seqs]
+    mask = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id("[MASK]")
+    return [len(s) - next((i for i, t in enumerate(reversed(s)) if t != mask), 0) for s in seqs]
 
 
 def pylate_kept(path: Path, ids: Sequence[int]) -> list[bool]:

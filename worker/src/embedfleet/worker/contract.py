@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -33,6 +33,13 @@ class InvalidInputError(ValueError):
     """
 
 
+#: a hybrid model's outputs, as HybridEmbed's flags name them
+HybridOutput = Literal["dense", "sparse", "multi_vector"]
+HYBRID_OUTPUTS: tuple[HybridOutput, ...] = ("dense", "sparse", "multi_vector")
+#: what an Embed call asks a hybrid model for
+DENSE: frozenset[HybridOutput] = frozenset({"dense"})
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Per-request output options; `None` means the model's default."""
@@ -44,6 +51,9 @@ class Options:
     #: score and classify: apply the head's activation (sigmoid for one logit, else
     #: `EngineInfo.activation`) to the raw logits
     activate: bool = False
+    #: hybrid: the outputs computed and returned (`hybrid_parts`); an Embed call's is DENSE,
+    #: its rows as an embedder's, with the options above
+    outputs: frozenset[HybridOutput] = DENSE
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,18 +124,26 @@ def output_dimensions(model: ModelDir) -> int:
 
 
 def hybrid_parts(
-    flat: FloatArray, count: int, model: EngineInfo
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """A hybrid model's result for one item of `count` sequences (one flat row, the engine's
-    `outputs.hybrid_rows`) back as (dense [n, D], lexical [n, vocab], vectors
-    [k, D'])."""
-    lexical_at = count * model.dimensions
-    vectors_at = lexical_at + count * model.vocab_size
-    return (
-        flat[:lexical_at].reshape(count, model.dimensions),
-        flat[lexical_at:vectors_at].reshape(count, model.vocab_size),
-        flat[vectors_at:].reshape(-1, model.token_dimensions),
-    )
+    flat: FloatArray, count: int, model: EngineInfo, outputs: frozenset[HybridOutput]
+) -> dict[HybridOutput, FloatArray]:
+    """A hybrid model's result for one item of `count` sequences that asked for `outputs` (one
+    flat row, the engine's `outputs.hybrid_rows`) back as each output asked for: dense
+    [n, D] (the model's full width: HybridEmbed asks no truncation), lexical [n, vocab], per-token
+    vectors [k, D'], laid out in that order."""
+    widths: dict[HybridOutput, int] = {
+        "dense": count * model.dimensions,
+        "sparse": count * model.vocab_size,
+        "multi_vector": flat.size,  # the rest
+    }
+    columns = {"dense": model.dimensions, "sparse": model.vocab_size}
+    parts: dict[HybridOutput, FloatArray] = {}
+    at = 0
+    for name in HYBRID_OUTPUTS:
+        if name in outputs:
+            part = flat[at : at + widths[name]]
+            parts[name] = part.reshape(-1, columns.get(name, model.token_dimensions))
+            at += part.size
+    return parts
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,15 @@ from embedfleet.common.modeldir import ModelDir, Pooling
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.common.tracing import OFF, Tracer
-from embedfleet.worker.contract import Engine, InvalidInputError, Options, WorkItem, hybrid_parts
+from embedfleet.worker.contract import (
+    HYBRID_OUTPUTS,
+    Engine,
+    HybridOutput,
+    InvalidInputError,
+    Options,
+    WorkItem,
+    hybrid_parts,
+)
 from embedfleet.worker.inflight import ByteBudget, Ticket
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import (
@@ -398,27 +406,32 @@ class WorkerService(pb_grpc.WorkerServicer):
         request: pb.HybridEmbedRequest,
         context: grpc.aio.ServicerContext[pb.HybridEmbedRequest, pb.HybridEmbedResponse],
     ) -> pb.HybridEmbedResponse:
+        asked: frozenset[HybridOutput] = frozenset(
+            name for name in HYBRID_OUTPUTS if getattr(request, name)
+        )
+        wanted = asked or frozenset(HYBRID_OUTPUTS)  # none set asks for all three
+        skip = self._skip_tokens()
+
         def options() -> Options:
             _check_format(request.format)
             _check_threshold(request.threshold)
-            return Options()
-
-        every = not (request.dense or request.sparse or request.multi_vector)
-        skip = self._skip_tokens()
+            return Options(outputs=wanted)
 
         def reply(entry: Entry) -> pb.HybridEmbedResponse:
             engine = self.state.engine
             assert engine is not None  # a request ran on it
             flat = entry.future.result()
-            dense, lexical, vectors = hybrid_parts(flat, entry.item.tokens.count, engine.info)
+            parts = hybrid_parts(flat, entry.item.tokens.count, engine.info, wanted)
             out = pb.HybridEmbedResponse(prompt_tokens=entry.tokens)
-            if every or request.dense:
-                out.dense.CopyFrom(_dense_response(dense, request.format, entry.tokens))
-            if every or request.sparse:
-                out.sparse.CopyFrom(_sparse_response(lexical, request, entry.tokens))
-            if every or request.multi_vector:
-                vectors_reply = _multi_vector_response(vectors, entry, skip, request.format)
-                out.multi_vector.CopyFrom(vectors_reply)
+            if "dense" in parts:
+                out.dense.CopyFrom(_dense_response(parts["dense"], request.format, entry.tokens))
+            if "sparse" in parts:
+                out.sparse.CopyFrom(_sparse_response(parts["sparse"], request, entry.tokens))
+            if "multi_vector" in parts:
+                vectors = parts["multi_vector"]
+                out.multi_vector.CopyFrom(
+                    _multi_vector_response(vectors, entry, skip, request.format)
+                )
             return out
 
         return await self._serve("HybridEmbed", request.batch, options, reply, context)
@@ -520,7 +533,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         return layout.skip if layout is not None else 0
 
     def _check_task(self, task: str) -> None:
-        if self.state.model.task != task:
+        own = self.state.model.task
+        # A hybrid model's dense vector is an embedder's: it answers Embed with that alone.
+        if own != task and (own, task) != ("hybrid", "embed"):
             raise StatusError(
                 Code.FAILED_PRECONDITION,
                 f"this worker serves a {self.state.model.task} model; it cannot {task}",
@@ -599,7 +614,9 @@ def _embed_options(request: pb.EmbedRequest) -> Options:
 
 
 def _embed_response(request: pb.EmbedRequest, entry: Entry) -> pb.EmbedResponse:
-    return _dense_response(entry.future.result(), request.format, entry.tokens)
+    # [count, dimensions]; a hybrid model's come as its flat row of that one output.
+    rows = entry.future.result().reshape(entry.item.tokens.count, -1)
+    return _dense_response(rows, request.format, entry.tokens)
 
 
 def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.EmbedResponse:

@@ -24,51 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(embedfleet/common/proto/embedfleet.proto\x12\rembedfleet.v1\"H\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\"\xc7\x01\n\x0c\x45mbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\'\n\x07pooling\x18\x02 \x01(\x0e\x32\x16.embedfleet.v1.Pooling\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormatB\x0c\n\n_normalize\"\x89\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\"J\n\x0cScoreRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\x10\n\x08\x61\x63tivate\x18\x02 \x01(\x08\"E\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xa3\x03\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x18\n\x10max_batch_tokens\x18\x06 \x01(\r\x12\"\n\x1a\x63\x61pacity_tokens_per_second\x18\x07 \x01(\x01\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12/\n\x0f\x64\x65\x66\x61ult_pooling\x18\n \x01(\x0e\x32\x16.embedfleet.v1.Pooling\x12\x19\n\x11\x64\x65\x66\x61ult_normalize\x18\x0b \x01(\x08\x12\x17\n\x0fqueued_requests\x18\x0c \x01(\r\x12\x15\n\rqueued_tokens\x18\r \x01(\x04\x12\r\n\x05ready\x18\x0e \x01(\x08\x12\x10\n\x08\x64raining\x18\x0f \x01(\x08\x12\x10\n\x08instance\x18\x10 \x01(\t\x12#\n\x1bsaturated_tokens_per_second\x18\x11 \x01(\x01\"M\n\x0f\x43lassifyRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\x10\n\x08\x61\x63tivate\x18\x02 \x01(\x08\"X\n\x10\x43lassifyResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x0e\n\x06labels\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\"`\n\x12SparseEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\x81\x01\n\x13SparseEmbedResponse\x12\x0f\n\x07offsets\x18\x01 \x01(\x0c\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\"o\n\x17MultiVectorEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\"\xa2\x01\n\x18MultiVectorEmbedResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\"\xc1\x01\n\x12HybridEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\r\n\x05\x64\x65nse\x18\x02 \x01(\x08\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\x12\x14\n\x0cmulti_vector\x18\x04 \x01(\x08\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x11\n\tthreshold\x18\x07 \x01(\x02\"\xcc\x01\n\x13HybridEmbedResponse\x12+\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x1c.embedfleet.v1.EmbedResponse\x12\x32\n\x06sparse\x18\x02 \x01(\x0b\x32\".embedfleet.v1.SparseEmbedResponse\x12=\n\x0cmulti_vector\x18\x03 \x01(\x0b\x32\'.embedfleet.v1.MultiVectorEmbedResponse\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\"^\n\tEmbedCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.embedfleet.v1.EmbedRequest\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"g\n\nEmbedReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12.\n\x08response\x18\x04 \x01(\x0b\x32\x1c.embedfleet.v1.EmbedResponse*\xa0\x01\n\x07Pooling\x12\x13\n\x0fPOOLING_DEFAULT\x10\x00\x12\x10\n\x0cPOOLING_MEAN\x10\x01\x12\x0f\n\x0bPOOLING_CLS\x10\x02\x12\x16\n\x12POOLING_LAST_TOKEN\x10\x03\x12\x0f\n\x0bPOOLING_MAX\x10\x04\x12\x19\n\x15POOLING_WEIGHTED_MEAN\x10\x05\x12\x19\n\x15POOLING_MEAN_SQRT_LEN\x10\x06*A\n\x0b\x46loatFormat\x12\x18\n\x14\x46LOAT_FORMAT_FLOAT32\x10\x00\x12\x18\n\x14\x46LOAT_FORMAT_FLOAT16\x10\x01\x32\xf7\x04\n\x06Worker\x12\x42\n\x05\x45mbed\x12\x1b.embedfleet.v1.EmbedRequest\x1a\x1c.embedfleet.v1.EmbedResponse\x12\x42\n\x05Score\x12\x1b.embedfleet.v1.ScoreRequest\x1a\x1c.embedfleet.v1.ScoreResponse\x12?\n\x04Info\x12\x1a.embedfleet.v1.InfoRequest\x1a\x1b.embedfleet.v1.InfoResponse\x12K\n\x08\x43lassify\x12\x1e.embedfleet.v1.ClassifyRequest\x1a\x1f.embedfleet.v1.ClassifyResponse\x12T\n\x0bSparseEmbed\x12!.embedfleet.v1.SparseEmbedRequest\x1a\".embedfleet.v1.SparseEmbedResponse\x12\x63\n\x10MultiVectorEmbed\x12&.embedfleet.v1.MultiVectorEmbedRequest\x1a\'.embedfleet.v1.MultiVectorEmbedResponse\x12T\n\x0bHybridEmbed\x12!.embedfleet.v1.HybridEmbedRequest\x1a\".embedfleet.v1.HybridEmbedResponse\x12\x46\n\x0b\x45mbedStream\x12\x18.embedfleet.v1.EmbedCall\x1a\x19.embedfleet.v1.EmbedReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(embedfleet/common/proto/embedfleet.proto\x12\rembedfleet.v1\"]\n\nTokenBatch\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0f\n\x07lengths\x18\x02 \x01(\x0c\x12\x16\n\x0etoken_type_ids\x18\x03 \x01(\x0c\x12\x13\n\x0bkey_lengths\x18\x04 \x01(\x0c\"\xc7\x01\n\x0c\x45mbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\'\n\x07pooling\x18\x02 \x01(\x0e\x32\x16.embedfleet.v1.Pooling\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormatB\x0c\n\n_normalize\"\x89\x01\n\rEmbedResponse\x12\x12\n\nembeddings\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x04\"J\n\x0cScoreRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\x10\n\x08\x61\x63tivate\x18\x02 \x01(\x08\"E\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xa3\x03\n\x0cInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x12\n\ndimensions\x18\x03 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x18\n\x10max_batch_tokens\x18\x06 \x01(\r\x12\"\n\x1a\x63\x61pacity_tokens_per_second\x18\x07 \x01(\x01\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12/\n\x0f\x64\x65\x66\x61ult_pooling\x18\n \x01(\x0e\x32\x16.embedfleet.v1.Pooling\x12\x19\n\x11\x64\x65\x66\x61ult_normalize\x18\x0b \x01(\x08\x12\x17\n\x0fqueued_requests\x18\x0c \x01(\r\x12\x15\n\rqueued_tokens\x18\r \x01(\x04\x12\r\n\x05ready\x18\x0e \x01(\x08\x12\x10\n\x08\x64raining\x18\x0f \x01(\x08\x12\x10\n\x08instance\x18\x10 \x01(\t\x12#\n\x1bsaturated_tokens_per_second\x18\x11 \x01(\x01\"M\n\x0f\x43lassifyRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\x10\n\x08\x61\x63tivate\x18\x02 \x01(\x08\"X\n\x10\x43lassifyResponse\x12\x0e\n\x06scores\x18\x01 \x01(\x0c\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x0e\n\x06labels\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\"`\n\x12SparseEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\x11\n\tthreshold\x18\x03 \x01(\x02\"\x81\x01\n\x13SparseEmbedResponse\x12\x0f\n\x07offsets\x18\x01 \x01(\x0c\x12\x0f\n\x07indices\x18\x02 \x01(\x0c\x12\x0e\n\x06values\x18\x03 \x01(\x0c\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\"o\n\x17MultiVectorEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\"\xa2\x01\n\x18MultiVectorEmbedResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x0c\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\ndimensions\x18\x04 \x01(\r\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\"\xc1\x01\n\x12HybridEmbedRequest\x12(\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.embedfleet.v1.TokenBatch\x12\r\n\x05\x64\x65nse\x18\x02 \x01(\x08\x12\x0e\n\x06sparse\x18\x03 \x01(\x08\x12\x14\n\x0cmulti_vector\x18\x04 \x01(\x08\x12*\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1a.embedfleet.v1.FloatFormat\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x11\n\tthreshold\x18\x07 \x01(\x02\"\xcc\x01\n\x13HybridEmbedResponse\x12+\n\x05\x64\x65nse\x18\x01 \x01(\x0b\x32\x1c.embedfleet.v1.EmbedResponse\x12\x32\n\x06sparse\x18\x02 \x01(\x0b\x32\".embedfleet.v1.SparseEmbedResponse\x12=\n\x0cmulti_vector\x18\x03 \x01(\x0b\x32\'.embedfleet.v1.MultiVectorEmbedResponse\x12\x15\n\rprompt_tokens\x18\x04 \x01(\x04\"^\n\tEmbedCall\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x07request\x18\x02 \x01(\x0b\x32\x1b.embedfleet.v1.EmbedRequest\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\"g\n\nEmbedReply\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12.\n\x08response\x18\x04 \x01(\x0b\x32\x1c.embedfleet.v1.EmbedResponse*\xa0\x01\n\x07Pooling\x12\x13\n\x0fPOOLING_DEFAULT\x10\x00\x12\x10\n\x0cPOOLING_MEAN\x10\x01\x12\x0f\n\x0bPOOLING_CLS\x10\x02\x12\x16\n\x12POOLING_LAST_TOKEN\x10\x03\x12\x0f\n\x0bPOOLING_MAX\x10\x04\x12\x19\n\x15POOLING_WEIGHTED_MEAN\x10\x05\x12\x19\n\x15POOLING_MEAN_SQRT_LEN\x10\x06*A\n\x0b\x46loatFormat\x12\x18\n\x14\x46LOAT_FORMAT_FLOAT32\x10\x00\x12\x18\n\x14\x46LOAT_FORMAT_FLOAT16\x10\x01\x32\xf7\x04\n\x06Worker\x12\x42\n\x05\x45mbed\x12\x1b.embedfleet.v1.EmbedRequest\x1a\x1c.embedfleet.v1.EmbedResponse\x12\x42\n\x05Score\x12\x1b.embedfleet.v1.ScoreRequest\x1a\x1c.embedfleet.v1.ScoreResponse\x12?\n\x04Info\x12\x1a.embedfleet.v1.InfoRequest\x1a\x1b.embedfleet.v1.InfoResponse\x12K\n\x08\x43lassify\x12\x1e.embedfleet.v1.ClassifyRequest\x1a\x1f.embedfleet.v1.ClassifyResponse\x12T\n\x0bSparseEmbed\x12!.embedfleet.v1.SparseEmbedRequest\x1a\".embedfleet.v1.SparseEmbedResponse\x12\x63\n\x10MultiVectorEmbed\x12&.embedfleet.v1.MultiVectorEmbedRequest\x1a\'.embedfleet.v1.MultiVectorEmbedResponse\x12T\n\x0bHybridEmbed\x12!.embedfleet.v1.HybridEmbedRequest\x1a\".embedfleet.v1.HybridEmbedResponse\x12\x46\n\x0b\x45mbedStream\x12\x18.embedfleet.v1.EmbedCall\x1a\x19.embedfleet.v1.EmbedReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'embedfleet.common.proto.embedfleet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_POOLING']._serialized_start=2341
-  _globals['_POOLING']._serialized_end=2501
-  _globals['_FLOATFORMAT']._serialized_start=2503
-  _globals['_FLOATFORMAT']._serialized_end=2568
+  _globals['_POOLING']._serialized_start=2362
+  _globals['_POOLING']._serialized_end=2522
+  _globals['_FLOATFORMAT']._serialized_start=2524
+  _globals['_FLOATFORMAT']._serialized_end=2589
   _globals['_TOKENBATCH']._serialized_start=59
-  _globals['_TOKENBATCH']._serialized_end=131
-  _globals['_EMBEDREQUEST']._serialized_start=134
-  _globals['_EMBEDREQUEST']._serialized_end=333
-  _globals['_EMBEDRESPONSE']._serialized_start=336
-  _globals['_EMBEDRESPONSE']._serialized_end=473
-  _globals['_SCOREREQUEST']._serialized_start=475
-  _globals['_SCOREREQUEST']._serialized_end=549
-  _globals['_SCORERESPONSE']._serialized_start=551
-  _globals['_SCORERESPONSE']._serialized_end=620
-  _globals['_INFOREQUEST']._serialized_start=622
-  _globals['_INFOREQUEST']._serialized_end=635
-  _globals['_INFORESPONSE']._serialized_start=638
-  _globals['_INFORESPONSE']._serialized_end=1057
-  _globals['_CLASSIFYREQUEST']._serialized_start=1059
-  _globals['_CLASSIFYREQUEST']._serialized_end=1136
-  _globals['_CLASSIFYRESPONSE']._serialized_start=1138
-  _globals['_CLASSIFYRESPONSE']._serialized_end=1226
-  _globals['_SPARSEEMBEDREQUEST']._serialized_start=1228
-  _globals['_SPARSEEMBEDREQUEST']._serialized_end=1324
-  _globals['_SPARSEEMBEDRESPONSE']._serialized_start=1327
-  _globals['_SPARSEEMBEDRESPONSE']._serialized_end=1456
-  _globals['_MULTIVECTOREMBEDREQUEST']._serialized_start=1458
-  _globals['_MULTIVECTOREMBEDREQUEST']._serialized_end=1569
-  _globals['_MULTIVECTOREMBEDRESPONSE']._serialized_start=1572
-  _globals['_MULTIVECTOREMBEDRESPONSE']._serialized_end=1734
-  _globals['_HYBRIDEMBEDREQUEST']._serialized_start=1737
-  _globals['_HYBRIDEMBEDREQUEST']._serialized_end=1930
-  _globals['_HYBRIDEMBEDRESPONSE']._serialized_start=1933
-  _globals['_HYBRIDEMBEDRESPONSE']._serialized_end=2137
-  _globals['_EMBEDCALL']._serialized_start=2139
-  _globals['_EMBEDCALL']._serialized_end=2233
-  _globals['_EMBEDREPLY']._serialized_start=2235
-  _globals['_EMBEDREPLY']._serialized_end=2338
-  _globals['_WORKER']._serialized_start=2571
-  _globals['_WORKER']._serialized_end=3202
+  _globals['_TOKENBATCH']._serialized_end=152
+  _globals['_EMBEDREQUEST']._serialized_start=155
+  _globals['_EMBEDREQUEST']._serialized_end=354
+  _globals['_EMBEDRESPONSE']._serialized_start=357
+  _globals['_EMBEDRESPONSE']._serialized_end=494
+  _globals['_SCOREREQUEST']._serialized_start=496
+  _globals['_SCOREREQUEST']._serialized_end=570
+  _globals['_SCORERESPONSE']._serialized_start=572
+  _globals['_SCORERESPONSE']._serialized_end=641
+  _globals['_INFOREQUEST']._serialized_start=643
+  _globals['_INFOREQUEST']._serialized_end=656
+  _globals['_INFORESPONSE']._serialized_start=659
+  _globals['_INFORESPONSE']._serialized_end=1078
+  _globals['_CLASSIFYREQUEST']._serialized_start=1080
+  _globals['_CLASSIFYREQUEST']._serialized_end=1157
+  _globals['_CLASSIFYRESPONSE']._serialized_start=1159
+  _globals['_CLASSIFYRESPONSE']._serialized_end=1247
+  _globals['_SPARSEEMBEDREQUEST']._serialized_start=1249
+  _globals['_SPARSEEMBEDREQUEST']._serialized_end=1345
+  _globals['_SPARSEEMBEDRESPONSE']._serialized_start=1348
+  _globals['_SPARSEEMBEDRESPONSE']._serialized_end=1477
+  _globals['_MULTIVECTOREMBEDREQUEST']._serialized_start=1479
+  _globals['_MULTIVECTOREMBEDREQUEST']._serialized_end=1590
+  _globals['_MULTIVECTOREMBEDRESPONSE']._serialized_start=1593
+  _globals['_MULTIVECTOREMBEDRESPONSE']._serialized_end=1755
+  _globals['_HYBRIDEMBEDREQUEST']._serialized_start=1758
+  _globals['_HYBRIDEMBEDREQUEST']._serialized_end=1951
+  _globals['_HYBRIDEMBEDRESPONSE']._serialized_start=1954
+  _globals['_HYBRIDEMBEDRESPONSE']._serialized_end=2158
+  _globals['_EMBEDCALL']._serialized_start=2160
+  _globals['_EMBEDCALL']._serialized_end=2254
+  _globals['_EMBEDREPLY']._serialized_start=2256
+  _globals['_EMBEDREPLY']._serialized_end=2359
+  _globals['_WORKER']._serialized_start=2592
+  _globals['_WORKER']._serialized_end=3223
 # @@protoc_insertion_point(module_scope)

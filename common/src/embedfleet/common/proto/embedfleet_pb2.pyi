@@ -31,14 +31,16 @@ FLOAT_FORMAT_FLOAT32: FloatFormat
 FLOAT_FORMAT_FLOAT16: FloatFormat
 
 class TokenBatch(_message.Message):
-    __slots__ = ("token_ids", "lengths", "token_type_ids")
+    __slots__ = ("token_ids", "lengths", "token_type_ids", "key_lengths")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TYPE_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEY_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     token_ids: bytes
     lengths: bytes
     token_type_ids: bytes
-    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ...) -> None: ...
+    key_lengths: bytes
+    def __init__(self, token_ids: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., token_type_ids: _Optional[bytes] = ..., key_lengths: _Optional[bytes] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
     __slots__ = ("batch", "pooling", "normalize", "dimensions", "format")

@@ -80,7 +80,8 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Embed(self, request, context):
-        """Embeddings for a batch of tokenized inputs, in input order.
+        """Embeddings for a batch of tokenized inputs, in input order; a hybrid model answers with its
+        dense vectors (HybridEmbed's dense output, this request's options applied), computing no other.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

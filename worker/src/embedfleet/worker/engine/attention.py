@@ -28,6 +28,13 @@ padded plan, which add it as an attention mask: [B, heads, L, L] per group (grou
 plan are capped at `BIASED_GROUP_SCORES` query-key pairs so that mask stays small), and no CUDA
 graphs.
 
+A batch may also say that only the first `keys[i]` tokens of sequence i are keys (`plan(...,
+keys=)`; PyLate's query expansion without attending to its expansion tokens): every token still
+gets an output, but no query sees the tokens past that prefix. Only the grouped plan takes it (a
+`keys` feature): its per-group key mask is cut at the prefix instead of the length. The engine
+runs such a batch eager on the grouped backend whatever the model's own backend (varlen kernels
+and captured graphs see only `cu_seqlens`); a batch without key lengths plans as before.
+
 `auto` picks among what is available by a start-up micro-benchmark on the device (one ragged batch
 shaped like the model's attention; the graph-safe backends only, when graphs are wanted and one
 exists); the choice and the timings are logged and the engine exports the choice as a metric label.
@@ -58,7 +65,7 @@ log = logging.getLogger(__name__)
 
 
 #: what a model's attention may need of a backend beyond full attention within each sequence
-Feature = Literal["window", "bias"]
+Feature = Literal["window", "bias", "keys"]
 FEATURES: frozenset[Feature] = frozenset(get_args(Feature))
 
 #: the most query-key pairs (sequences x L x L) one group of a biased grouped plan holds: its
@@ -124,7 +131,11 @@ class AttentionBackend(Protocol):
         lengths: npt.NDArray[np.int64],
         max_seqlen: int,
         causal: bool,
-    ) -> AttentionPlan: ...
+        keys: npt.NDArray[np.int64] | None = None,
+    ) -> AttentionPlan:
+        """`keys`: each sequence's count of leading tokens that are keys (None: all of them);
+        only a backend offering the `keys` feature takes it."""
+        ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,8 +292,15 @@ class VarlenBackend:
         lengths: npt.NDArray[np.int64],
         max_seqlen: int,
         causal: bool,
+        keys: npt.NDArray[np.int64] | None = None,
     ) -> AttentionPlan:
+        _no_keys(self.name, keys)
         return _VarlenPlan(self.kernel, cu_seqlens, max_seqlen, causal, self.features)
+
+
+def _no_keys(name: str, keys: npt.NDArray[np.int64] | None) -> None:
+    if keys is not None:
+        raise UnsupportedFeatureError(f"the {name} backend takes no key lengths")
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,7 +357,9 @@ class FlashInferBackend:
         lengths: npt.NDArray[np.int64],
         max_seqlen: int,
         causal: bool,
+        keys: npt.NDArray[np.int64] | None = None,
     ) -> AttentionPlan:
+        _no_keys(self.name, keys)
         if self._workspace is None:
             self._workspace = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
         wrapper = self.module.BatchPrefillWithRaggedKVCacheWrapper(self._workspace, "NHD")
@@ -376,15 +396,16 @@ class _GroupedPlan:
     min_fill: float
     window: int = -1
     bias: PositionBias | None = None
+    keys: npt.NDArray[np.int64] | None = None
 
     def windowed(self, window: int) -> AttentionPlan:
         return _grouped_plan(
-            self.lengths, self.device, self.causal, self.min_fill, window, self.bias
+            self.lengths, self.device, self.causal, self.min_fill, window, self.bias, self.keys
         )
 
     def biased(self, bias: PositionBias) -> AttentionPlan:
         return _grouped_plan(
-            self.lengths, self.device, self.causal, self.min_fill, self.window, bias
+            self.lengths, self.device, self.causal, self.min_fill, self.window, bias, self.keys
         )
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -492,8 +513,9 @@ def _masked(
     bias: PositionBias | None,
 ) -> torch.Tensor | None:
     """A group's SDPA mask: its key mask [B, 1, 1, L] (None: all real) with the window's band
-    and the bias's scores folded in; None when neither is asked for."""
-    if window < 0 and bias is None:
+    and the bias's scores folded in (and causality, when a causal group has a key mask); None
+    when none of them is asked for."""
+    if window < 0 and bias is None and not (causal and keys is not None):
         return keys
     relative = relative_positions(length, device)
     seen = visible(relative, window, causal)[None, None]  # [1, 1, L, L]
@@ -512,6 +534,7 @@ def _grouped_plan(
     min_fill: float,
     window: int = -1,
     bias: PositionBias | None = None,
+    keys: npt.NDArray[np.int64] | None = None,
 ) -> _GroupedPlan:
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
@@ -522,21 +545,27 @@ def _grouped_plan(
         lens = lengths[members]
         top = int(lens[0])
         member_starts = starts[members]
+        offsets = np.arange(top, dtype=np.int64)
+        # Keys cut short of the length: the key mask ends at the prefix, not the length.
+        key_lens = lens if keys is None else keys[members]
+        cut = bool((key_lens < lens).any())
         if len(members) == 1 or ((lens == top).all() and (np.diff(member_starts) == top).all()):
             # Equal lengths, stored one after another: a view of the packed rows suffices.
-            mask = _masked(None, top, device, causal, window, bias)
+            seen = _key_mask(offsets, key_lens, device) if cut else None
+            mask = _masked(seen, top, device, causal, window, bias)
             groups.append(_Group(len(members), top, int(member_starts[0]), None, None, None, mask))
             continue
-        offsets = np.arange(top, dtype=np.int64)
         # Padded slots read the sequence's first token; the mask (or causality) hides them.
         valid = offsets[None, :] < lens[:, None]
         gather = member_starts[:, None] + np.where(valid, offsets[None, :], 0)
         uniform = bool(valid.all())
         src = None if uniform else np.flatnonzero(valid.ravel())
         dst = gather.ravel() if uniform else gather.ravel()[src]
-        keys = None
-        if not uniform and not causal:
-            keys = torch.from_numpy(valid[:, None, None, :]).to(device)
+        seen = None
+        if cut:
+            seen = _key_mask(offsets, key_lens, device)
+        elif not uniform and not causal:
+            seen = torch.from_numpy(valid[:, None, None, :]).to(device)
         groups.append(
             _Group(
                 batch=len(members),
@@ -545,12 +574,19 @@ def _grouped_plan(
                 gather=torch.from_numpy(gather.ravel()).to(device),
                 scatter_src=None if src is None else torch.from_numpy(src).to(device),
                 scatter_dst=torch.from_numpy(np.ascontiguousarray(dst)).to(device),
-                mask=_masked(keys, top, device, causal, window, bias),
+                mask=_masked(seen, top, device, causal, window, bias),
             )
         )
     return _GroupedPlan(
-        tuple(groups), causal, int(starts[-1]), lengths, device, min_fill, window, bias
+        tuple(groups), causal, int(starts[-1]), lengths, device, min_fill, window, bias, keys
     )
+
+
+def _key_mask(
+    offsets: npt.NDArray[np.int64], keys: npt.NDArray[np.int64], device: torch.device
+) -> torch.Tensor:
+    """[B, 1, 1, L] bool: True where a slot is one of its sequence's first `keys` tokens."""
+    return torch.from_numpy((offsets[None, :] < keys[:, None])[:, None, None, :]).to(device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,8 +602,9 @@ class GroupedBackend:
         lengths: npt.NDArray[np.int64],
         max_seqlen: int,
         causal: bool,
+        keys: npt.NDArray[np.int64] | None = None,
     ) -> AttentionPlan:
-        return _grouped_plan(lengths, cu_seqlens.device, causal, self.min_fill)
+        return _grouped_plan(lengths, cu_seqlens.device, causal, self.min_fill, keys=keys)
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ class HostBatch:
     lengths: I64
     real_tokens: int
     real_sequences: int
+    #: [N] each slot's leading tokens that are attention keys; None when every token is one
+    #: (then no plan does any masking work for it)
+    keys: I64 | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -72,6 +75,7 @@ def pack(
         lengths = np.concatenate([lengths, np.asarray(chunks, np.int64), spare])
     elif slots > real_seqs:
         lengths = np.concatenate([lengths, np.zeros(slots - real_seqs, np.int64)])
+    keys = _key_lengths(parts, lengths)
     cu = np.zeros(slots + 1, np.int64)
     np.cumsum(lengths, out=cu[1:])
     starts = cu[:-1]
@@ -91,7 +95,19 @@ def pack(
         lengths=lengths,
         real_tokens=real_tokens,
         real_sequences=real_seqs,
+        keys=keys,
     )
+
+
+def _key_lengths(parts: list[Tokens], lengths: I64) -> I64 | None:
+    """Every slot's key length (`lengths` padded to the slots) where some sequence has fewer
+    keys than tokens, else None."""
+    if all(p.key_lengths is None for p in parts):
+        return None
+    real = np.concatenate([p.lengths if p.key_lengths is None else p.key_lengths for p in parts])
+    if (real == lengths[: real.shape[0]]).all():
+        return None
+    return np.concatenate([real.astype(np.int64), lengths[real.shape[0] :]])
 
 
 def padding_lengths(pad: int, pad_len: int) -> list[int]:

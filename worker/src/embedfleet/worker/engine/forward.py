@@ -27,9 +27,14 @@ class Runtime(Protocol):
     @property
     def name(self) -> str: ...
 
-    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
+    def hidden(
+        self,
+        batch: DeviceBatch,
+        lengths: npt.NDArray[np.int64],
+        keys: npt.NDArray[np.int64] | None = None,
+    ) -> torch.Tensor:
         """Packed hidden states [T, H] of the batch's tokens (`lengths`: the host's sequence
-        lengths, zero for spare slots)."""
+        lengths, zero for spare slots; `keys`: their key lengths, None when all are keys)."""
         ...
 
 
@@ -41,10 +46,11 @@ def forward(
     max_seqlen: int,
     lengths: npt.NDArray[np.int64],
     runtime: Runtime | None = None,
+    keys: npt.NDArray[np.int64] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(hidden [T, H], pooled [N, H] float32 or the model's head output) for every slot of `batch`:
     `encode`, then `default_head`."""
-    hidden = encode(model, backend, batch, max_seqlen, lengths, runtime)
+    hidden = encode(model, backend, batch, max_seqlen, lengths, runtime, keys)
     return hidden, default_head(model, pooler, hidden, batch)
 
 
@@ -55,16 +61,18 @@ def encode(
     max_seqlen: int,
     lengths: npt.NDArray[np.int64],
     runtime: Runtime | None = None,
+    keys: npt.NDArray[np.int64] | None = None,
 ) -> torch.Tensor:
     """The encoder's hidden states [T, H] for every token of `batch`.
 
     `lengths` are the host-side sequence lengths the attention plans with; graph captures pass
     none, as their plan may only read device tensors. With a compiled CPU `runtime` the encoder
-    runs there (`backend` unused).
+    runs there (`backend` unused). `keys`: the slots' key lengths (HostBatch.keys), for a backend
+    offering the `keys` feature or a runtime; None (every token a key) costs nothing.
     """
     if runtime is not None:
-        return runtime.hidden(batch, lengths)
-    plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal)
+        return runtime.hidden(batch, lengths, keys)
+    plan = backend.plan(batch.cu_seqlens, lengths, max_seqlen, model.shape.causal, keys)
     return model.forward(batch, plan)
 
 
@@ -90,12 +98,12 @@ def default_outputs(
     with torch.inference_mode():
         host = pack([tokens], model.shape.position_offset)
         batch = to_device(host, device)
-        _, head = forward(
+        hidden, head = forward(
             model, backend, pooler, batch, int(host.lengths.max()), host.lengths, runtime
         )
         if isinstance(model, Hybrid):
             # Its per-token vectors: every token's state through a head, the closest check.
-            head = model.token_vectors(head, batch)
+            head = model.colbert.head(hidden, batch)
         # A multivector head has a row a token (the batch is unpadded: every token is real),
         # so the dtype probe compares every token's vector, not only the first few.
         per_token = head.shape[0] == host.total_tokens

@@ -1,10 +1,10 @@
 """From one batch's forward outputs to each work item's rows, with its own options applied.
 
 Pooling other than the default (then the model's Dense layers), Matryoshka truncation,
-normalization (embedders) or the activation (scorers and classifiers; sparse rows pass as they
-are), and the slice of the batch output each item reads back (a multivector item: its tokens'
-rows). Pure: the forward's tensors are
-read, never written, so a graph's static outputs can be passed straight in.
+normalization (embedders, and a hybrid model's dense vectors) or the activation (scorers and
+classifiers; sparse rows pass as they are), the hybrid heads an item asks for, and the slice of
+the batch output each item reads back (a multivector item: its tokens' rows). Pure: the
+forward's tensors are read, never written, so a graph's static outputs can be passed straight in.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from embedfleet.common.modeldir import Activation, Pooling
 from embedfleet.worker.contract import EngineInfo, Options, WorkItem
 from embedfleet.worker.engine.batch import DeviceBatch
-from embedfleet.worker.engine.models.hybrid import Layout
+from embedfleet.worker.engine.models.hybrid import Hybrid
 from embedfleet.worker.engine.pending import Slice
 from embedfleet.worker.engine.pooling import Pooler, finish
 
@@ -31,12 +31,14 @@ def apply_options(
     model: EngineInfo,
     pooler: Pooler,
     default: torch.Tensor | None = None,
+    hybrid: Hybrid | None = None,
 ) -> tuple[torch.Tensor, list[Slice]]:
     """One [N, D] (or [N] scores) float32 tensor for all items' N real sequences, and each item's
     slice of it. `head` is the default head's output for every slot, `hidden` the [T, H] states
     other poolings read (through `pooler`'s Dense layers); `model` supplies the defaults that
     unset options fall back to. `default`: `default_rows(head)` when already computed (inside a
-    CUDA graph), returned as it is when every item keeps the model's defaults."""
+    CUDA graph), returned as it is when every item keeps the model's defaults. `hybrid`: a hybrid
+    model's heads (`hybrid_rows`)."""
     if model.task == "score":
         return _scores(items, head[:real_sequences], "sigmoid")
     if model.task == "classify":
@@ -47,7 +49,25 @@ def apply_options(
     if model.task == "multivector":
         return token_rows(items, head, model.skip_tokens)
     if model.task == "hybrid":
-        return hybrid_rows(items, head, batch.lengths.shape[0], hidden.shape[0], model)
+        assert hybrid is not None, "a hybrid model's rows need its heads"
+        dense = None
+        if any("dense" in it.options.outputs for it in items):
+            dense = _embeddings(items, hidden, head, batch, real_sequences, model, pooler, default)
+        return hybrid_rows(items, hidden, batch, dense, hybrid, model.skip_tokens)
+    return _embeddings(items, hidden, head, batch, real_sequences, model, pooler, default)
+
+
+def _embeddings(
+    items: Sequence[WorkItem],
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    batch: DeviceBatch,
+    real_sequences: int,
+    model: EngineInfo,
+    pooler: Pooler,
+    default: torch.Tensor | None,
+) -> tuple[torch.Tensor, list[Slice]]:
+    """`apply_options` for an embedder: each item's pooling, dimensions and normalization."""
     choices = [resolve(it.options, model) for it in items]
     if default is not None and set(choices) == {defaults(model)}:
         out = default[:real_sequences]
@@ -82,9 +102,10 @@ def defaults(model: EngineInfo) -> tuple[Pooling, int, bool]:
 
 def default_rows(head: torch.Tensor, model: EngineInfo) -> torch.Tensor:
     """Every slot's result under the model's default options, from the default head: the
-    normalized vectors of an embedder; a scorer's or classifier's raw logits and sparse rows as
-    they are (their activation is a per-request option, off unless asked)."""
-    if model.task != "embed":
+    normalized vectors of an embedder (and a hybrid model's dense ones); a scorer's or
+    classifier's raw logits and sparse rows as they are (their activation is a per-request
+    option, off unless asked)."""
+    if model.task not in ("embed", "hybrid"):
         return head
     return finish(head, 0, model.default_normalize)
 
@@ -147,29 +168,46 @@ def token_rows(
     return out.contiguous(), slices
 
 
-def layout_of(model: EngineInfo) -> Layout:
-    """Where a hybrid model's head puts each output."""
-    return Layout(model.dimensions, model.vocab_size, model.token_dimensions)
-
-
 def hybrid_rows(
-    items: Sequence[WorkItem], head: torch.Tensor, slots: int, tokens: int, model: EngineInfo
+    items: Sequence[WorkItem],
+    hidden: torch.Tensor,
+    batch: DeviceBatch,
+    dense: tuple[torch.Tensor, list[Slice]] | None,
+    hybrid: Hybrid,
+    skip: int,
 ) -> tuple[torch.Tensor, list[Slice]]:
-    """A hybrid head's flat output (`models.hybrid.Layout`) cut per item: each item's slice is
-    its sequences' dense vectors [n, D], then their lexical rows [n, vocab], then their kept
-    tokens' vectors [k, D'] (`token_rows`), each flattened (`contract.hybrid_parts` undoes it)."""
-    dense, lexical, per_token = layout_of(model).split(head, slots, tokens)
-    vectors, kept = token_rows(items, per_token, model.skip_tokens)
+    """A hybrid model's outputs cut per item: each item's slice is the outputs it asks for
+    (`Options.outputs`), flattened in the order dense [n, d] (`dense`: the embedder's rows, with
+    the item's options), lexical [n, vocab], its kept tokens' vectors [k, D'] (`token_rows`);
+    `contract.hybrid_parts` undoes it. A head no item asks for is not run, and no output an item
+    did not ask for is copied back."""
+    asks = [it.options.outputs for it in items]
+    lexical = None
+    if any("sparse" in a for a in asks):
+        lexical = hybrid.lexical.head(hidden, batch)
+    vectors: torch.Tensor | None = None
+    kept: list[Slice] = []
+    if any("multi_vector" in a for a in asks):
+        vectors, kept = token_rows(items, hybrid.colbert.head(hidden, batch), skip)
     parts: list[torch.Tensor] = []
     slices: list[Slice] = []
     row = at = 0
-    for it, own in zip(items, kept, strict=True):
+    for i, (it, wants) in enumerate(zip(items, asks, strict=True)):
         span = slice(row, row + it.tokens.count)
-        mine = (dense[span], lexical[span], vectors[own.start : own.stop])
+        mine: list[torch.Tensor] = []
+        if dense is not None and "dense" in wants:
+            rows, own = dense[0], dense[1][i]
+            mine.append(rows[own.start : own.stop, : own.columns])
+        if lexical is not None and "sparse" in wants:
+            mine.append(lexical[span])
+        if vectors is not None and "multi_vector" in wants:
+            mine.append(vectors[kept[i].start : kept[i].stop])
         parts.extend(p.reshape(-1) for p in mine)
         size = sum(p.numel() for p in mine)
         slices.append(Slice(at, at + size, 0))
         row, at = span.stop, at + size
+    if not parts:
+        return hidden.new_zeros((0,), dtype=torch.float32), slices
     return torch.cat(parts), slices
 
 

@@ -38,11 +38,14 @@ class PaddedLayout:
     inverse: I64
     #: [B, L] True where a slot holds a real token of its sequence
     valid: npt.NDArray[np.bool_]
+    #: [B, L] True where a slot is a key: `valid`, or the first `keys` tokens when given
+    keys: npt.NDArray[np.bool_]
 
 
-def padded_layout(lengths: I64) -> PaddedLayout:
+def padded_layout(lengths: I64, keys: I64 | None = None) -> PaddedLayout:
     """The [B, L] block for sequences of `lengths` (packed one after another; empty ones, the
-    spare slots of a bucket, are left out)."""
+    spare slots of a bucket, are left out); `keys`: each sequence's leading tokens that are keys
+    (None: all)."""
     lengths = np.asarray(lengths, np.int64)
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
@@ -53,16 +56,18 @@ def padded_layout(lengths: I64) -> PaddedLayout:
     valid = offsets[None, :] < lens[:, None]
     gather = first[:, None] + np.where(valid, offsets[None, :], 0)
     inverse = np.flatnonzero(valid.ravel()).astype(np.int64)
-    return PaddedLayout(gather.ravel(), inverse, valid)
+    seen = valid if keys is None else offsets[None, :] < np.asarray(keys, np.int64)[keep, None]
+    return PaddedLayout(gather.ravel(), inverse, valid, seen)
 
 
 @dataclass(frozen=True, slots=True)
 class PaddedPlan:
     """An `attention.AttentionPlan` made of tensors only: traceable, no host work per layer.
 
-    `mask` is [B, 1, 1, L] (True where a key is real); causal attention ignores it, as right
-    padding is never seen by a real query. A windowed or biased plan carries its combined mask
-    in `scores` (made once per forward: [B, 1, L, L] bool, or [B, H, L, L] additive scores).
+    `mask` is [B, 1, 1, L] (True where a key is real, or in a sequence's key prefix); causal
+    attention ignores it, as right padding is never seen by a real query (the engine runs a
+    causal model's batch with key lengths eager). A windowed or biased plan carries its combined
+    mask in `scores` (made once per forward: [B, 1, L, L] bool, or [B, H, L, L] additive scores).
     """
 
     gather: torch.Tensor
@@ -111,5 +116,5 @@ def plan_tensors(layout: PaddedLayout) -> tuple[torch.Tensor, torch.Tensor, torc
     return (
         torch.from_numpy(layout.gather),
         torch.from_numpy(layout.inverse),
-        torch.from_numpy(layout.valid[:, None, None, :]),
+        torch.from_numpy(layout.keys[:, None, None, :]),
     )

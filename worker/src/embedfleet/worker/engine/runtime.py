@@ -100,9 +100,15 @@ def auto_runtime(installed: bool, kept_cache: bool, max_tokens: int) -> RuntimeN
     return "eager"
 
 
-def graph_inputs(batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> tuple[torch.Tensor, ...]:
-    """The compiled graph's inputs for one packed batch, in `INPUT_NAMES` order."""
-    gather, inverse, mask = plan_tensors(padded_layout(lengths))
+def graph_inputs(
+    batch: DeviceBatch,
+    lengths: npt.NDArray[np.int64],
+    keys: npt.NDArray[np.int64] | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """The compiled graph's inputs for one packed batch, in `INPUT_NAMES` order; key lengths
+    (`keys`) only change the values of its key mask, so one graph serves batches with and
+    without them."""
+    gather, inverse, mask = plan_tensors(padded_layout(lengths, keys))
     return (batch.input_ids, batch.type_ids, batch.positions, gather, inverse, mask)
 
 
@@ -151,8 +157,13 @@ class InductorRuntime:
     def __init__(self, model: Model) -> None:
         self._fn = torch.compile(_Traced(model), dynamic=True)
 
-    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
-        out: torch.Tensor = self._fn(*graph_inputs(batch, lengths))
+    def hidden(
+        self,
+        batch: DeviceBatch,
+        lengths: npt.NDArray[np.int64],
+        keys: npt.NDArray[np.int64] | None = None,
+    ) -> torch.Tensor:
+        out: torch.Tensor = self._fn(*graph_inputs(batch, lengths, keys))
         return out
 
 
@@ -278,8 +289,13 @@ class OpenVINORuntime:
         self._inputs = [INPUT_NAMES.index(next(iter(p.get_names()))) for p in compiled.inputs]
         self._request = compiled.create_infer_request()
 
-    def hidden(self, batch: DeviceBatch, lengths: npt.NDArray[np.int64]) -> torch.Tensor:
-        args = graph_inputs(batch, lengths)
+    def hidden(
+        self,
+        batch: DeviceBatch,
+        lengths: npt.NDArray[np.int64],
+        keys: npt.NDArray[np.int64] | None = None,
+    ) -> torch.Tensor:
+        args = graph_inputs(batch, lengths, keys)
         self._request.infer([args[i].numpy() for i in self._inputs], share_inputs=True)
         # The output buffer is the request's own, rewritten by the next infer: copy it out.
         out = self._request.get_output_tensor(0).data

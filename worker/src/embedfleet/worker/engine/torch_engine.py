@@ -34,6 +34,7 @@ from embedfleet.worker.engine.attention import (
     AttentionBackend,
     AttentionShape,
     BackendUnavailableError,
+    GroupedBackend,
     select_backend,
 )
 from embedfleet.worker.engine.batch import DeviceBatch, HostBatch, from_tensors, pack, to_device
@@ -47,7 +48,8 @@ from embedfleet.worker.engine.graph_policy import (
     warmup_plan,
 )
 from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, agreement
-from embedfleet.worker.engine.outputs import apply_options, default_rows, layout_of
+from embedfleet.worker.engine.models.hybrid import Hybrid
+from embedfleet.worker.engine.outputs import apply_options, default_rows
 from embedfleet.worker.engine.pending import InFlight, Slice, split
 from embedfleet.worker.engine.plan import DeviceFacts, ModelFacts, plan_engine
 from embedfleet.worker.engine.pooling import Pooler
@@ -98,6 +100,8 @@ class TorchEngine:
         self.compiled_seqlen = self.max_tokens
         self._load()
         self.shape = self.model.shape
+        #: a hybrid model's lexical and per-token heads, run per batch as its items ask
+        self._hybrid = self.model if isinstance(self.model, Hybrid) else None
         #: sentence-transformers' pooling and Dense modules (embedders; unused by other heads)
         self.pooler = Pooler.of(self.model_dir, self.device)
         self.backend: AttentionBackend = select_backend(
@@ -107,6 +111,11 @@ class TorchEngine:
             self._attention_shape(),
             graphs=plan.prefer_graph_safe,
             features=self.shape.attention_features,
+        )
+        #: what runs a batch with key lengths: the model's backend when it takes them, else the
+        #: grouped one (any device and dtype), eager
+        self.keyed_backend: AttentionBackend = (
+            self.backend if "keys" in self.backend.features else GroupedBackend()
         )
         if self.runtime is not None and self.runtime_name == "openvino":
             if plan.measure_seqlen:
@@ -205,7 +214,7 @@ class TorchEngine:
             item.tokens, self.max_tokens, self.shape.vocab_size, self.shape.type_vocab_size
         )
         dims = item.options.dimensions
-        if self.model_dir.task == "embed" and not 0 <= dims <= self._info.dimensions:
+        if self.model_dir.task in ("embed", "hybrid") and not 0 <= dims <= self._info.dimensions:
             raise InvalidInputError(
                 f"dimensions must be between 1 and {self._info.dimensions} (0 for all)"
             )
@@ -264,7 +273,8 @@ class TorchEngine:
         offset = self.shape.position_offset
         total = sum(p.total for p in parts)
         count = sum(p.count for p in parts)
-        if self._graphs_enabled:
+        # A captured graph's plan reads cu_seqlens alone: key lengths run eager.
+        if self._graphs_enabled and all(p.key_lengths is None for p in parts):
             longest = max(int(p.lengths.max()) for p in parts)
             real = (total, count, longest)
             decision = self._cache.decide(self.buckets.key(*real), real)
@@ -291,14 +301,13 @@ class TorchEngine:
         batch = to_device(host, self.device)
         packed = time.perf_counter_ns()
         longest = int(host.lengths.max())
-        runtime = self.runtime if longest <= self.compiled_seqlen else None
+        runtime = self._runtime_for(host, longest)
         self._use_threads(runtime)
-        hidden = encode(self.model, self.backend, batch, longest, host.lengths, runtime)
+        backend = self._backend_for(host)
+        hidden = encode(self.model, backend, batch, longest, host.lengths, runtime, host.keys)
         encoded = time.perf_counter_ns()
         head = default_head(self.model, self.pooler, hidden, batch)
-        out, slices = apply_options(
-            items, hidden, head, batch, host.real_sequences, self._info, self.pooler
-        )
+        out, slices = self._finish(items, (hidden, head), batch, host)
         results = split(out.numpy(), slices)
         pooled = time.perf_counter_ns()
         self._counts["eager_runs"] += 1
@@ -306,6 +315,19 @@ class TorchEngine:
             results,
             (("pack", packed - start), ("forward", encoded - packed), ("pool", pooled - encoded)),
         )
+
+    def _runtime_for(self, host: HostBatch, longest: int) -> Runtime | None:
+        """The compiled runtime when it runs this batch, else None (eager): past its longest
+        sequence, or a causal model's batch with key lengths (its graph ignores the key mask)."""
+        if longest > self.compiled_seqlen or self._keyed_causal(host):
+            return None
+        return self.runtime
+
+    def _keyed_causal(self, host: HostBatch) -> bool:
+        return host.keys is not None and self.shape.causal
+
+    def _backend_for(self, host: HostBatch | None) -> AttentionBackend:
+        return self.backend if host is None or host.keys is None else self.keyed_backend
 
     def _measured_seqlen(self, runtime: Runtime) -> int:
         """Under auto, the longest sequence a batch may have to run in `runtime` rather than
@@ -387,7 +409,7 @@ class TorchEngine:
         # Every new graph is checked once against the eager run of the same batch (launched at
         # the batch's own longest sequence): a graph that disagrees is never served.
         eager = self._body(views, int(host.lengths.max()), host)
-        score = self._agreement(outputs, eager, views, host)
+        score = self._agreement(outputs, eager, host)
         if score < MIN_AGREEMENT:
             log.error(
                 "CUDA graph for %s disagrees with eager (agreement %.6f < %s); running it eager "
@@ -403,21 +425,11 @@ class TorchEngine:
         return outputs, views
 
     def _agreement(
-        self,
-        graphed: tuple[torch.Tensor, ...],
-        eager: tuple[torch.Tensor, ...],
-        batch: DeviceBatch,
-        host: HostBatch,
+        self, graphed: tuple[torch.Tensor, ...], eager: tuple[torch.Tensor, ...], host: HostBatch
     ) -> float:
-        """`agreement` of the real rows of the two runs' heads; a hybrid head's worst part."""
+        """`agreement` of the real rows of the two runs' default heads."""
         real = host.real_sequences
-        if self._info.task != "hybrid":
-            return agreement(graphed[1][:real], eager[1][:real])
-        layout = layout_of(self._info)
-        slots, tokens = batch.lengths.shape[0], graphed[0].shape[0]
-        ours, theirs = (layout.split(run[1], slots, tokens) for run in (graphed, eager))
-        rows = (real, real, host.real_tokens)
-        return min(agreement(a[:n], b[:n]) for a, b, n in zip(ours, theirs, rows, strict=True))
+        return agreement(graphed[1][:real], eager[1][:real])
 
     def _runner_for(self) -> GraphRunner:
         if self._runner is None:
@@ -435,10 +447,12 @@ class TorchEngine:
         scores [N], what a request with the model's default options gets [N, ...]). Inside a
         graph all three are captured: such a request launches nothing after the replay."""
         lengths = host.lengths if host is not None else np.zeros(0, np.int64)
+        keys = host.keys if host is not None else None
         # Graph captures (CUDA, host None) never meet a CPU runtime.
-        runtime = self.runtime if host is not None else None
+        runtime = None if host is None or self._keyed_causal(host) else self.runtime
+        backend = self._backend_for(host)
         hidden, head = forward(
-            self.model, self.backend, self.pooler, batch, max_seqlen, lengths, runtime
+            self.model, backend, self.pooler, batch, max_seqlen, lengths, runtime, keys
         )
         return hidden, head, default_rows(head, self._info)
 
@@ -449,9 +463,19 @@ class TorchEngine:
         batch: DeviceBatch,
         host: HostBatch,
     ) -> tuple[torch.Tensor, list[Slice]]:
-        hidden, head, default = outputs
+        """Each item's rows from (hidden, head) and, when the body made them, the default rows."""
+        hidden, head, *made = outputs
+        default = made[0] if made else None
         return apply_options(
-            items, hidden, head, batch, host.real_sequences, self._info, self.pooler, default
+            items,
+            hidden,
+            head,
+            batch,
+            host.real_sequences,
+            self._info,
+            self.pooler,
+            default,
+            self._hybrid,
         )
 
     def _capture_listed(self) -> None:
