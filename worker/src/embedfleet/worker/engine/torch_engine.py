@@ -51,7 +51,7 @@ from embedfleet.worker.engine.graph_runner import MIN_AGREEMENT, GraphRunner, ag
 from embedfleet.worker.engine.models.hybrid import Hybrid
 from embedfleet.worker.engine.outputs import apply_options, default_rows
 from embedfleet.worker.engine.pending import InFlight, Slice, split
-from embedfleet.worker.engine.plan import DeviceFacts, ModelFacts, plan_engine
+from embedfleet.worker.engine.plan import DeviceFacts, EnginePlan, ModelFacts, plan_engine
 from embedfleet.worker.engine.pooling import Pooler
 from embedfleet.worker.engine.precision import dtype_name, load_model_at_dtype
 from embedfleet.worker.engine.runtime import (
@@ -122,17 +122,21 @@ class TorchEngine:
                 self.compiled_seqlen = self._measured_seqlen(self.runtime)
             self._use_threads(self.runtime)
         self._info = self._engine_info()
+        self._set_up_graphs(plan)
+
+    def _set_up_graphs(self, plan: EnginePlan) -> None:
+        """The graph cache, the staging buffers and, in eager mode, the listed captures."""
         self.buckets = plan.buckets
         self._capacity = plan.capacity
         self._cache = GraphCache(
-            mode=config.cuda_graphs,
-            max_graphs=config.max_graphs,
+            mode=self.config.cuda_graphs,
+            max_graphs=self.config.max_graphs,
             max_tokens=self._capacity.tokens,
             max_sequences=self._capacity.sequences,
         )
         self._runner: GraphRunner | None = None
         graphs = plan.graphs(
-            config.cuda_graphs,
+            self.config.cuda_graphs,
             self.backend.name,
             self.backend.graph_safe,
             needs=", ".join(sorted(self.shape.attention_features & {"bias"})),
@@ -151,7 +155,7 @@ class TorchEngine:
         )
         self._host_outputs = HostOutputs(pin=True) if plan.pinned else None
         self._counts = {"captures": 0, "replays": 0, "eager_runs": 0, "rejects": 0}
-        if self._graphs_enabled and config.cuda_graphs == "eager":
+        if self._graphs_enabled and self.config.cuda_graphs == "eager":
             self._capture_listed()
 
     def _load(self) -> None:
