@@ -59,6 +59,10 @@ class FakeWorker(pb_grpc.WorkerServicer):
     device: str = "cpu"
     #: while an unset Event, Embed calls wait for it (still seeing cancellation)
     gate: threading.Event | None = None
+    #: set once an Embed call waits at `gate`; a call refused for `reject_id` waits for it first,
+    #: so that a request's other chunk is at its worker when the refusal fails the request (else
+    #: the gateway may drop that call before the worker's handler runs, and it never counts)
+    waiting: threading.Event | None = None
     #: Embed calls being answered now, and the most at once so far
     running: int = 0
     most_running: int = 0
@@ -76,12 +80,16 @@ class FakeWorker(pb_grpc.WorkerServicer):
             assert self.fail_code is not None
             context.abort(self.fail_code, "fake failure")
         if self.reject_id in tokens.ids.tolist():
+            if self.waiting is not None:
+                self.waiting.wait(timeout=10)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token id outside the vocabulary")
         with self._lock:
             self.running += 1
             self.most_running = max(self.most_running, self.running)
         try:
             end = time.monotonic() + self.delay
+            if self.waiting is not None and self.gate is not None and not self.gate.is_set():
+                self.waiting.set()
             while time.monotonic() < end or (self.gate is not None and not self.gate.is_set()):
                 if not context.is_active():
                     self.cancelled += 1

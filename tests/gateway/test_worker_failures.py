@@ -158,14 +158,15 @@ def test_a_failed_chunk_cancels_the_rest_of_its_request(tmp_path: Path) -> None:
     """One chunk is refused at once, the other waits at its worker: the request is a 400 and
     the waiting call is given up, counted as the gateway's own cancelled call."""
     settings = {**LIMITS, "chunk_tokens": 2, "min_chunk_tokens": 1}
-    gate = threading.Event()
+    gate, waiting = threading.Event(), threading.Event()
 
     def make(number: int) -> FakeWorker:
-        return FakeWorker(number, reject_id=999, gate=gate)
+        return FakeWorker(number, reject_id=999, gate=gate, waiting=waiting)
 
     try:
         with fake_fleet(settings, tmp_path / "gw.log", make, (0, 1)) as gateway:
             assert gateway.error("/v1/embeddings", {"input": [[1, 2], [999, 4]]}, 400)
+            assert waiting.is_set()  # the refusal came while the other chunk's call waited
             wait_until("cancelled", lambda: sum(w.cancelled for w in gateway.workers) == 1)
             assert gateway.value("embedfleet_gateway_cancelled_calls_total") == 1
     finally:
