@@ -15,6 +15,7 @@ others share); the printed table ends with one JSON line for scripts.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -128,11 +129,8 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
     assert st_lengths == [len(s) for s in seqs], "tokenization differs from sentence-transformers"
     batches = _chunks(seqs, args.batch_tokens)
 
-    def ours() -> FloatArray:
-        return _run_all(fast, batches)
-
-    def ours_other() -> FloatArray:
-        return _run_all(other, batches)
+    ours = functools.partial(_run_all, fast, batches)
+    ours_other = functools.partial(_run_all, other, batches)
 
     def theirs() -> FloatArray:
         out: FloatArray = st.encode(texts, batch_size=32, normalize_embeddings=True)
@@ -181,6 +179,12 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
         "ours_512_tokens_s": 16 * 512 / t512,
         "bf16_limit_fraction": 16 * 512 / t512 / MINILM_BF16_LIMIT_TOKENS_S,
     }
+    _print_cpu(result, args)
+    return result
+
+
+def _print_cpu(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """`cpu`'s result as a table for a person."""
     rows = [
         ("sentence-transformers encode, fp32", f"{result['st_tokens_s']:.0f} tok/s", "1.00x"),
         (
@@ -206,12 +210,11 @@ def cpu(args: argparse.Namespace) -> dict[str, Any]:
         ),
     ]
     print(
-        f"MiniLM on CPU, {len(texts)} texts / {tokens} tokens (4..256 tokens each), "
-        f"{result['threads']} threads, best of {args.repeat}"
+        f"MiniLM on CPU, {result['texts']} texts / {result['tokens']} tokens "
+        f"(4..256 tokens each), {result['threads']} threads, best of {args.repeat}"
     )
     for name, value, note in rows:
         print(f"  {name:<38} {value:>22}  {note}")
-    return result
 
 
 def _minilm_or_lookalike(root: Path, seed: int) -> str:

@@ -1009,6 +1009,40 @@ def check_targets(sizes: Sequence[dict[str, Any]], kill: dict[str, Any] | None) 
     return out
 
 
+def prometheus_paragraph(p: Mapping[str, Any]) -> str:
+    """The autoscaler's figures in Prometheus mode, as one paragraph."""
+    ph = p["phase"]
+    return (
+        f"Autoscaler in Prometheus mode at N={p['n']} (steady load moving by up to 5 %, "
+        f"replicas pinned): decisions per fleet per minute "
+        f"min {p['decisions_per_fleet_per_min']['min']} / "
+        f"p50 {p['decisions_per_fleet_per_min']['p50']}"
+        f" (ideal {p['decisions_per_fleet_per_min']['ideal']}; from "
+        f"{p['decisions_per_fleet_per_min']['source']}), mean tick "
+        f"{p['autoscaler_tick_ms']} ms, {p['prometheus_queries_per_s']} Prometheus queries/s "
+        f"({p['prometheus_queries_per_fleet_decision']} per fleet decision), status writes "
+        f"per decision {p['status_writes_per_decision']}, operator writes/min "
+        f"{ph['operator_writes_per_min']}, API server requests/min "
+        f"{ph['apiserver_per_min']}, operator CPU {ph['operator_cpu_cores']} cores, "
+        f"RSS peak {ph['operator_rss_peak_mb']} MB."
+    )
+
+
+def kill_paragraph(k: Mapping[str, Any]) -> str:
+    """The leader's SIGKILL and its successor's convergence, as one paragraph."""
+    a = k["audit"]
+    return (
+        f"Kill at N={k['n']}: SIGKILL with {k['applied_at_kill']} fleets applied "
+        f"({k['available_at_kill']} Available); the successor led after "
+        f"{k['successor_leading_after_s']} s (Lease {k['lease_seconds']} s), every fleet's "
+        f"children were applied {k['all_applied_after_kill_s']} s and every fleet "
+        f"Available {k['kill_convergence_s']} s after "
+        f"the kill (converged: {k['converged']}); duplicates {a['duplicates']}, orphans "
+        f"{a['orphans']}, ReplicaSets {a['replicasets']['found']}/"
+        f"{a['replicasets']['expected']}, pods {a['pods']['found']}/{a['pods']['expected']}."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Operator at scale",
@@ -1053,39 +1087,11 @@ def markdown(result: dict[str, Any]) -> str:
         if change.get("operator_queue_wait_ms"):
             lines += ["", change_breakdown(s["n"], change, s["change"])]
     if result.get("prometheus"):
-        p = result["prometheus"]
-        ph = p["phase"]
-        lines += [
-            "",
-            f"Autoscaler in Prometheus mode at N={p['n']} (steady load moving by up to 5 %, "
-            f"replicas pinned): decisions per fleet per minute "
-            f"min {p['decisions_per_fleet_per_min']['min']} / "
-            f"p50 {p['decisions_per_fleet_per_min']['p50']}"
-            f" (ideal {p['decisions_per_fleet_per_min']['ideal']}; from "
-            f"{p['decisions_per_fleet_per_min']['source']}), mean tick "
-            f"{p['autoscaler_tick_ms']} ms, {p['prometheus_queries_per_s']} Prometheus queries/s "
-            f"({p['prometheus_queries_per_fleet_decision']} per fleet decision), status writes "
-            f"per decision {p['status_writes_per_decision']}, operator writes/min "
-            f"{ph['operator_writes_per_min']}, API server requests/min "
-            f"{ph['apiserver_per_min']}, operator CPU {ph['operator_cpu_cores']} cores, "
-            f"RSS peak {ph['operator_rss_peak_mb']} MB.",
-        ]
+        lines += ["", prometheus_paragraph(result["prometheus"])]
     if result.get("kill"):
-        k = result["kill"]
-        a = k["audit"]
-        lines += [
-            "",
-            f"Kill at N={k['n']}: SIGKILL with {k['applied_at_kill']} fleets applied "
-            f"({k['available_at_kill']} Available); the successor led after "
-            f"{k['successor_leading_after_s']} s (Lease {k['lease_seconds']} s), every fleet's "
-            f"children were applied {k['all_applied_after_kill_s']} s and every fleet "
-            f"Available {k['kill_convergence_s']} s after "
-            f"the kill (converged: {k['converged']}); duplicates {a['duplicates']}, orphans "
-            f"{a['orphans']}, ReplicaSets {a['replicasets']['found']}/"
-            f"{a['replicasets']['expected']}, pods {a['pods']['found']}/{a['pods']['expected']}.",
-        ]
-        if k.get("phase"):
-            lines += ["", kill_breakdown(k)]
+        lines += ["", kill_paragraph(result["kill"])]
+        if result["kill"].get("phase"):
+            lines += ["", kill_breakdown(result["kill"])]
     lines += ["", "| target | N | value | limit | holds |", "|---|---|---|---|---|"]
     for key, t in result["targets"].items():
         lines.append(f"| {key} | {t['n']} | {t['value']} | {t['limit']} | {t['holds']} |")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -146,36 +147,12 @@ class Reconciler:
             # Not known yet; a fleet known deleted needs no GET to find it gone.
             body = self.kube.get_or_none(path)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            # Children carry owner references: the garbage collector removes them.
-            metrics.forget(namespace, name)
-            self._seen.pop((namespace, name), None)
-            self._done.pop((namespace, name), None)
-            if self.bodies is not None:
-                self.bodies.forget((namespace, name))
-            try:  # the shared gateways it was in lose its model now, not at the next resync
-                self._apply_shared(namespace)
-            except KubeError as err:
-                log.warning("shared gateways of %s after %s left: %s", namespace, name, err)
-            return Outcome()
+            return self._left(namespace, name)
         # Taken before anything is read: a child that changes while this pass runs must make
         # the next pass a full one, even when this pass already saw the change.
         fingerprint = self._fingerprint(namespace, name, body)
-        done = self._done.get((namespace, name))
-        if (
-            done is not None
-            and done[0] == fingerprint
-            and not (done[3] and reported(self._worker_pods(namespace, name), done[3]))
-        ):
-            # Nothing it reads changed since its last clean reconcile, so rendering and hashing
-            # ten children would find each as applied: a resync of a thousand fleets used to
-            # keep the reconcile threads busy (and the GIL, which every reconcile shares) for
-            # tens of seconds a minute doing just that.
-            metrics.RECONCILES_UNCHANGED.inc()
-            try:
-                self._apply_shared(namespace, done[2])
-            except KubeError as err:
-                log.warning("shared gateway %s/%s: %s", namespace, done[2], err)
-            return done[1]
+        if (unchanged := self._unchanged(namespace, name, fingerprint)) is not None:
+            return unchanged
         meta = body["metadata"]
         key = (namespace, name)
         owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
@@ -205,15 +182,10 @@ class Reconciler:
             # them is refused, and retrying with backoff until the fleet's own deletion would
             # only load the API server. The fleet goes with its namespace.
             log.info("%s/%s: namespace is terminating, not re-making children", namespace, name)
-            metrics.forget(namespace, name)
-            self._seen.pop((namespace, name), None)
-            self._done.pop((namespace, name), None)
+            self._forget(namespace, name)
             return Outcome()
-        try:
-            self._apply_shared(namespace, spec.gateway.shared)
-        except KubeError as err:
-            log.warning("shared gateway %s/%s: %s", namespace, spec.gateway.shared, err)
-            error = error or f"shared gateway {spec.gateway.shared}: {err.message}"
+        if shared_error := self._shared_applied(namespace, spec.gateway.shared):
+            error = error or f"shared gateway {spec.gateway.shared}: {shared_error}"
         gateways = rollout_state(
             self._deployment(observed, owner, "gateway"), spec.gateway.replicas
         )
@@ -231,14 +203,7 @@ class Reconciler:
             refusal=refusal,
         )
         events = _notable(old, new, error)
-        if changed(old, new):
-            try:
-                reply = self.kube.merge_status(path, new)
-                if self.bodies is not None and reply:
-                    self.bodies.put(reply)
-            except KubeError as err:
-                if err.status != 404:
-                    raise
+        self._write_status(path, old, new)
         outcome = Outcome(body, desired, workers.ready, error, events)
         if not error and _settled(monitoring, spec, self._monitors):
             # Its own writes changed versions: the next pass is a full one that finds them in
@@ -249,6 +214,62 @@ class Reconciler:
         else:
             self._done.pop((namespace, name), None)
         return outcome
+
+    def _unchanged(self, namespace: str, name: str, fingerprint: tuple[Any, ...]) -> Outcome | None:
+        """The last clean reconcile's outcome when nothing it reads changed since, else None."""
+        done = self._done.get((namespace, name))
+        if (
+            done is None
+            or done[0] != fingerprint
+            or (done[3] and reported(self._worker_pods(namespace, name), done[3]))
+        ):
+            return None
+        # Rendering and hashing ten children would find each as applied: a resync of a
+        # thousand fleets used to keep the reconcile threads busy (and the GIL, which every
+        # reconcile shares) for tens of seconds a minute doing just that.
+        metrics.RECONCILES_UNCHANGED.inc()
+        self._shared_applied(namespace, done[2])
+        return done[1]
+
+    def _forget(self, namespace: str, name: str) -> None:
+        """Drops what this process keeps about a fleet that is gone or going."""
+        metrics.forget(namespace, name)
+        self._seen.pop((namespace, name), None)
+        self._done.pop((namespace, name), None)
+
+    def _left(self, namespace: str, name: str) -> Outcome:
+        """A fleet deleted or being deleted. Its children carry owner references: the garbage
+        collector removes them; the shared gateways it was in lose its model now, not at the
+        next resync."""
+        self._forget(namespace, name)
+        if self.bodies is not None:
+            self.bodies.forget((namespace, name))
+        try:
+            self._apply_shared(namespace)
+        except KubeError as err:
+            log.warning("shared gateways of %s after %s left: %s", namespace, name, err)
+        return Outcome()
+
+    def _shared_applied(self, namespace: str, shared: str) -> str:
+        """`_apply_shared`, logged: "" when done, else the API server's message."""
+        try:
+            self._apply_shared(namespace, shared)
+        except KubeError as err:
+            log.warning("shared gateway %s/%s: %s", namespace, shared, err)
+            return err.message
+        return ""
+
+    def _write_status(self, path: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """The status `new` when it differs from `old`; a fleet deleted meanwhile is no error."""
+        if not changed(old, new):
+            return
+        try:
+            reply = self.kube.merge_status(path, new)
+            if self.bodies is not None and reply:
+                self.bodies.put(reply)
+        except KubeError as err:
+            if err.status != 404:
+                raise
 
     def _fingerprint(self, namespace: str, name: str, body: dict[str, Any]) -> tuple[Any, ...]:
         """What a reconcile of the fleet reads: its body (but the autoscaler's measurements),

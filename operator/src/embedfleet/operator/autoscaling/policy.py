@@ -129,21 +129,11 @@ def decide(
     current = max(replicas, 0)
     if observation is None:
         return _hold(state, spec, current, now, Reason.NO_METRICS, "no metrics from the fleet")
-    # A backlog is drained over the stable window: pods asked for during a burst are still
-    # starting, and draining it faster would buy replicas that are idle once they are ready.
-    demand = (
-        max(observation.tokens_per_second, 0.0)
-        + max(observation.queued_tokens + observation.held_tokens, 0.0) / spec.stable_window_seconds
-    )
+    state, demand = _observed(state, observation, spec, now)
+    load, latency, capacity = state.load, state.latency, state.capacity
     # Requests held at a gateway wait for a ready worker: at least one must exist, whatever the
     # capacity figure (none was ever measured for a fleet that started at zero).
     waiting = observation.held_requests > 0
-    load = (*_window(state.load, now, spec.stable_window_seconds), (now, demand))
-    latency = _window(state.latency, now, spec.panic_window_seconds)
-    if observation.p99_seconds is not None and observation.tokens_per_second > 0:
-        latency += ((now, observation.p99_seconds),)
-    capacity = _usable(observation.capacity_tokens_per_second) or state.capacity
-    state = replace(state, load=load, latency=latency, capacity=capacity)
     per_replica = per_replica_target(spec, capacity)
     if per_replica is None and waiting and current == 0:
         final = clamp(1, spec.min_replicas, spec.max_replicas)
@@ -156,11 +146,7 @@ def decide(
         )
 
     stable_rate = _mean(load)
-    # A mean over the panic window lags half of it, so a latest interval far above the fleet
-    # (beyond noise) counts alone.
-    panic_rate = _mean(_window(load, now, spec.panic_window_seconds))
-    if current == 0 or demand >= BURST_RATIO * current * per_replica:
-        panic_rate = max(panic_rate, demand)
+    panic_rate = _panic_rate(load, demand, now, spec, current * per_replica)
     want_stable = _want(stable_rate, per_replica, current, spec.tolerance)
     want_panic = _want(panic_rate, per_replica, current, spec.tolerance)
     want = max(want_stable, want_panic, 1 if waiting else 0)
@@ -174,21 +160,10 @@ def decide(
         held = Reason.WITHIN_TOLERANCE
     load_want = want
 
-    # One interval's p99 is noisy: force a scale-up only when every interval of the panic window
-    # missed the SLO and latency is not falling (a backlog being drained by replicas that just
-    # became ready needs no more of them); the latest interval alone blocks a scale-down.
-    latency_up = False
     p99 = latency[-1][1] if latency and latency[-1][0] == now else None
-    if p99 is not None:
-        if min(v for _, v in latency) > _slo(spec) and p99 >= latency[0][1]:
-            if observation.ready_replicas >= current:
-                step = max(1, math.ceil(current * LATENCY_STEP))
-                latency_up = current + step > want
-                want = max(want, current + step)
-            elif want < current:
-                want, held = current, Reason.WAITING_FOR_REPLICAS
-        elif p99 > NEAR_SLO_FRACTION * _slo(spec) and want < current:
-            want, held = current, Reason.SCALE_DOWN_BLOCKED_BY_LATENCY
+    want, held, latency_up = _for_latency(
+        latency, p99, spec, (current, observation.ready_replicas), (want, held)
+    )
 
     recommendations = _push_max(
         state.recommendations, now, want, spec.scale_down_stabilization_seconds
@@ -199,11 +174,7 @@ def decide(
         if target > want:
             held = Reason.SCALE_DOWN_STABILIZING
 
-    limited = min(target, max(current + 1, math.ceil(current * spec.max_scale_up_rate)))
-    # ceil: "at most halve" must never round down to more than halving; 1 -> 0 stays possible.
-    floor = math.ceil(current / spec.max_scale_down_rate - 1e-9) if current > 1 else 0
-    limited = max(limited, floor)
-    final = clamp(limited, spec.min_replicas, spec.max_replicas)
+    final = _within_rates(target, current, spec)
 
     reason, message = _explain(
         current=current,
@@ -227,6 +198,75 @@ def decide(
         capacity=capacity,
     )
     return Decision(final, current, reason, message, new_state, per_replica)
+
+
+def _observed(
+    state: PolicyState, observation: Observation, spec: Autoscaling, now: float
+) -> tuple[PolicyState, float]:
+    """`state` with this interval's demand, p99 and capacity in its windows, and the demand:
+    tokens/s now plus the backlog drained over the stable window."""
+    # A backlog is drained over the stable window: pods asked for during a burst are still
+    # starting, and draining it faster would buy replicas that are idle once they are ready.
+    demand = (
+        max(observation.tokens_per_second, 0.0)
+        + max(observation.queued_tokens + observation.held_tokens, 0.0) / spec.stable_window_seconds
+    )
+    load = (*_window(state.load, now, spec.stable_window_seconds), (now, demand))
+    latency = _window(state.latency, now, spec.panic_window_seconds)
+    if observation.p99_seconds is not None and observation.tokens_per_second > 0:
+        latency += ((now, observation.p99_seconds),)
+    capacity = _usable(observation.capacity_tokens_per_second) or state.capacity
+    return replace(state, load=load, latency=latency, capacity=capacity), demand
+
+
+def _panic_rate(
+    load: tuple[tuple[float, float], ...],
+    demand: float,
+    now: float,
+    spec: Autoscaling,
+    fleet: float,
+) -> float:
+    """The demand the panic window sees; `fleet` is what the current replicas are sized for."""
+    rate = _mean(_window(load, now, spec.panic_window_seconds))
+    # A mean over the panic window lags half of it, so a latest interval far above the fleet
+    # (beyond noise) counts alone; with no replicas any demand is a burst.
+    if fleet <= 0 or demand >= BURST_RATIO * fleet:
+        rate = max(rate, demand)
+    return rate
+
+
+def _for_latency(
+    latency: tuple[tuple[float, float], ...],
+    p99: float | None,
+    spec: Autoscaling,
+    replicas: tuple[int, int],
+    wanted: tuple[int, Reason],
+) -> tuple[int, Reason, bool]:
+    """The replicas wanted once the p99 (this interval's, None without one) has its say, why a
+    scale-down is held, and whether latency alone raised it; `replicas` is (current, ready)."""
+    (current, ready), (want, held) = replicas, wanted
+    if p99 is None:
+        return want, held, False
+    # One interval's p99 is noisy: force a scale-up only when every interval of the panic window
+    # missed the SLO and latency is not falling (a backlog being drained by replicas that just
+    # became ready needs no more of them); the latest interval alone blocks a scale-down.
+    if min(v for _, v in latency) > _slo(spec) and p99 >= latency[0][1]:
+        if ready >= current:
+            step = max(1, math.ceil(current * LATENCY_STEP))
+            return max(want, current + step), held, current + step > want
+        if want < current:
+            return current, Reason.WAITING_FOR_REPLICAS, False
+    elif p99 > NEAR_SLO_FRACTION * _slo(spec) and want < current:
+        return current, Reason.SCALE_DOWN_BLOCKED_BY_LATENCY, False
+    return want, held, False
+
+
+def _within_rates(target: int, current: int, spec: Autoscaling) -> int:
+    """`target` within the spec's scale-up and scale-down rates, then its replica bounds."""
+    limited = min(target, max(current + 1, math.ceil(current * spec.max_scale_up_rate)))
+    # ceil: "at most halve" must never round down to more than halving; 1 -> 0 stays possible.
+    floor = math.ceil(current / spec.max_scale_down_rate - 1e-9) if current > 1 else 0
+    return clamp(max(limited, floor), spec.min_replicas, spec.max_replicas)
 
 
 def _explain(
