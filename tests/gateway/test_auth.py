@@ -51,6 +51,7 @@ def test_a_missing_or_wrong_key_is_401(keyed: tuple[Gateway, Path]) -> None:
         reply = gateway.post("/v1/embeddings", BODY, headers=headers)
         assert reply.status == 401
         assert reply.headers["www-authenticate"] == "Bearer"
+        assert reply.headers["connection"] == "close"  # its body unread: the connection ends
         error = reply.json()["error"]
         assert (error["type"], error["param"], error["code"]) == (
             "invalid_request_error", None, "invalid_api_key")  # fmt: skip

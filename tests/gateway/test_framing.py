@@ -1,7 +1,7 @@
 """HTTP framing errors against the gateway binary over raw sockets: each is answered with its
 status (400, 408, 413, 431) and an OpenAI-shaped error body, never an empty body and never 499
-to a client still connected; a flood of header lines on one connection leaves the gateway's
-memory where it was."""
+to a client still connected, with `Connection: close` where its body was left unread; a flood
+of header lines on one connection leaves the gateway's memory where it was."""
 
 from __future__ import annotations
 
@@ -151,6 +151,23 @@ def test_a_body_over_the_limit_is_a_413(gateway: GatewayProcess) -> None:
     reply = exchange(gateway, post(f"Content-Length: {1 << 40}\r\n"))
     assert reply.status == 413
     assert reply.error()["code"] == "request_too_large"
+
+
+def test_a_reply_before_the_body_is_read_says_connection_close(gateway: GatewayProcess) -> None:
+    """Refused before its body was read (413 by its length, 405, 404), a request's reply says
+    `Connection: close`: hyper closes such a connection after the reply, and a client told
+    nothing would send its next request on it and lose it. One refused after its body was read
+    keeps the connection."""
+    cases = {
+        413: post(f"Content-Length: {1 << 40}\r\n"),
+        405: b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+        404: b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    }
+    for status, data in cases.items():
+        reply = exchange(gateway, data)
+        assert (reply.status, reply.headers.get("connection")) == (status, "close")
+    read = exchange(gateway, post("Content-Length: 2\r\n", b"{}"), wait=1.0)
+    assert (read.status, read.headers.get("connection")) == (400, None)
 
 
 def test_slow_headers_are_a_408(gateway: GatewayProcess) -> None:

@@ -11,8 +11,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body as _;
 use hyper::body::{Frame, Incoming, SizeHint};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response};
 
 use crate::api::errors::ApiError;
@@ -186,11 +187,20 @@ pub async fn handle(router: Arc<Router>, req: Request<Incoming>) -> Result<Reply
             .server(format!("{} {route}", req.method()), parent)
     });
     let context = span.as_ref().and_then(traces::Span::context);
-    let answered = dispatch(&router, route, req, &mut recorder.model);
-    let reply = match traces::within(context, answered).await {
+    let mut body_read = req.body().is_end_stream();
+    let answered = dispatch(&router, route, req, &mut recorder.model, &mut body_read);
+    let mut reply = match traces::within(context, answered).await {
         Ok(reply) => reply,
         Err(e) => error_reply(&e, route),
     };
+    if !body_read {
+        // Answered before its body was read (a 401, 405, 413, ...): hyper would close the
+        // connection after this reply without saying so, and a client that reuses it would
+        // lose its next request. Said, the client opens a new one.
+        reply
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     recorder.status = reply.status().as_u16();
     recorder.finished = true;
     if let Some(span) = &mut span {
@@ -204,6 +214,7 @@ async fn dispatch(
     route: &'static str,
     req: Request<Incoming>,
     served: &mut &'static str,
+    body_read: &mut bool,
 ) -> Result<Reply, ApiError> {
     let gateway = &router.gateway;
     if let Some(file) = &router.keys {
@@ -220,7 +231,7 @@ async fn dispatch(
                 allow: "POST",
             });
         }
-        return post(gateway, (route, api), req, served).await;
+        return post(gateway, (route, api), req, served, body_read).await;
     }
     if method != Method::GET && method != Method::HEAD {
         return match route {
@@ -284,10 +295,12 @@ async fn post(
     (route, api): (&'static str, Api),
     req: Request<Incoming>,
     served: &mut &'static str,
+    body_read: &mut bool,
 ) -> Result<Reply, ApiError> {
     let started = Instant::now();
     let settings = &gateway.settings;
     let body = read_body(settings.max_body_bytes, settings.body_timeout_seconds, req).await?;
+    *body_read = true;
     let parsed = parse(gateway, (route, api), &body)?;
     let metrics = &gateway.metrics;
     metrics.stage(Stage::Parse, started.elapsed().as_secs_f64());
