@@ -242,9 +242,11 @@ def behind_worker(
 ) -> Iterator[Gateway]:
     """The binary serving the model directory `model` (SMALL_CHUNKS and `extra`, which the worker
     gets too) in front of one real worker process: the null engine, or with "torch" one computing
-    real numbers (one thread)."""
+    real numbers (one thread, float32)."""
     extra = dict(extra or {})
-    own = ("--engine", "null") if engine == "null" else ("--threads", "1")
+    # float32: these tests compare to the reference at float32's tolerance, and `auto` picks
+    # bfloat16 on a CPU with native bf16 (avx512_bf16, AMX)
+    own = ("--engine", "null") if engine == "null" else ("--threads", "1", "--dtype", "float32")
     argv = (*own, "--warmup-seconds", "0.2", "--model", str(model), *flags(extra))
     with running_worker(workdir, *argv) as worker:
         settings = {"model": model, **SMALL_CHUNKS, **extra}

@@ -27,7 +27,9 @@ def hybrid_worker(
     family_dirs: FamilyDirs, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[pb_grpc.WorkerStub]:
     path = family_dirs.get("bge-m3")
+    # float32: compared at its tolerance (`auto` is bfloat16 on a CPU with native bf16)
     args = ("--model", str(path), "--task", "hybrid", "--warmup-seconds", "0.2", "--threads", "1")
+    args += ("--dtype", "float32")
     with running_worker(tmp_path_factory.mktemp("hybrid-worker"), *args) as worker:
         yield worker_stub(worker.channel())
 
