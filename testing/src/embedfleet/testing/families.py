@@ -534,6 +534,10 @@ def decoder_embedder(path: Path, published: str, seed: int = 0, **changes: Any) 
                 if "norm" in name:
                     param.normal_(0.0, 0.1)
     out = _save(model, tok, path / published)
+    if kind == "mistral":
+        # Mistral's vocabulary has no pad token; its embedders pad with </s>, and without one
+        # sentence-transformers cannot batch
+        (out / "tokenizer_config.json").write_text(json.dumps({"pad_token": "</s>"}))
     bidirectional = bool(spec.get("use_bidirectional_attention")) or spec.get("is_causal") is False
     return sentence_transformers_modules(out, "mean" if bidirectional else "lasttoken")
 
