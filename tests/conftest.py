@@ -38,10 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 LONG_GROUPS = ("real-node", "kwok")
-#: directories whose files are groups of their own: many tests, fixtures per module or per
-#: session (which each process builds for itself anyway); as one group the directory ran last,
-#: alone, for minutes while the other process idled
-BY_FILE = ("tests/worker/engine",)
 
 
 def run_order(group: str) -> int:
@@ -55,17 +51,13 @@ def xdist_group(item: pytest.Item) -> str:
     """The unit `pytest -n N --dist loadgroup` (make test) hands to one worker process, in file
     order. The session's real node and its KWOK control plane each start once and stay up, so
     every test on one of them is in its group; any other test goes with its directory, whose
-    fixtures (fleets, engines, checkpoints) are then built once, as in a serial run, or with its
-    file in a `BY_FILE` directory."""
+    fixtures (fleets, engines, checkpoints) are then built once, as in a serial run."""
     fixtures = getattr(item, "fixturenames", ())
     if "k8s_real_node" in fixtures:
         return "real-node"
     if "k8s_cluster" in fixtures:
         return "kwok"
-    directory = item.path.parent.relative_to(item.config.rootpath)
-    if str(directory) in BY_FILE:
-        return str(directory / item.path.name)
-    return str(directory)
+    return str(item.path.parent.relative_to(item.config.rootpath))
 
 
 # ---- random-weight checkpoints of the served families (embedfleet.testing.families) ------------
