@@ -12,8 +12,8 @@ PYTEST_WORKERS ?= 2
 # Each build step and the tests report their wall and CPU seconds on stderr (hack/timed.sh).
 TIMED = bash hack/timed.sh
 
-.PHONY: install prepare run test lint format proto tools gateway node prometheus image-tools images \
-	images-lock bench clean
+.PHONY: install prepare run test lint format proto tools gateway gateway-tests node prometheus \
+	image-tools images images-lock bench clean
 
 # The Python components in .venv, then the gateway binary (cargo; its progress on the terminal),
 # both reused when unchanged.
@@ -52,6 +52,12 @@ CARGO_JOBS ?= $(or $(CARGO_BUILD_JOBS),$(shell nproc))
 gateway:
 	CARGO_BUILD_JOBS=$(CARGO_JOBS) $(TIMED) gateway bash hack/build-gateway.sh
 
+# The gateway crate's test executables (tests/gateway/test_cargo.py runs them), compiled or
+# reused by content beside the binary (embedfleet.testing.cargo_tests): a fresh clone's `cargo
+# test` would recompile the crate, judged by its files' new mtimes.
+gateway-tests: install
+	$(TIMED) gateway-tests $(BIN)/python -m embedfleet.testing.cargo_tests
+
 # One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
 # kube-proxy, containerd, CNI plugins and the harness images, built or reused from
 # ~/.cache/embedfleet/node. After `tools`: kubelet and kube-proxy reuse its compiled packages.
@@ -88,7 +94,7 @@ images-lock: install
 prepare:
 	@export EMBEDFLEET_PREPARE_START=$$(date +%s); \
 	$(TIMED) prepare $(MAKE) --no-print-directory -j CARGO_JOBS=$(or $(CARGO_BUILD_JOBS),2) \
-		tools node gateway install prometheus image-tools images lint
+		tools node gateway gateway-tests install prometheus image-tools images lint
 
 # Images first (reused when their content key is cached): a build inside a test would count
 # against that test's timeout. Each test's id and result on its own line as it ends (-v, its

@@ -2,12 +2,10 @@
 //! contract/settings.md from the settings. `EMBEDFLEET_UPDATE_CONTRACT=1 cargo test` rewrites
 //! them.
 
-use std::path::Path;
+mod common;
 
 fn current(file: &str, made: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("contract")
-        .join(file);
+    let path = common::manifest_dir().join("contract").join(file);
     if std::env::var_os("EMBEDFLEET_UPDATE_CONTRACT").is_some() {
         std::fs::write(&path, made).expect("contract/ is writable");
     }

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+mod common;
+
 /// Top to bottom: a layer may use those after it.
 const LAYERS: [&str; 8] = [
     "http",
@@ -91,7 +93,7 @@ fn edges(code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
 
 /// Each module and the modules it imports.
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = common::manifest_dir().join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
     let modules: BTreeMap<String, PathBuf> = files

@@ -1,14 +1,19 @@
 """The crate's own tests (cargo test: the decisions behind what the black-box tests see, such as
 chunk planning, balancing, admission's estimate, tokenization against known ids) as part of the
-pytest run."""
+pytest run: the executables `cargo test` builds, cached by content
+(embedfleet.testing.cargo_tests)."""
 
 from __future__ import annotations
 
-from embedfleet.testing.gateway import cargo_test
+from embedfleet.testing.cargo_tests import run_tests
 
 
 def test_cargo_test_passes() -> None:
-    proc = cargo_test()
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-6000:]
-    assert " 0 failed" in proc.stdout
-    assert "test result: ok." in proc.stdout
+    run = run_tests()
+    names = {name for name, _, _ in run.results}
+    # the library's unit tests and the two integration tests (contract, layers), at least
+    assert {"lib-embedfleet_gateway", "test-contract", "test-layers"} <= names, names
+    assert run.passed, run.output()[-12000:]
+    for name, _, out in run.results:
+        assert "test result: ok." in out, (name, out[-3000:])
+        assert " 0 failed" in out, (name, out[-3000:])

@@ -151,7 +151,7 @@ class Reconciler:
         # Taken before anything is read: a child that changes while this pass runs must make
         # the next pass a full one, even when this pass already saw the change.
         fingerprint = self._fingerprint(namespace, name, body)
-        if (unchanged := self._unchanged(namespace, name, fingerprint)) is not None:
+        if (unchanged := self._reuse_unchanged(namespace, name, fingerprint)) is not None:
             return unchanged
         meta = body["metadata"]
         key = (namespace, name)
@@ -215,8 +215,11 @@ class Reconciler:
             self._done.pop((namespace, name), None)
         return outcome
 
-    def _unchanged(self, namespace: str, name: str, fingerprint: tuple[Any, ...]) -> Outcome | None:
-        """The last clean reconcile's outcome when nothing it reads changed since, else None."""
+    def _reuse_unchanged(
+        self, namespace: str, name: str, fingerprint: tuple[Any, ...]
+    ) -> Outcome | None:
+        """The last clean reconcile's outcome when nothing it reads changed since, else None;
+        reusing it counts the skip and marks the fleet's shared gateways as still applied."""
         done = self._done.get((namespace, name))
         if (
             done is None

@@ -13,7 +13,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedfleet.common.cpus import detect_cores
 from embedfleet.common.net import free_ports
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail, spawn, stop
@@ -54,35 +53,9 @@ def child_env() -> dict[str, str]:
     return {"VIRTUAL_ENV": sys.prefix, **os.environ}
 
 
-def cargo_test(timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    """`cargo test --release --locked --offline` of the gateway in the build script's target
-    directory (the dependencies it compiled are reused), under nice. Every core: pytest runs one
-    test at a time, and the crate's test targets (unit, contract, layers) compile side by side,
-    halving this test's wall time on two cores (228 s -> 120 s measured under load)."""
-    gateway_binary()  # builds the dependencies into the target directory when cold
-    target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
-    jobs = str(detect_cores())
-    env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": jobs}
-    return subprocess.run(
-        [
-            "nice",
-            "-n",
-            "19",
-            os.environ.get("CARGO", _tool("cargo")),
-            "test",
-            "--release",
-            "--locked",
-            "--offline",
-            "-j",
-            jobs,
-        ],
-        cwd=CRATE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def cargo_tool() -> str:
+    """cargo: $CARGO, else from PATH, else rustup's default place."""
+    return os.environ.get("CARGO") or _tool("cargo")
 
 
 def _tool(name: str) -> str:
