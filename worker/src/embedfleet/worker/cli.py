@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if settings.engine == "torch" and (line := check(settings.model, settings.task)):
         exit_refused(line, settings.termination_message_path)
     settings = fit_machine(settings, os.environ, detect_cores)
+    if settings.front == "rust":
+        from embedfleet.worker.rust_front import serve as serve_rust
+
+        sys.exit(serve_rust(settings))
     if settings.engines > 1:
         from embedfleet.worker.engines import run_engines
 

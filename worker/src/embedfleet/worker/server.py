@@ -61,7 +61,7 @@ _POOLING: dict[int, Pooling | None] = {
     pb.POOLING_WEIGHTED_MEAN: "weighted_mean",
     pb.POOLING_MEAN_SQRT_LEN: "mean_sqrt_len",
 }
-_POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
+POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
 _TASKS = {
     "Embed": "embed",
     "Score": "score",
@@ -242,7 +242,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 "undecodable request message",
                 extra={"rpc": rpc, "detail": request.detail, "since_last_line": held},
             )
-        await context.abort(Code.INVALID_ARGUMENT, f"malformed {rpc} request: {request.detail}")
+        await context.abort(Code.INVALID_ARGUMENT, malformed_message(rpc, request.detail))
 
     async def Embed(  # noqa: N802 - gRPC method names
         self,
@@ -252,7 +252,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         return await self._serve(
             "Embed",
             request.batch,
-            lambda: _embed_options(request),
+            lambda: embed_options(request),
             lambda entry: _embed_response(request, entry),
             context,
         )
@@ -323,7 +323,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             response, _ = await self._answered(
                 "Embed",
                 request.batch,
-                lambda: _embed_options(request),
+                lambda: embed_options(request),
                 lambda entry: _embed_response(request, entry),
                 deadline,
                 # Cancelled with its stream (the caller gone, or the server stopping), as a
@@ -452,7 +452,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             vocab_size=state.model.vocab_size,
             capacity_tokens_per_second=state.capacity,
             saturated_tokens_per_second=runner.saturated_rate if runner else 0.0,
-            default_pooling=_POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
+            default_pooling=POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
             default_normalize=state.model.normalize,
             queued_requests=queued_requests,
             queued_tokens=queued_tokens,
@@ -548,26 +548,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise StatusError(Code.UNAVAILABLE, "the worker is draining")
         if not state.ready or state.engine is None:
             raise StatusError(Code.UNAVAILABLE, "the worker is warming up")
-        try:
-            tokens = unpack_tokens(batch)
-        except CodecError as exc:
-            raise StatusError(Code.INVALID_ARGUMENT, f"malformed token batch: {exc}") from None
-        if admit(tokens.total, tokens.count, state.budget) is Admission.REJECT:
-            raise StatusError(
-                Code.INVALID_ARGUMENT,
-                f"the request has {tokens.total} tokens; "
-                f"the limit is {state.budget.hard_max_tokens}",
-            )
-        dims = state.engine.info.dimensions
-        if options.dimensions > dims:
-            raise StatusError(
-                Code.INVALID_ARGUMENT, f"dimensions {options.dimensions} exceeds the model's {dims}"
-            )
-        item = WorkItem(tokens, options)
-        try:
-            state.engine.validate(item)
-        except InvalidInputError as exc:
-            raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
+        item = work_item(batch, options, state.budget, state.engine)
         self._stages["validate"].observe((time.perf_counter_ns() - validating) * 1e-9)
         try:
             entry = await state.compute(item, deadline)
@@ -597,12 +578,41 @@ class WorkerService(pb_grpc.WorkerServicer):
             metrics.request.observe(time.perf_counter() - started)
 
 
+def work_item(batch: pb.TokenBatch, options: Options, budget: Budget, engine: Engine) -> WorkItem:
+    """A request's work for the engine, or StatusError(INVALID_ARGUMENT) saying what is wrong
+    with it (both fronts' checks: the Rust front calls this per batch)."""
+    try:
+        tokens = unpack_tokens(batch)
+    except CodecError as exc:
+        raise StatusError(Code.INVALID_ARGUMENT, f"malformed token batch: {exc}") from None
+    if admit(tokens.total, tokens.count, budget) is Admission.REJECT:
+        raise StatusError(
+            Code.INVALID_ARGUMENT,
+            f"the request has {tokens.total} tokens; the limit is {budget.hard_max_tokens}",
+        )
+    dims = engine.info.dimensions
+    if options.dimensions > dims:
+        raise StatusError(
+            Code.INVALID_ARGUMENT, f"dimensions {options.dimensions} exceeds the model's {dims}"
+        )
+    item = WorkItem(tokens, options)
+    try:
+        engine.validate(item)
+    except InvalidInputError as exc:
+        raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
+    return item
+
+
+def malformed_message(rpc: str, detail: str) -> str:
+    return f"malformed {rpc} request: {detail}"
+
+
 def _check_format(fmt: int) -> None:
     if fmt not in FLOAT_DTYPES:
         raise StatusError(Code.INVALID_ARGUMENT, f"unknown float format {fmt}")
 
 
-def _embed_options(request: pb.EmbedRequest) -> Options:
+def embed_options(request: pb.EmbedRequest) -> Options:
     _check_format(request.format)
     if request.pooling not in _POOLING:
         raise StatusError(Code.INVALID_ARGUMENT, f"unknown pooling {request.pooling}")
@@ -614,9 +624,15 @@ def _embed_options(request: pb.EmbedRequest) -> Options:
 
 
 def _embed_response(request: pb.EmbedRequest, entry: Entry) -> pb.EmbedResponse:
+    return embed_response(request, entry.future.result(), entry.item)
+
+
+def embed_response(
+    request: pb.EmbedRequest, result: FloatArray, item: WorkItem
+) -> pb.EmbedResponse:
     # [count, dimensions]; a hybrid model's come as its flat row of that one output.
-    rows = entry.future.result().reshape(entry.item.tokens.count, -1)
-    return _dense_response(rows, request.format, entry.tokens)
+    rows = result.reshape(item.tokens.count, -1)
+    return _dense_response(rows, request.format, item.tokens.total)
 
 
 def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.EmbedResponse:

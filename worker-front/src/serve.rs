@@ -1,0 +1,109 @@
+//! The server's life once the engine is warm: listen, serve, and on SIGTERM (or SIGINT) drain:
+//! health NOT_SERVING and new calls UNAVAILABLE, every queued or computing call answered (up to
+//! --drain-seconds), open EmbedStreams ended, then the server stops and `serve` returns.
+use std::net::TcpListener as StdListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{oneshot, watch};
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+
+use crate::generated::worker_server::WorkerServer;
+use crate::limits::Limits;
+use crate::pb;
+use crate::queue::Queue;
+use crate::service::Front;
+
+const SERVICE: &str = "embedfleet.v1.Worker";
+/// Replies: the largest is a full request's vectors, far from this (as lifecycle.py's).
+const MAX_REPLY_BYTES: usize = 256 << 20;
+/// How long the server may take to close its connections once the drain is done.
+const GRACE: Duration = Duration::from_secs(1);
+
+pub struct Config {
+    pub host: String,
+    pub port: u16,
+    pub max_message_bytes: usize,
+    pub drain_seconds: f64,
+}
+
+/// Serve on the calling thread (a current-thread runtime) until SIGTERM and the drain.
+pub fn run(
+    config: Config,
+    queue: Arc<Queue>,
+    limits: Arc<Limits>,
+    info: pb::InfoResponse,
+    on_listening: Py<PyAny>,
+) -> PyResult<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(serve(config, queue, limits, info, on_listening))
+}
+
+async fn serve(
+    config: Config,
+    queue: Arc<Queue>,
+    limits: Arc<Limits>,
+    info: pb::InfoResponse,
+    on_listening: Py<PyAny>,
+) -> PyResult<()> {
+    // Bound here, not by tonic: a taken port is the caller's OSError, told in one line.
+    let listener = StdListener::bind((config.host.as_str(), config.port))?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    let incoming = TcpIncoming::from_listener(tokio::net::TcpListener::from_std(listener)?, true, None)
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let (mut health, health_service) = tonic_health::server::health_reporter();
+    for name in ["", SERVICE] {
+        health.set_service_status(name, ServingStatus::Serving).await;
+    }
+    let (close, closing) = watch::channel(false);
+    let front = Front { queue, limits: Arc::clone(&limits), info: Arc::new(info), closing };
+    let worker = WorkerServer::new(front)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(MAX_REPLY_BYTES);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(health_service)
+            .add_service(worker)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            }),
+    );
+    Python::with_gil(|py| on_listening.call1(py, (port,)))?;
+    tracing::info!(port, "listening");
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    drain(&config, &limits, &mut health).await;
+    let _ = close.send(true);
+    let _ = stop.send(());
+    match tokio::time::timeout(GRACE, server).await {
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "the server ended with an error"),
+        Err(_) => tracing::warn!("connections still open after the grace period"),
+        _ => {}
+    }
+    Ok(())
+}
+
+async fn drain(config: &Config, limits: &Limits, health: &mut tonic_health::server::HealthReporter) {
+    limits.start_draining();
+    for name in ["", SERVICE] {
+        health.set_service_status(name, ServingStatus::NotServing).await;
+    }
+    tracing::info!(inflight = limits.inflight(), "draining");
+    let deadline = Instant::now() + Duration::from_secs_f64(config.drain_seconds.max(0.0));
+    while limits.inflight() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if limits.inflight() > 0 {
+        tracing::warn!(inflight = limits.inflight(), "drain timed out");
+    }
+}
