@@ -27,7 +27,9 @@ pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
                 }
                 queue.take()
             });
-            let Some(Taken { batch, dropped }) = taken else { break };
+            let Some(Taken { batch, dropped }) = taken else {
+                break;
+            };
             for (entry, status) in dropped {
                 tracing::debug!(reason = ?status.code(), "request dropped unrun");
                 answered.push((entry, Err(status)));
@@ -64,7 +66,10 @@ fn call(py: Python<'_>, run_batch: &Bound<'_, PyAny>, batch: &[Entry]) -> Vec<Ou
     })();
     match outcomes {
         Ok(outcomes) if outcomes.len() == batch.len() => outcomes,
-        Ok(_) => failed(batch.len(), "the batch call returned a wrong number of replies"),
+        Ok(_) => failed(
+            batch.len(),
+            "the batch call returned a wrong number of replies",
+        ),
         Err(err) => failed(batch.len(), &err.to_string()),
     }
 }
@@ -79,6 +84,10 @@ fn outcome(item: &Bound<'_, PyAny>) -> PyResult<Outcome> {
     Ok(Err(Status::new(Code::from_i32(code), message)))
 }
 
+// tonic's Status is what a call fails with; boxed, each refusal would cost an allocation more.
+#[allow(clippy::result_large_err)]
 fn failed(count: usize, why: &str) -> Vec<Outcome> {
-    (0..count).map(|_| Err(Status::internal(format!("the engine failed: {why}")))).collect()
+    (0..count)
+        .map(|_| Err(Status::internal(format!("the engine failed: {why}"))))
+        .collect()
 }

@@ -11,16 +11,18 @@ mod codec;
 mod engine;
 mod limits;
 mod queue;
-mod serve;
+mod server;
 mod service;
 mod wire;
 
 /// The protocol's messages (embedfleet.proto).
+#[allow(clippy::all, clippy::pedantic)]
 pub mod pb {
     tonic::include_proto!("embedfleet.v1");
 }
 
 /// The Worker service's server side (build.rs lists its methods).
+#[allow(clippy::all, clippy::pedantic)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/embedfleet.v1.Worker.rs"));
 }
@@ -32,7 +34,7 @@ mod generated {
 #[pyfunction]
 #[pyo3(signature = (*, host, port, max_batch_tokens, max_batch_sequences, hard_max_tokens,
     max_queue_requests, max_inflight_bytes, max_message_bytes, drain_seconds, info, run_batch,
-    on_listening))]
+    on_listening, log_level = "info", json_logs = true))]
 #[allow(clippy::too_many_arguments)] // keyword-only: each one named at the Python call
 fn serve(
     py: Python<'_>,
@@ -48,8 +50,10 @@ fn serve(
     info: &[u8],
     run_batch: Py<PyAny>,
     on_listening: Py<PyAny>,
+    log_level: &str,
+    json_logs: bool,
 ) -> PyResult<()> {
-    let _ = tracing_subscriber::fmt().json().with_writer(std::io::stderr).try_init();
+    init_logs(log_level, json_logs);
     let info = pb::InfoResponse::decode(info)
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     let budget = queue::Budget {
@@ -65,9 +69,20 @@ fn serve(
             .name("engine".into())
             .spawn(move || engine::run(queue, run_batch))?
     };
-    let config = serve::Config { host, port, max_message_bytes, drain_seconds };
+    let config = server::Config {
+        host,
+        port,
+        max_message_bytes,
+        drain_seconds,
+    };
     let served = py.allow_threads(|| {
-        let served = serve::run(config, Arc::clone(&queue), limits, info, on_listening);
+        let parts = server::Parts {
+            queue: Arc::clone(&queue),
+            limits,
+            info,
+            on_listening,
+        };
+        let served = server::run(config, parts);
         // Whatever ended serving, the engine thread answers what is queued and ends.
         queue.stop();
         let _ = engine.join();
@@ -75,6 +90,25 @@ fn serve(
     });
     tracing::info!("stopped");
     served
+}
+
+/// The Rust side's lines on stderr beside the Python logger's: the worker's --log-level and
+/// --log-format (JSON, or text). Once per process: a second `serve` keeps the first's.
+fn init_logs(level: &str, json: bool) {
+    let level = match level {
+        "debug" => tracing::Level::DEBUG,
+        "warning" => tracing::Level::WARN,
+        "error" => tracing::Level::ERROR,
+        _ => tracing::Level::INFO,
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        logs.json().try_init()
+    } else {
+        logs.try_init()
+    };
 }
 
 #[pymodule]

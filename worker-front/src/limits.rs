@@ -39,13 +39,18 @@ impl Limits {
 
     /// A hold on `size` more bytes, or the refusal's message when they would pass the limit.
     pub fn take(self: &Arc<Self>, size: usize) -> Result<Held, String> {
-        let taken = self.bytes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-            (held + size <= self.max_bytes).then_some(held + size)
-        });
+        let taken = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + size <= self.max_bytes).then_some(held + size)
+            });
         match taken {
             Ok(_) => {
                 self.inflight.fetch_add(1, Ordering::AcqRel);
-                Ok(Held { limits: Arc::clone(self), size })
+                Ok(Held {
+                    limits: Arc::clone(self),
+                    size,
+                })
             }
             // Word for word the Python front's (inflight.py, ByteBudget.refusal).
             Err(held) => Err(format!(

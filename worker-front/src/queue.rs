@@ -31,7 +31,10 @@ pub struct Budget {
 pub enum Reply {
     Unary(oneshot::Sender<Outcome>),
     /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue.
-    Stream { id: u64, tx: mpsc::UnboundedSender<Outcome> },
+    Stream {
+        id: u64,
+        tx: mpsc::UnboundedSender<Outcome>,
+    },
 }
 
 impl Reply {
@@ -50,7 +53,11 @@ impl Reply {
             }
             Reply::Stream { id, tx } => {
                 let reply = match outcome {
-                    Ok(response) => ReplyShape { id, response, ..Default::default() },
+                    Ok(response) => ReplyShape {
+                        id,
+                        response,
+                        ..Default::default()
+                    },
                     Err(status) => ReplyShape {
                         id,
                         code: status.code() as i32,
@@ -73,6 +80,7 @@ pub struct Entry {
     pub reply: Reply,
     /// A stream call's share of the byte budget and of the in-flight count, released once
     /// answered (a unary call's handler holds its own until it returns).
+    #[allow(dead_code)] // kept for its Drop
     pub held: Option<Held>,
 }
 
@@ -112,7 +120,12 @@ pub struct Taken {
 
 impl Queue {
     pub fn new(budget: Budget, max_requests: usize) -> Self {
-        Queue { state: Mutex::default(), wake: Condvar::new(), budget, max_requests }
+        Queue {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            budget,
+            max_requests,
+        }
     }
 
     pub fn budget(&self) -> Budget {
@@ -168,7 +181,10 @@ impl Queue {
     /// The longest arrival-order prefix of live requests within the budget; the first live
     /// request is always taken, so one over the budget forms a batch by itself.
     fn next_batch(&self, state: &mut State, now: Instant) -> Taken {
-        let mut taken = Taken { batch: Vec::new(), dropped: Vec::new() };
+        let mut taken = Taken {
+            batch: Vec::new(),
+            dropped: Vec::new(),
+        };
         let (mut tokens, mut sequences) = (0, 0);
         while let Some(head) = state.items.front() {
             if let Some(status) = head.drop_reason(now) {

@@ -33,6 +33,7 @@ type Refusal = (Reply, Status);
 
 impl Front {
     /// Queue one Embed request, or give its reply target back with why not.
+    #[allow(clippy::result_large_err)] // tonic's Status, as every handler returns it
     fn submit(
         &self,
         payload: Bytes,
@@ -46,7 +47,10 @@ impl Front {
         }
         let hard = self.queue.budget().hard_max_tokens;
         if size.consistent && size.tokens > hard {
-            let message = format!("the request has {} tokens; the limit is {hard}", size.tokens);
+            let message = format!(
+                "the request has {} tokens; the limit is {hard}",
+                size.tokens
+            );
             return Err((reply, Status::invalid_argument(message)));
         }
         let entry = Entry {
@@ -65,16 +69,28 @@ impl Front {
 
     /// One EmbedStream message; Err ends the stream (a message that cannot be read: its id is
     /// unknown, so the caller fails every call in flight on it, as on a broken connection).
-    fn stream_call(&self, message: Bytes, tx: &mpsc::UnboundedSender<Outcome>) -> Result<(), Status> {
-        let held = self.limits.take(message.len()).map_err(Status::resource_exhausted)?;
+    #[allow(clippy::result_large_err)] // tonic's Status, as every handler returns it
+    fn stream_call(
+        &self,
+        message: Bytes,
+        tx: &mpsc::UnboundedSender<Outcome>,
+    ) -> Result<(), Status> {
+        let held = self
+            .limits
+            .take(message.len())
+            .map_err(Status::resource_exhausted)?;
         let call = CallShape::decode(message).map_err(|e| malformed("EmbedStream", &e))?;
         let size = size_of(&call.request).map_err(|e| malformed("EmbedStream", &e))?;
+        // A timeout too large for a Duration (or NaN) is no deadline, as 0 is.
         let deadline = (call.timeout_seconds > 0.0)
-            .then(|| Instant::now().checked_add(Duration::from_secs_f64(call.timeout_seconds)))
-            .flatten();
-        let reply = Reply::Stream { id: call.id, tx: tx.clone() };
-        if let Err((reply, status)) = self.submit(call.request, size, deadline, reply, Some(held))
-        {
+            .then(|| Duration::try_from_secs_f64(call.timeout_seconds).ok())
+            .flatten()
+            .and_then(|timeout| Instant::now().checked_add(timeout));
+        let reply = Reply::Stream {
+            id: call.id,
+            tx: tx.clone(),
+        };
+        if let Err((reply, status)) = self.submit(call.request, size, deadline, reply, Some(held)) {
             reply.send(Err(status));
         }
         Ok(())
@@ -85,8 +101,13 @@ impl Front {
         loop {
             let message = tokio::select! {
                 message = calls.message() => message,
-                // The drain's end (or the server gone): read no more calls.
-                _ = closing.wait_for(|closed| *closed) => break,
+                changed = closing.changed() => {
+                    // The drain's end (or the server gone): read no more calls.
+                    if changed.is_err() || *closing.borrow() {
+                        break;
+                    }
+                    continue;
+                }
             };
             match message {
                 Ok(Some(message)) => {
@@ -135,13 +156,18 @@ impl Worker for Front {
         let deadline = deadline_of(request.metadata());
         let payload = request.into_inner();
         // Held until the reply is handed to the transport (this function's end).
-        let held = self.limits.take(payload.len()).map_err(Status::resource_exhausted)?;
+        let held = self
+            .limits
+            .take(payload.len())
+            .map_err(Status::resource_exhausted)?;
         let size = size_of(&payload).map_err(|e| malformed("Embed", &e))?;
         let (tx, rx) = oneshot::channel();
         if let Err((_, status)) = self.submit(payload, size, deadline, Reply::Unary(tx), None) {
             return Err(status);
         }
-        let outcome = rx.await.map_err(|_| Status::unavailable("the engine thread stopped"))?;
+        let outcome = rx
+            .await
+            .map_err(|_| Status::unavailable("the engine thread stopped"))?;
         drop(held);
         outcome.map(Response::new)
     }
@@ -159,7 +185,10 @@ impl Worker for Front {
         Ok(Response::new(UnboundedReceiverStream::new(rx)))
     }
 
-    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+    async fn info(
+        &self,
+        _: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
         let mut reply = (*self.info).clone();
         let (requests, tokens) = self.queue.queued();
         reply.queued_requests = u32::try_from(requests).unwrap_or(u32::MAX);

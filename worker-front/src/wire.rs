@@ -58,13 +58,17 @@ impl BatchShape {
     pub fn size(&self) -> Size {
         let tokens = self.token_ids.len() / 4;
         let sequences = self.lengths.len() / 4;
-        let whole = self.token_ids.len() % 4 == 0 && self.lengths.len() % 4 == 0;
+        let whole = self.token_ids.len().is_multiple_of(4) && self.lengths.len().is_multiple_of(4);
         // Read unsigned, as the Python codec does: a negative length never sums to the count.
         let sum: u64 = self
             .lengths
             .chunks_exact(4)
             .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
             .sum();
-        Size { tokens, sequences, consistent: whole && sum == tokens as u64 }
+        Size {
+            tokens,
+            sequences,
+            consistent: whole && sum == tokens as u64,
+        }
     }
 }

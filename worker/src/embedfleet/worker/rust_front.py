@@ -21,7 +21,7 @@ from types import ModuleType
 import grpc
 from google.protobuf.message import DecodeError
 
-from embedfleet.common import heap
+from embedfleet.common import heap, logs
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.common.proto import embedfleet_pb2 as pb
@@ -208,6 +208,8 @@ def serve(settings: WorkerSettings) -> int:
             info=info_of(model, engine, budget),
             run_batch=EmbedBatches(engine, budget),
             on_listening=_on_listening(settings, started),
+            log_level=settings.log_level,
+            json_logs=logs.is_json(settings.log_format),
         )
     except OSError:
         log.error(port_taken(settings.host, settings.port, "--port"))

@@ -31,39 +31,53 @@ pub struct Config {
     pub drain_seconds: f64,
 }
 
-/// Serve on the calling thread (a current-thread runtime) until SIGTERM and the drain.
-pub fn run(
-    config: Config,
-    queue: Arc<Queue>,
-    limits: Arc<Limits>,
-    info: pb::InfoResponse,
-    on_listening: Py<PyAny>,
-) -> PyResult<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(serve(config, queue, limits, info, on_listening))
+/// What the server shares with the engine thread and the Python side.
+pub struct Parts {
+    pub queue: Arc<Queue>,
+    pub limits: Arc<Limits>,
+    /// Info's fixed fields.
+    pub info: pb::InfoResponse,
+    /// Called with the bound port once listening (the Python side's port file and log line).
+    pub on_listening: Py<PyAny>,
 }
 
-async fn serve(
-    config: Config,
-    queue: Arc<Queue>,
-    limits: Arc<Limits>,
-    info: pb::InfoResponse,
-    on_listening: Py<PyAny>,
-) -> PyResult<()> {
+/// Serve on the calling thread (a current-thread runtime) until SIGTERM and the drain.
+pub fn run(config: Config, parts: Parts) -> PyResult<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve(config, parts))
+}
+
+async fn serve(config: Config, parts: Parts) -> PyResult<()> {
+    let Parts {
+        queue,
+        limits,
+        info,
+        on_listening,
+    } = parts;
     // Bound here, not by tonic: a taken port is the caller's OSError, told in one line.
     let listener = StdListener::bind((config.host.as_str(), config.port))?;
     listener.set_nonblocking(true)?;
     let port = listener.local_addr()?.port();
-    let incoming = TcpIncoming::from_listener(tokio::net::TcpListener::from_std(listener)?, true, None)
-        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let incoming =
+        TcpIncoming::from_listener(tokio::net::TcpListener::from_std(listener)?, true, None)
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let (mut health, health_service) = tonic_health::server::health_reporter();
     for name in ["", SERVICE] {
-        health.set_service_status(name, ServingStatus::Serving).await;
+        health
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
     }
     let (close, closing) = watch::channel(false);
-    let front = Front { queue, limits: Arc::clone(&limits), info: Arc::new(info), closing };
+    let front = Front {
+        queue,
+        limits: Arc::clone(&limits),
+        info: Arc::new(info),
+        closing,
+    };
     let worker = WorkerServer::new(front)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(MAX_REPLY_BYTES);
@@ -93,10 +107,16 @@ async fn serve(
     Ok(())
 }
 
-async fn drain(config: &Config, limits: &Limits, health: &mut tonic_health::server::HealthReporter) {
+async fn drain(
+    config: &Config,
+    limits: &Limits,
+    health: &mut tonic_health::server::HealthReporter,
+) {
     limits.start_draining();
     for name in ["", SERVICE] {
-        health.set_service_status(name, ServingStatus::NotServing).await;
+        health
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
     }
     tracing::info!(inflight = limits.inflight(), "draining");
     let deadline = Instant::now() + Duration::from_secs_f64(config.drain_seconds.max(0.0));
