@@ -26,12 +26,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_protos(&[proto], &["../common/src"])?;
     let raw = ("bytes::Bytes", "bytes::Bytes");
     let info = ("crate::pb::InfoRequest", "crate::pb::InfoResponse");
-    // Methods not listed (Score, Classify...) answer UNIMPLEMENTED: the launcher refuses to
-    // start on a model whose task needs them.
-    let worker = Service::builder()
-        .name("Worker")
-        .package("embedfleet.v1")
-        .method(method("embed", "Embed", raw, RAW).build())
+    // Methods not listed (MultiVectorEmbed, HybridEmbed) answer UNIMPLEMENTED: the launcher
+    // refuses to start on a model whose task needs them.
+    let mut worker = Service::builder().name("Worker").package("embedfleet.v1");
+    for (name, route) in [
+        ("embed", "Embed"),
+        ("score", "Score"),
+        ("classify", "Classify"),
+        ("sparse_embed", "SparseEmbed"),
+    ] {
+        worker = worker.method(method(name, route, raw, RAW).build());
+    }
+    let worker = worker
         .method(
             method("embed_stream", "EmbedStream", raw, RAW)
                 .client_streaming()

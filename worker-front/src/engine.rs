@@ -12,8 +12,8 @@ use tonic::{Code, Status};
 
 use crate::queue::{Entry, Outcome, Queue, Taken};
 
-/// Runs until the queue is stopped and empty. `run_batch(list[bytes])` is the Python side
-/// (embedfleet.worker.rust_front): for each request a serialized reply, or (code, message).
+/// Runs until the queue is stopped and empty. `run_batch(list[(method, bytes)])` is the Python
+/// side (embedfleet.worker.rust_front): for each request a serialized reply, or (code, message).
 pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
     Python::with_gil(|py| {
         let run_batch = run_batch.bind(py);
@@ -47,13 +47,14 @@ pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
 /// One Python call for the batch; every request gets an outcome, an INTERNAL one if the call
 /// itself failed (the Python side answers engine errors per request itself).
 fn call(py: Python<'_>, run_batch: &Bound<'_, PyAny>, batch: &[Entry]) -> Vec<Outcome> {
-    let replies = PyList::empty(py);
+    let calls = PyList::empty(py);
     for entry in batch {
-        if let Err(err) = replies.append(PyBytes::new(py, &entry.payload)) {
+        let call = (entry.rpc.name(), PyBytes::new(py, &entry.payload));
+        if let Err(err) = calls.append(call) {
             return failed(batch.len(), &err.to_string());
         }
     }
-    let returned = match run_batch.call1((replies,)) {
+    let returned = match run_batch.call1((calls,)) {
         Ok(returned) => returned,
         Err(err) => {
             tracing::error!(error = %err, "the Python batch call failed");

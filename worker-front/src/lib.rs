@@ -8,6 +8,7 @@ use prost::Message;
 use pyo3::prelude::*;
 
 mod codec;
+mod connections;
 mod engine;
 mod limits;
 mod queue;

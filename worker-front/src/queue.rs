@@ -71,7 +71,30 @@ impl Reply {
     }
 }
 
+/// The unary methods whose requests the engine computes (their messages all open with a
+/// TokenBatch); EmbedStream's calls are Embed's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    Embed,
+    Score,
+    Classify,
+    SparseEmbed,
+}
+
+impl Rpc {
+    /// The gRPC method name, which the Python side answers by (rust_front.RPCS).
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::Embed => "Embed",
+            Rpc::Score => "Score",
+            Rpc::Classify => "Classify",
+            Rpc::SparseEmbed => "SparseEmbed",
+        }
+    }
+}
+
 pub struct Entry {
+    pub rpc: Rpc,
     pub tokens: usize,
     pub sequences: usize,
     pub deadline: Option<Instant>,

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{oneshot, watch};
-use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
+use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
+use crate::connections;
 use crate::generated::worker_server::WorkerServer;
 use crate::limits::Limits;
 use crate::pb;
@@ -56,13 +56,11 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         info,
         on_listening,
     } = parts;
-    // Bound here, not by tonic: a taken port is the caller's OSError, told in one line.
+    // Bound here: a taken port is the caller's OSError, told in one line.
     let listener = StdListener::bind((config.host.as_str(), config.port))?;
     listener.set_nonblocking(true)?;
     let port = listener.local_addr()?.port();
-    let incoming =
-        TcpIncoming::from_listener(tokio::net::TcpListener::from_std(listener)?, true, None)
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let (mut health, health_service) = tonic_health::server::health_reporter();
@@ -76,20 +74,13 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         queue,
         limits: Arc::clone(&limits),
         info: Arc::new(info),
-        closing,
+        closing: closing.clone(),
     };
     let worker = WorkerServer::new(front)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(MAX_REPLY_BYTES);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(health_service)
-            .add_service(worker)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            }),
-    );
+    let routes = Routes::new(health_service).add_service(worker);
+    let server = tokio::spawn(connections::serve(listener, routes, closing));
     Python::with_gil(|py| on_listening.call1(py, (port,)))?;
     tracing::info!(port, "listening");
     tokio::select! {
@@ -97,12 +88,10 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         _ = interrupt.recv() => {}
     }
     drain(&config, &limits, &mut health).await;
+    // Open EmbedStreams stop reading and end once answered; connections get GOAWAY.
     let _ = close.send(true);
-    let _ = stop.send(());
-    match tokio::time::timeout(GRACE, server).await {
-        Ok(Ok(Err(error))) => tracing::warn!(%error, "the server ended with an error"),
-        Err(_) => tracing::warn!("connections still open after the grace period"),
-        _ => {}
+    if tokio::time::timeout(GRACE, server).await.is_err() {
+        tracing::warn!("connections still open after the grace period");
     }
     Ok(())
 }

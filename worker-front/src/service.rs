@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::generated::worker_server::Worker;
 use crate::limits::{Held, Limits};
 use crate::pb;
-use crate::queue::{Entry, Outcome, Queue, Reply};
+use crate::queue::{Entry, Outcome, Queue, Reply, Rpc};
 use crate::wire::{CallShape, RequestShape, Size};
 
 #[derive(Clone)]
@@ -32,10 +32,11 @@ pub struct Front {
 type Refusal = (Reply, Status);
 
 impl Front {
-    /// Queue one Embed request, or give its reply target back with why not.
+    /// Queue one request, or give its reply target back with why not.
     #[allow(clippy::result_large_err)] // tonic's Status, as every handler returns it
     fn submit(
         &self,
+        rpc: Rpc,
         payload: Bytes,
         size: Size,
         deadline: Option<Instant>,
@@ -54,6 +55,7 @@ impl Front {
             return Err((reply, Status::invalid_argument(message)));
         }
         let entry = Entry {
+            rpc,
             tokens: size.tokens,
             sequences: size.sequences,
             deadline,
@@ -90,7 +92,8 @@ impl Front {
             id: call.id,
             tx: tx.clone(),
         };
-        if let Err((reply, status)) = self.submit(call.request, size, deadline, reply, Some(held)) {
+        let submitted = self.submit(Rpc::Embed, call.request, size, deadline, reply, Some(held));
+        if let Err((reply, status)) = submitted {
             reply.send(Err(status));
         }
         Ok(())
@@ -121,6 +124,34 @@ impl Front {
                 Ok(None) | Err(_) => break,
             }
         }
+    }
+
+    /// A unary call: admitted, queued, answered by the engine thread.
+    async fn unary(&self, rpc: Rpc, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        let deadline = deadline_of(request.metadata());
+        let payload = request.into_inner();
+        // Held until the reply is handed to the transport (this function's end).
+        let held = self
+            .limits
+            .take(payload.len())
+            .map_err(Status::resource_exhausted)?;
+        let size = size_of(&payload).map_err(|e| malformed(rpc.name(), &e))?;
+        let (tx, rx) = oneshot::channel();
+        if let Err((_, status)) = self.submit(rpc, payload, size, deadline, Reply::Unary(tx), None)
+        {
+            return Err(status);
+        }
+        // The deadline as gRPC's C core answers it (the Python front's server): the queued
+        // request is then dropped unrun, its receiver gone.
+        let answered = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline.into(), rx)
+                .await
+                .map_err(|_| Status::deadline_exceeded("Deadline Exceeded"))?,
+            None => rx.await,
+        };
+        let outcome = answered.map_err(|_| Status::unavailable("the engine thread stopped"))?;
+        drop(held);
+        outcome.map(Response::new)
     }
 }
 
@@ -153,23 +184,19 @@ fn deadline_of(metadata: &MetadataMap) -> Option<Instant> {
 #[tonic::async_trait]
 impl Worker for Front {
     async fn embed(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
-        let deadline = deadline_of(request.metadata());
-        let payload = request.into_inner();
-        // Held until the reply is handed to the transport (this function's end).
-        let held = self
-            .limits
-            .take(payload.len())
-            .map_err(Status::resource_exhausted)?;
-        let size = size_of(&payload).map_err(|e| malformed("Embed", &e))?;
-        let (tx, rx) = oneshot::channel();
-        if let Err((_, status)) = self.submit(payload, size, deadline, Reply::Unary(tx), None) {
-            return Err(status);
-        }
-        let outcome = rx
-            .await
-            .map_err(|_| Status::unavailable("the engine thread stopped"))?;
-        drop(held);
-        outcome.map(Response::new)
+        self.unary(Rpc::Embed, request).await
+    }
+
+    async fn score(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        self.unary(Rpc::Score, request).await
+    }
+
+    async fn classify(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        self.unary(Rpc::Classify, request).await
+    }
+
+    async fn sparse_embed(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        self.unary(Rpc::SparseEmbed, request).await
     }
 
     type EmbedStreamStream = UnboundedReceiverStream<Outcome>;

@@ -18,10 +18,20 @@ import grpc
 import numpy as np
 import pytest
 
+from embedfleet.common.codec import pack_tokens
+from embedfleet.common.modeldir import load_model_dir
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
+from embedfleet.testing import families
+from embedfleet.testing.families import FamilyDirs
 from embedfleet.testing.gateway import running_gateway
-from embedfleet.testing.workers import WorkerProcess, front_library, start_worker, worker_stub
+from embedfleet.testing.polling import wait_for
+from embedfleet.testing.workers import (
+    WorkerProcess,
+    front_library,
+    start_worker,
+    worker_stub,
+)
 from embedfleet.worker.inflight import ByteBudget
 
 from .helpers import embed_request, vectors
@@ -99,8 +109,17 @@ def _outcome(call: Callable[[], Any]) -> tuple[Code, str]:
     return Code.OK, ""
 
 
-def _embed_outcome(stub: pb_grpc.WorkerStub, request: pb.EmbedRequest) -> tuple[Code, str]:
-    return _outcome(lambda: stub.Embed(request, timeout=10))
+def _rpc_outcome(stub: pb_grpc.WorkerStub, rpc: str, request: Any) -> tuple[Code, str]:
+    return _outcome(lambda: getattr(stub, rpc)(request, timeout=10))
+
+
+def _wait_queued(stub: pb_grpc.WorkerStub, requests: int) -> None:
+    """Until the worker's queue holds `requests` requests (Info's live figure)."""
+
+    def queued() -> bool:
+        return stub.Info(pb.InfoRequest(), timeout=5).queued_requests >= requests
+
+    wait_for(f"{requests} queued requests", queued, timeout=5, interval=0.01)
 
 
 def _long(tokens: int) -> pb.EmbedRequest:
@@ -129,7 +148,7 @@ def test_replies_and_refusals_are_the_python_fronts(workers: dict[str, WorkerPro
     assert replies["rust"] == replies["python"]
     assert replies["rust"].count == 2
     for what, request in BAD_REQUESTS.items():
-        got = {name: _embed_outcome(stub, request) for name, stub in stubs.items()}
+        got = {name: _rpc_outcome(stub, "Embed", request) for name, stub in stubs.items()}
         assert got["rust"][0] is Code.INVALID_ARGUMENT, (what, got)
         assert got["rust"] == got["python"], what
 
@@ -174,7 +193,7 @@ def test_queued_calls_past_their_deadline_are_dropped(workers: dict[str, WorkerP
     )
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         ahead = pool.submit(stub.Embed, _long(1000), timeout=10)
-        time.sleep(0.05)
+        time.sleep(0.1)  # so that it arrives first
         late = _outcome(lambda: stub.Embed(_long(100), timeout=0.1))
         assert ahead.result().count == 5
     assert late[0] is Code.DEADLINE_EXCEEDED
@@ -182,16 +201,18 @@ def test_queued_calls_past_their_deadline_are_dropped(workers: dict[str, WorkerP
 
 def test_a_cancelled_queued_call_is_not_computed(workers: dict[str, WorkerProcess]) -> None:
     stub = worker_stub(workers["rust"].channel())
+    _wait_queued(stub, 0)  # the channel connected
     started = time.monotonic()
-    ahead = stub.Embed.future(_long(800), timeout=10)  # 0.4 s
-    time.sleep(0.05)
+    ahead = stub.Embed.future(_long(1000), timeout=10)  # 0.5 s
+    # Two calls sent at once may arrive in either order: this one must be the queued one.
+    time.sleep(0.1)
     cancelled = stub.Embed.future(_long(2000), timeout=10)  # 1.0 s if run
-    time.sleep(0.05)
+    _wait_queued(stub, 1)
     cancelled.cancel()
     behind = stub.Embed(_long(10), timeout=10)
-    assert (ahead.result().count, behind.count) == (4, 1)
-    # Computed, the cancelled call would have put it past 1.4 s.
-    assert time.monotonic() - started < 0.9
+    assert (ahead.result().count, behind.count) == (5, 1)
+    # Computed, the cancelled call would have put it past 1.5 s.
+    assert time.monotonic() - started < 1.2
 
 
 def test_messages_past_the_byte_budget_are_refused(workers: dict[str, WorkerProcess]) -> None:
@@ -248,7 +269,7 @@ def test_sigterm_drains_queued_work_and_exits_0(tmp_path: Path) -> None:
         stub = worker_stub(worker.channel())
         # Three batches of 0.3 s each, queued before the signal.
         pending = [stub.Embed.future(_long(600), timeout=10) for _ in range(3)]
-        time.sleep(0.1)
+        _wait_queued(stub, 2)  # one computing, two waiting
         worker.signal(signal.SIGTERM)
         assert [future.result().count for future in pending] == [3, 3, 3]
         assert worker.proc.wait(10) == 0
@@ -263,3 +284,45 @@ def test_tasks_it_does_not_serve_refuse_to_start(tmp_path: Path) -> None:
     finally:
         worker.stop()
     assert "--front rust runs one engine" in worker.log.read_text()
+
+
+#: (family checkpoint, its RPC and request) for each task the Rust front serves besides embed
+TASKS = {
+    "score": ("bge-reranker-base", "Score", pb.ScoreRequest),
+    "classify": ("finbert", "Classify", pb.ClassifyRequest),
+    "sparse": ("splade", "SparseEmbed", pb.SparseEmbedRequest),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS)
+def test_score_classify_and_sparse_equal_the_python_fronts(
+    task: str, family_dirs: FamilyDirs, tmp_path: Path
+) -> None:
+    family, rpc, message = TASKS[task]
+    path = family_dirs.get(family)
+    args = ("--model", str(path), "--threads", "1", "--dtype", "float32", "--warmup-seconds", "0.1")
+    tok = load_model_dir(path).tokenizer()
+    good = message(batch=pack_tokens([tok.encode(t).ids for t in families.TEXTS[:3]]))
+    bad = message(batch=pb.TokenBatch(token_ids=b"\x01", lengths=b""))
+    wrong = pb.EmbedRequest(batch=good.batch)
+    # Both fronts start at once: their start-ups (torch's import, the self-check) overlap.
+    started = {
+        "rust": start_worker(tmp_path, *args, *_rust_args(), name="rust"),
+        "python": start_worker(tmp_path, *args, name="python"),
+    }
+    got = {}
+    try:
+        for front, worker in started.items():
+            worker.wait_serving(120)
+            stub = worker_stub(worker.channel())
+            reply = getattr(stub, rpc)(good, timeout=30)
+            refusals = [_rpc_outcome(stub, rpc, bad), _rpc_outcome(stub, "Embed", wrong)]
+            got[front] = (reply, refusals)
+    finally:
+        for worker in started.values():
+            worker.stop()
+    assert got["rust"][0].count == 3
+    assert got["rust"][1][0][0] is Code.INVALID_ARGUMENT
+    assert got["rust"][1][1][0] is Code.FAILED_PRECONDITION
+    assert got["rust"] == got["python"]

@@ -3,7 +3,7 @@
 
 The engine is built, warmed up and self-checked here with the Python worker's own code; then
 `embedfleet_front.serve` takes the thread: a tonic server with the FCFS queue and byte budget,
-and one Rust thread that calls `EmbedBatches` once per batch. Each request's options, checks and
+and one Rust thread that calls `Batches` once per batch. Each request's options, checks and
 reply are the Python front's functions (server.py), so both fronts answer alike.
 """
 
@@ -16,17 +16,19 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from embedfleet.common import heap, logs
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.worker import memory
-from embedfleet.worker.contract import Engine, WorkItem
+from embedfleet.worker.contract import Engine, Options, WorkItem
 from embedfleet.worker.lifecycle import (
     budget_of,
     build_engine,
@@ -41,9 +43,15 @@ from embedfleet.worker.selfcheck import run_selfcheck
 from embedfleet.worker.server import (
     POOLING_ENUM,
     StatusError,
+    check_task,
+    classify_response,
     embed_options,
     embed_response,
     malformed_message,
+    score_options,
+    score_response,
+    sparse_embed_response,
+    sparse_options,
     work_item,
 )
 from embedfleet.worker.settings import WorkerSettings
@@ -57,47 +65,72 @@ _INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 
 
-class EmbedBatches:
-    """The Rust engine thread's one Python call per batch: serialized EmbedRequests in, each
-    one's serialized EmbedResponse (or its refusal) out, in order."""
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    """One RPC as the Python front answers it: its task, request type, options and reply."""
 
-    def __init__(self, engine: Engine, budget: Budget) -> None:
+    task: str
+    request: Callable[[bytes], Any]
+    options: Callable[[Any], Options]
+    reply: Callable[[Any, FloatArray, WorkItem], Message]
+
+
+#: the RPCs the Rust front serves (worker-front/build.rs lists the same), by gRPC method name
+RPCS = {
+    "Embed": Rpc("embed", pb.EmbedRequest.FromString, embed_options, embed_response),
+    "Score": Rpc("score", pb.ScoreRequest.FromString, score_options, score_response),
+    "Classify": Rpc("classify", pb.ClassifyRequest.FromString, score_options, classify_response),
+    "SparseEmbed": Rpc(
+        "sparse", pb.SparseEmbedRequest.FromString, sparse_options, sparse_embed_response
+    ),
+}
+
+
+class Batches:
+    """The Rust engine thread's one Python call per batch: (method, serialized request) pairs
+    in, each one's serialized reply (or its refusal) out, in order."""
+
+    def __init__(self, engine: Engine, budget: Budget, task: str) -> None:
         self.engine = engine
         self.budget = budget
+        self.task = task
 
-    def __call__(self, payloads: list[bytes]) -> list[Reply]:
-        replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(payloads)
-        admitted: list[tuple[int, pb.EmbedRequest, WorkItem]] = []
-        for slot, data in enumerate(payloads):
+    def __call__(self, calls: list[tuple[str, bytes]]) -> list[Reply]:
+        replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
+        admitted: list[tuple[int, Rpc, Any, WorkItem]] = []
+        for slot, (method, data) in enumerate(calls):
+            rpc = RPCS[method]
             try:
-                request = pb.EmbedRequest.FromString(data)
-                item = work_item(request.batch, embed_options(request), self.budget, self.engine)
+                check_task(self.task, rpc.task)
+                request = rpc.request(data)
+                item = work_item(request.batch, rpc.options(request), self.budget, self.engine)
             except DecodeError as exc:
-                replies[slot] = (_INVALID, malformed_message("Embed", str(exc) or "undecodable"))
+                replies[slot] = (_INVALID, malformed_message(method, str(exc) or "undecodable"))
             except StatusError as exc:
                 replies[slot] = (exc.code.value[0], exc.message)
             else:
-                admitted.append((slot, request, item))
+                admitted.append((slot, rpc, request, item))
         if not admitted:
             return replies
         try:
-            results = self.engine.step([item for _, _, item in admitted]).wait()
+            results = self.engine.step([item for *_, item in admitted]).wait()
         except Exception as exc:
             log.exception("engine step failed")
-            for slot, _, _ in admitted:
+            for slot, *_ in admitted:
                 replies[slot] = (_INTERNAL, f"the engine failed: {exc}")
             return replies
-        for (slot, request, item), result in zip(admitted, results, strict=True):
-            replies[slot] = embed_response(request, result, item).SerializeToString()
+        for (slot, rpc, request, item), result in zip(admitted, results, strict=True):
+            replies[slot] = rpc.reply(request, result, item).SerializeToString()
         return replies
 
 
 def unserved(settings: WorkerSettings, model: ModelDir) -> str | None:
     """Why --front rust cannot serve this worker (one line), or None."""
-    if model.task != "embed":
+    tasks = sorted({rpc.task for rpc in RPCS.values()})
+    if model.task not in tasks:
         return (
-            f"--front rust serves embed models only; {model.name} is a {model.task} model: "
-            "use --front python"
+            f"--front rust serves {', '.join(tasks)} models; {model.name} is a {model.task} "
+            "model: use --front python"
         )
     if settings.engines > 1:
         return "--front rust runs one engine; use --engines 1 or --front python"
@@ -206,7 +239,7 @@ def serve(settings: WorkerSettings) -> int:
             max_message_bytes=receive,
             drain_seconds=settings.drain_seconds,
             info=info_of(model, engine, budget),
-            run_batch=EmbedBatches(engine, budget),
+            run_batch=Batches(engine, budget, model.task),
             on_listening=_on_listening(settings, started),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),

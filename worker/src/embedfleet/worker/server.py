@@ -341,14 +341,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.ScoreRequest, pb.ScoreResponse],
     ) -> pb.ScoreResponse:
         def reply(entry: Entry) -> pb.ScoreResponse:
-            scores = entry.future.result()
-            return pb.ScoreResponse(
-                scores=pack_floats(scores.reshape(-1)),
-                count=int(scores.size),
-                prompt_tokens=entry.tokens,
-            )
+            return score_response(request, entry.future.result(), entry.item)
 
-        options = Options(activate=request.activate)
+        options = score_options(request)
         return await self._serve("Score", request.batch, lambda: options, reply, context)
 
     async def Classify(  # noqa: N802 - gRPC method names
@@ -357,15 +352,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.ClassifyRequest, pb.ClassifyResponse],
     ) -> pb.ClassifyResponse:
         def reply(entry: Entry) -> pb.ClassifyResponse:
-            scores = entry.future.result()  # [count, labels]
-            return pb.ClassifyResponse(
-                scores=pack_floats(scores),
-                count=int(scores.shape[0]),
-                labels=int(scores.shape[1]),
-                prompt_tokens=entry.tokens,
-            )
+            return classify_response(request, entry.future.result(), entry.item)
 
-        options = Options(activate=request.activate)
+        options = score_options(request)
         return await self._serve("Classify", request.batch, lambda: options, reply, context)
 
     async def SparseEmbed(  # noqa: N802 - gRPC method names
@@ -373,15 +362,12 @@ class WorkerService(pb_grpc.WorkerServicer):
         request: pb.SparseEmbedRequest,
         context: grpc.aio.ServicerContext[pb.SparseEmbedRequest, pb.SparseEmbedResponse],
     ) -> pb.SparseEmbedResponse:
-        def options() -> Options:
-            _check_threshold(request.threshold)
-            return Options()
-
         def reply(entry: Entry) -> pb.SparseEmbedResponse:
-            # [count, vocab], dense
-            return _sparse_response(entry.future.result(), request, entry.tokens)
+            return sparse_embed_response(request, entry.future.result(), entry.item)
 
-        return await self._serve("SparseEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "SparseEmbed", request.batch, lambda: sparse_options(request), reply, context
+        )
 
     async def MultiVectorEmbed(  # noqa: N802 - gRPC method names
         self,
@@ -533,13 +519,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         return layout.skip if layout is not None else 0
 
     def _check_task(self, task: str) -> None:
-        own = self.state.model.task
-        # A hybrid model's dense vector is an embedder's: it answers Embed with that alone.
-        if own != task and (own, task) != ("hybrid", "embed"):
-            raise StatusError(
-                Code.FAILED_PRECONDITION,
-                f"this worker serves a {self.state.model.task} model; it cannot {task}",
-            )
+        check_task(self.state.model.task, task)
 
     async def _run(self, batch: pb.TokenBatch, options: Options, deadline: float) -> Entry:
         validating = time.perf_counter_ns()
@@ -576,6 +556,15 @@ class WorkerService(pb_grpc.WorkerServicer):
         counter.inc()
         if started is not None:
             metrics.request.observe(time.perf_counter() - started)
+
+
+def check_task(own: str, task: str) -> None:
+    """FAILED_PRECONDITION unless a worker serving an `own` model can do `task`."""
+    # A hybrid model's dense vector is an embedder's: it answers Embed with that alone.
+    if own != task and (own, task) != ("hybrid", "embed"):
+        raise StatusError(
+            Code.FAILED_PRECONDITION, f"this worker serves a {own} model; it cannot {task}"
+        )
 
 
 def work_item(batch: pb.TokenBatch, options: Options, budget: Budget, engine: Engine) -> WorkItem:
@@ -643,6 +632,44 @@ def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.Em
         format=fmt,
         prompt_tokens=tokens,
     )
+
+
+def score_options(request: pb.ScoreRequest | pb.ClassifyRequest) -> Options:
+    return Options(activate=request.activate)
+
+
+def score_response(
+    request: pb.ScoreRequest, result: FloatArray, item: WorkItem
+) -> pb.ScoreResponse:
+    return pb.ScoreResponse(
+        scores=pack_floats(result.reshape(-1)),
+        count=int(result.size),
+        prompt_tokens=item.tokens.total,
+    )
+
+
+def classify_response(
+    request: pb.ClassifyRequest, result: FloatArray, item: WorkItem
+) -> pb.ClassifyResponse:
+    # [count, labels]
+    return pb.ClassifyResponse(
+        scores=pack_floats(result),
+        count=int(result.shape[0]),
+        labels=int(result.shape[1]),
+        prompt_tokens=item.tokens.total,
+    )
+
+
+def sparse_options(request: pb.SparseEmbedRequest) -> Options:
+    _check_threshold(request.threshold)
+    return Options()
+
+
+def sparse_embed_response(
+    request: pb.SparseEmbedRequest, result: FloatArray, item: WorkItem
+) -> pb.SparseEmbedResponse:
+    # [count, vocab], dense
+    return _sparse_response(result, request, item.tokens.total)
 
 
 def _check_threshold(threshold: float) -> None:

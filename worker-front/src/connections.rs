@@ -1,0 +1,71 @@
+//! The accept loop and HTTP/2 connections, on hyper directly rather than tonic's `Server`:
+//! tonic's server wraps every call in its grpc-timeout layer, which ends an expired call as
+//! CANCELLED ("Timeout expired"), racing the client's own DEADLINE_EXCEEDED; the Python front
+//! (and gRPC's C core) answer DEADLINE_EXCEEDED, which service.rs does itself.
+use std::convert::Infallible;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::codegen::Service;
+use tonic::service::Routes;
+use tonic::Status;
+
+/// Accepts until `stop` is set, then lets each connection finish its open calls (HTTP/2
+/// GOAWAY: the client opens new ones elsewhere) and returns once all have closed.
+pub async fn serve(listener: TcpListener, routes: Routes, stop: watch::Receiver<bool>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stopped(stop.clone()) => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                connections.spawn(connection(stream, routes.clone(), stop.clone()));
+            }
+            // Out of file descriptors or a connection reset before it was taken: the
+            // listener itself is still good.
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+async fn connection(stream: TcpStream, routes: Routes, stop: watch::Receiver<bool>) {
+    // Small replies leave at once rather than waiting on Nagle's algorithm for more.
+    let _ = stream.set_nodelay(true);
+    let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+        let mut routes = routes.clone();
+        async move {
+            // The router's own failures (none for gRPC routes) as a gRPC status: a concrete
+            // error type here keeps the connection's future Send for any lifetime.
+            let answered = routes.call(request.map(tonic::body::boxed)).await;
+            Ok::<_, Infallible>(
+                answered.unwrap_or_else(|e| Status::internal(e.to_string()).into_http()),
+            )
+        }
+    });
+    let serving = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(serving);
+    tokio::select! {
+        _ = serving.as_mut() => return,
+        () = stopped(stop) => {}
+    }
+    serving.as_mut().graceful_shutdown();
+    let _ = serving.await;
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
