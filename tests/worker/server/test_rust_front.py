@@ -253,7 +253,7 @@ def test_a_request_through_the_rust_gateway(
     minilm: dict[str, WorkerProcess], tmp_path: Path
 ) -> None:
     with running_gateway([minilm["rust"].address], log=tmp_path / "gateway.log") as gateway:
-        body = json.dumps({"input": ["hello world"], "model": "all-MiniLM-L6-v2"}).encode()
+        body = json.dumps({"input": ["hello world"]}).encode()
         request = urllib.request.Request(
             f"{gateway.url}/v1/embeddings", body, {"Content-Type": "application/json"}
         )
