@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from embedfleet.common.codec import pack_tokens
-from embedfleet.common.modeldir import load_model_dir
+from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.testing import families
@@ -33,6 +33,9 @@ from embedfleet.testing.workers import (
     worker_stub,
 )
 from embedfleet.worker.inflight import ByteBudget
+from embedfleet.worker.null_engine import NullEngine
+from embedfleet.worker.rust_front import Batches
+from embedfleet.worker.scheduler import Budget
 
 from .helpers import embed_request, vectors
 
@@ -326,3 +329,27 @@ def test_score_classify_and_sparse_equal_the_python_fronts(
     assert got["rust"][1][0][0] is Code.INVALID_ARGUMENT
     assert got["rust"][1][1][0] is Code.FAILED_PRECONDITION
     assert got["rust"] == got["python"]
+
+
+def test_the_batch_call_answers_each_request_alone() -> None:
+    """The Python half of a batch, without the extension: one bad request fails alone."""
+    engine = NullEngine.from_model_dir(load_model_dir(default_model_path()))
+    batches = Batches(engine, Budget(BATCH_TOKENS, 16, HARD_TOKENS), "embed")
+    good = embed_request([[101, 7592, 102]], dimensions=8)
+    replies = batches(
+        [
+            ("Embed", good.SerializeToString()),
+            ("Embed", b"\xff\xff"),
+            ("Score", pb.ScoreRequest(batch=good.batch).SerializeToString()),
+            ("Embed", BAD_REQUESTS["dimensions"].SerializeToString()),
+        ]
+    )
+    reply = replies[0]
+    assert isinstance(reply, bytes)
+    assert pb.EmbedResponse.FromString(reply).dimensions == 8
+    codes = [code for code, _ in replies[1:]]
+    assert codes == [
+        Code.INVALID_ARGUMENT.value[0],
+        Code.FAILED_PRECONDITION.value[0],
+        Code.INVALID_ARGUMENT.value[0],
+    ]
