@@ -26,14 +26,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_protos(&[proto], &["../common/src"])?;
     let raw = ("bytes::Bytes", "bytes::Bytes");
     let info = ("crate::pb::InfoRequest", "crate::pb::InfoResponse");
-    // Methods not listed (MultiVectorEmbed, HybridEmbed) answer UNIMPLEMENTED: the launcher
-    // refuses to start on a model whose task needs them.
+    // Every unary method carrying a TokenBatch; EmbedStream; Info.
     let mut worker = Service::builder().name("Worker").package("embedfleet.v1");
     for (name, route) in [
         ("embed", "Embed"),
         ("score", "Score"),
         ("classify", "Classify"),
         ("sparse_embed", "SparseEmbed"),
+        ("multi_vector_embed", "MultiVectorEmbed"),
+        ("hybrid_embed", "HybridEmbed"),
     ] {
         worker = worker.method(method(name, route, raw, RAW).build());
     }

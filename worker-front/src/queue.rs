@@ -79,6 +79,8 @@ pub enum Rpc {
     Score,
     Classify,
     SparseEmbed,
+    MultiVectorEmbed,
+    HybridEmbed,
 }
 
 impl Rpc {
@@ -89,6 +91,8 @@ impl Rpc {
             Rpc::Score => "Score",
             Rpc::Classify => "Classify",
             Rpc::SparseEmbed => "SparseEmbed",
+            Rpc::MultiVectorEmbed => "MultiVectorEmbed",
+            Rpc::HybridEmbed => "HybridEmbed",
         }
     }
 }

@@ -199,6 +199,14 @@ impl Worker for Front {
         self.unary(Rpc::SparseEmbed, request).await
     }
 
+    async fn multi_vector_embed(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        self.unary(Rpc::MultiVectorEmbed, request).await
+    }
+
+    async fn hybrid_embed(&self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        self.unary(Rpc::HybridEmbed, request).await
+    }
+
     type EmbedStreamStream = UnboundedReceiverStream<Outcome>;
 
     async fn embed_stream(

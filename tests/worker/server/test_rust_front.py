@@ -294,21 +294,39 @@ TASKS = {
     "score": ("bge-reranker-base", "Score", pb.ScoreRequest),
     "classify": ("finbert", "Classify", pb.ClassifyRequest),
     "sparse": ("splade", "SparseEmbed", pb.SparseEmbedRequest),
+    "multivector": ("pylate-colbert", "MultiVectorEmbed", pb.MultiVectorEmbedRequest),
+    "hybrid": ("bge-m3", "HybridEmbed", pb.HybridEmbedRequest),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", TASKS)
-def test_score_classify_and_sparse_equal_the_python_fronts(
+def test_every_other_task_equals_the_python_fronts(
     task: str, family_dirs: FamilyDirs, tmp_path: Path
 ) -> None:
     family, rpc, message = TASKS[task]
     path = family_dirs.get(family)
-    args = ("--model", str(path), "--threads", "1", "--dtype", "float32", "--warmup-seconds", "0.1")
+    args = (
+        "--model",
+        str(path),
+        "--task",
+        task,
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+        "--warmup-seconds",
+        "0.1",
+    )
     tok = load_model_dir(path).tokenizer()
     good = message(batch=pack_tokens([tok.encode(t).ids for t in families.TEXTS[:3]]))
     bad = message(batch=pb.TokenBatch(token_ids=b"\x01", lengths=b""))
-    wrong = pb.EmbedRequest(batch=good.batch)
+    # An RPC of another task (a hybrid model answers Embed too).
+    wrong_rpc, wrong = (
+        ("Embed", pb.EmbedRequest(batch=good.batch))
+        if task == "score"
+        else ("Score", pb.ScoreRequest(batch=good.batch))
+    )
     # Both fronts start at once: their start-ups (torch's import, the self-check) overlap.
     started = {
         "rust": start_worker(tmp_path, *args, *_rust_args(), name="rust"),
@@ -320,12 +338,12 @@ def test_score_classify_and_sparse_equal_the_python_fronts(
             worker.wait_serving(120)
             stub = worker_stub(worker.channel())
             reply = getattr(stub, rpc)(good, timeout=30)
-            refusals = [_rpc_outcome(stub, rpc, bad), _rpc_outcome(stub, "Embed", wrong)]
+            refusals = [_rpc_outcome(stub, rpc, bad), _rpc_outcome(stub, wrong_rpc, wrong)]
             got[front] = (reply, refusals)
     finally:
         for worker in started.values():
             worker.stop()
-    assert got["rust"][0].count == 3
+    assert got["rust"][0].prompt_tokens == len(good.batch.token_ids) // 4
     assert got["rust"][1][0][0] is Code.INVALID_ARGUMENT
     assert got["rust"][1][1][0] is Code.FAILED_PRECONDITION
     assert got["rust"] == got["python"]
@@ -333,8 +351,9 @@ def test_score_classify_and_sparse_equal_the_python_fronts(
 
 def test_the_batch_call_answers_each_request_alone() -> None:
     """The Python half of a batch, without the extension: one bad request fails alone."""
-    engine = NullEngine.from_model_dir(load_model_dir(default_model_path()))
-    batches = Batches(engine, Budget(BATCH_TOKENS, 16, HARD_TOKENS), "embed")
+    model = load_model_dir(default_model_path())
+    engine = NullEngine.from_model_dir(model)
+    batches = Batches(engine, Budget(BATCH_TOKENS, 16, HARD_TOKENS), model)
     good = embed_request([[101, 7592, 102]], dimensions=8)
     replies = batches(
         [

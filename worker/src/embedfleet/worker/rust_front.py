@@ -42,14 +42,20 @@ from embedfleet.worker.scheduler import Budget
 from embedfleet.worker.selfcheck import run_selfcheck
 from embedfleet.worker.server import (
     POOLING_ENUM,
+    Served,
     StatusError,
     check_task,
     classify_response,
     embed_options,
     embed_response,
+    hybrid_embed_response,
+    hybrid_options,
     malformed_message,
+    multi_vector_embed_response,
+    multi_vector_options,
     score_options,
     score_response,
+    served_by,
     sparse_embed_response,
     sparse_options,
     work_item,
@@ -72,16 +78,34 @@ class Rpc:
     task: str
     request: Callable[[bytes], Any]
     options: Callable[[Any], Options]
-    reply: Callable[[Any, FloatArray, WorkItem], Message]
+    reply: Callable[[Any, FloatArray, WorkItem, Served], Message]
+
+
+def _plain(
+    reply: Callable[[Any, FloatArray, WorkItem], Message],
+) -> Callable[[Any, FloatArray, WorkItem, Served], Message]:
+    """A reply that needs nothing of the served model."""
+    return lambda request, result, item, _: reply(request, result, item)
 
 
 #: the RPCs the Rust front serves (worker-front/build.rs lists the same), by gRPC method name
 RPCS = {
-    "Embed": Rpc("embed", pb.EmbedRequest.FromString, embed_options, embed_response),
-    "Score": Rpc("score", pb.ScoreRequest.FromString, score_options, score_response),
-    "Classify": Rpc("classify", pb.ClassifyRequest.FromString, score_options, classify_response),
+    "Embed": Rpc("embed", pb.EmbedRequest.FromString, embed_options, _plain(embed_response)),
+    "Score": Rpc("score", pb.ScoreRequest.FromString, score_options, _plain(score_response)),
+    "Classify": Rpc(
+        "classify", pb.ClassifyRequest.FromString, score_options, _plain(classify_response)
+    ),
     "SparseEmbed": Rpc(
-        "sparse", pb.SparseEmbedRequest.FromString, sparse_options, sparse_embed_response
+        "sparse", pb.SparseEmbedRequest.FromString, sparse_options, _plain(sparse_embed_response)
+    ),
+    "MultiVectorEmbed": Rpc(
+        "multivector",
+        pb.MultiVectorEmbedRequest.FromString,
+        multi_vector_options,
+        multi_vector_embed_response,
+    ),
+    "HybridEmbed": Rpc(
+        "hybrid", pb.HybridEmbedRequest.FromString, hybrid_options, hybrid_embed_response
     ),
 }
 
@@ -90,10 +114,11 @@ class Batches:
     """The Rust engine thread's one Python call per batch: (method, serialized request) pairs
     in, each one's serialized reply (or its refusal) out, in order."""
 
-    def __init__(self, engine: Engine, budget: Budget, task: str) -> None:
+    def __init__(self, engine: Engine, budget: Budget, model: ModelDir) -> None:
         self.engine = engine
         self.budget = budget
-        self.task = task
+        self.task = model.task
+        self.served = served_by(model, engine)
 
     def __call__(self, calls: list[tuple[str, bytes]]) -> list[Reply]:
         replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
@@ -120,7 +145,7 @@ class Batches:
                 replies[slot] = (_INTERNAL, f"the engine failed: {exc}")
             return replies
         for (slot, rpc, request, item), result in zip(admitted, results, strict=True):
-            replies[slot] = rpc.reply(request, result, item).SerializeToString()
+            replies[slot] = rpc.reply(request, result, item, self.served).SerializeToString()
         return replies
 
 
@@ -239,7 +264,7 @@ def serve(settings: WorkerSettings) -> int:
             max_message_bytes=receive,
             drain_seconds=settings.drain_seconds,
             info=info_of(model, engine, budget),
-            run_batch=Batches(engine, budget, model.task),
+            run_batch=Batches(engine, budget, model),
             on_listening=_on_listening(settings, started),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),

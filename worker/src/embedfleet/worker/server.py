@@ -31,6 +31,7 @@ from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker.contract import (
     HYBRID_OUTPUTS,
     Engine,
+    EngineInfo,
     HybridOutput,
     InvalidInputError,
     Options,
@@ -374,53 +375,26 @@ class WorkerService(pb_grpc.WorkerServicer):
         request: pb.MultiVectorEmbedRequest,
         context: grpc.aio.ServicerContext[pb.MultiVectorEmbedRequest, pb.MultiVectorEmbedResponse],
     ) -> pb.MultiVectorEmbedResponse:
-        def options() -> Options:
-            _check_format(request.format)
-            return Options()
-
-        skip = self._skip_tokens()
-
         def reply(entry: Entry) -> pb.MultiVectorEmbedResponse:
-            # [vectors, dimensions], every sequence's in order
-            vectors = entry.future.result()
-            return _multi_vector_response(vectors, entry, skip, request.format)
+            served = self._served()
+            return multi_vector_embed_response(request, entry.future.result(), entry.item, served)
 
-        return await self._serve("MultiVectorEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "MultiVectorEmbed", request.batch, lambda: multi_vector_options(request), reply, context
+        )
 
     async def HybridEmbed(  # noqa: N802 - gRPC method names
         self,
         request: pb.HybridEmbedRequest,
         context: grpc.aio.ServicerContext[pb.HybridEmbedRequest, pb.HybridEmbedResponse],
     ) -> pb.HybridEmbedResponse:
-        asked: frozenset[HybridOutput] = frozenset(
-            name for name in HYBRID_OUTPUTS if getattr(request, name)
-        )
-        wanted = asked or frozenset(HYBRID_OUTPUTS)  # none set asks for all three
-        skip = self._skip_tokens()
-
-        def options() -> Options:
-            _check_format(request.format)
-            _check_threshold(request.threshold)
-            return Options(outputs=wanted)
-
         def reply(entry: Entry) -> pb.HybridEmbedResponse:
-            engine = self.state.engine
-            assert engine is not None  # a request ran on it
-            flat = entry.future.result()
-            parts = hybrid_parts(flat, entry.item.tokens.count, engine.info, wanted)
-            out = pb.HybridEmbedResponse(prompt_tokens=entry.tokens)
-            if "dense" in parts:
-                out.dense.CopyFrom(_dense_response(parts["dense"], request.format, entry.tokens))
-            if "sparse" in parts:
-                out.sparse.CopyFrom(_sparse_response(parts["sparse"], request, entry.tokens))
-            if "multi_vector" in parts:
-                vectors = parts["multi_vector"]
-                out.multi_vector.CopyFrom(
-                    _multi_vector_response(vectors, entry, skip, request.format)
-                )
-            return out
+            served = self._served()
+            return hybrid_embed_response(request, entry.future.result(), entry.item, served)
 
-        return await self._serve("HybridEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "HybridEmbed", request.batch, lambda: hybrid_options(request), reply, context
+        )
 
     async def Info(  # noqa: N802 - gRPC method names
         self,
@@ -513,10 +487,10 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._record(rpc, Code.OK, started)
         return answer, entry
 
-    def _skip_tokens(self) -> int:
-        """The leading tokens of each sequence that get no per-token vector (bge-m3: its CLS)."""
-        layout = self.state.model.multivector
-        return layout.skip if layout is not None else 0
+    def _served(self) -> Served:
+        engine = self.state.engine
+        assert engine is not None  # a request ran on it
+        return served_by(self.state.model, engine)
 
     def _check_task(self, task: str) -> None:
         check_task(self.state.model.task, task)
@@ -672,6 +646,61 @@ def sparse_embed_response(
     return _sparse_response(result, request, item.tokens.total)
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the multi-vector and hybrid replies need of the model being served."""
+
+    info: EngineInfo
+    #: the leading tokens of each sequence that get no per-token vector (bge-m3: its CLS)
+    skip: int
+
+
+def served_by(model: ModelDir, engine: Engine) -> Served:
+    layout = model.multivector
+    return Served(engine.info, layout.skip if layout is not None else 0)
+
+
+def multi_vector_options(request: pb.MultiVectorEmbedRequest) -> Options:
+    _check_format(request.format)
+    return Options()
+
+
+def multi_vector_embed_response(
+    request: pb.MultiVectorEmbedRequest, result: FloatArray, item: WorkItem, served: Served
+) -> pb.MultiVectorEmbedResponse:
+    # [vectors, dimensions], every sequence's in order
+    return _multi_vector_response(result, item, served.skip, request.format)
+
+
+def _hybrid_outputs(request: pb.HybridEmbedRequest) -> frozenset[HybridOutput]:
+    asked = frozenset(name for name in HYBRID_OUTPUTS if getattr(request, name))
+    return asked or frozenset(HYBRID_OUTPUTS)  # none set asks for all three
+
+
+def hybrid_options(request: pb.HybridEmbedRequest) -> Options:
+    _check_format(request.format)
+    _check_threshold(request.threshold)
+    return Options(outputs=_hybrid_outputs(request))
+
+
+def hybrid_embed_response(
+    request: pb.HybridEmbedRequest, result: FloatArray, item: WorkItem, served: Served
+) -> pb.HybridEmbedResponse:
+    tokens = item.tokens.total
+    parts = hybrid_parts(result, item.tokens.count, served.info, _hybrid_outputs(request))
+    out = pb.HybridEmbedResponse(prompt_tokens=tokens)
+    if "dense" in parts:
+        out.dense.CopyFrom(_dense_response(parts["dense"], request.format, tokens))
+    if "sparse" in parts:
+        out.sparse.CopyFrom(_sparse_response(parts["sparse"], request, tokens))
+    if "multi_vector" in parts:
+        vectors = parts["multi_vector"]
+        out.multi_vector.CopyFrom(
+            _multi_vector_response(vectors, item, served.skip, request.format)
+        )
+    return out
+
+
 def _check_threshold(threshold: float) -> None:
     if not math.isfinite(threshold) or threshold < 0:
         raise StatusError(Code.INVALID_ARGUMENT, f"threshold must be >= 0, got {threshold}")
@@ -693,11 +722,11 @@ def _sparse_response(
 
 
 def _multi_vector_response(
-    vectors: FloatArray, entry: Entry, skip: int, fmt: pb.FloatFormat
+    vectors: FloatArray, item: WorkItem, skip: int, fmt: pb.FloatFormat
 ) -> pb.MultiVectorEmbedResponse:
-    """The entry's token `vectors` [vectors, dimensions] as MultiVectorEmbed replies them, each
+    """The item's token `vectors` [vectors, dimensions] as MultiVectorEmbed replies them, each
     sequence's first `skip` tokens having none."""
-    counts = np.maximum(entry.item.tokens.lengths.astype(np.int64) - skip, 0)
+    counts = np.maximum(item.tokens.lengths.astype(np.int64) - skip, 0)
     offsets = np.zeros(counts.size + 1, "<i4")
     np.cumsum(counts, out=offsets[1:])
     return pb.MultiVectorEmbedResponse(
@@ -706,7 +735,7 @@ def _multi_vector_response(
         count=int(counts.size),
         dimensions=int(vectors.shape[1]),
         format=fmt,
-        prompt_tokens=entry.tokens,
+        prompt_tokens=item.tokens.total,
     )
 
 
