@@ -55,14 +55,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if settings.engine == "torch" and (line := check(settings.model, settings.task)):
         exit_refused(line, settings.termination_message_path)
     settings = fit_machine(settings, os.environ, detect_cores)
-    if settings.front == "rust":
-        from embedfleet.worker.rust_front import serve as serve_rust
-
-        sys.exit(serve_rust(settings))
     if settings.engines > 1:
         from embedfleet.worker.engines import run_engines
 
         sys.exit(run_engines(settings, list(sys.argv[1:] if argv is None else argv)))
+    if settings.front == "rust":  # each of several engines is such a worker of its own
+        from embedfleet.worker.rust_front import serve as serve_rust
+
+        sys.exit(serve_rust(settings))
     # Imported only now: a refused model is told within a second of start, not after gRPC's.
     from embedfleet.worker.lifecycle import serve
 

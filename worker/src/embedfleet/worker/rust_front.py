@@ -149,16 +149,14 @@ class Batches:
         return replies
 
 
-def unserved(settings: WorkerSettings, model: ModelDir) -> str | None:
-    """Why --front rust cannot serve this worker (one line), or None."""
+def unserved(model: ModelDir) -> str | None:
+    """Why --front rust cannot serve this model (one line), or None."""
     tasks = sorted({rpc.task for rpc in RPCS.values()})
     if model.task not in tasks:
         return (
             f"--front rust serves {', '.join(tasks)} models; {model.name} is a {model.task} "
             "model: use --front python"
         )
-    if settings.engines > 1:
-        return "--front rust runs one engine; use --engines 1 or --front python"
     return None
 
 
@@ -242,7 +240,7 @@ def serve(settings: WorkerSettings) -> int:
         log.error("bad settings: %s", exc)
         return 2
     model = load_model_dir(resolve_model_path(settings.model), settings.task)
-    if (refusal := unserved(settings, model)) is not None:
+    if (refusal := unserved(model)) is not None:
         log.error(refusal)
         return 2
     front = load_front(settings.front_library)
