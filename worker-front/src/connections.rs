@@ -15,6 +15,8 @@ use tonic::codegen::Service;
 use tonic::service::Routes;
 use tonic::Status;
 
+use crate::service::TOO_LARGE;
+
 /// Accepts until `stop` is set, then lets each connection finish its open calls (HTTP/2
 /// GOAWAY: the client opens new ones elsewhere) and returns once all have closed.
 pub async fn serve(listener: TcpListener, routes: Routes, stop: watch::Receiver<bool>) {
@@ -49,9 +51,10 @@ async fn connection(stream: TcpStream, routes: Routes, stop: watch::Receiver<boo
             // The router's own failures (none for gRPC routes) as a gRPC status: a concrete
             // error type here keeps the connection's future Send for any lifetime.
             let answered = routes.call(request.map(tonic::body::boxed)).await;
-            Ok::<_, Infallible>(
-                answered.unwrap_or_else(|e| Status::internal(e.to_string()).into_http()),
-            )
+            let mut response =
+                answered.unwrap_or_else(|e| Status::internal(e.to_string()).into_http());
+            exhausted_if_too_large(response.headers_mut());
+            Ok::<_, Infallible>(response)
         }
     });
     let serving = http2::Builder::new(TokioExecutor::new())
@@ -64,6 +67,23 @@ async fn connection(stream: TcpStream, routes: Routes, stop: watch::Receiver<boo
     }
     serving.as_mut().graceful_shutdown();
     let _ = serving.await;
+}
+
+/// A unary call refused for its size answers in its headers (trailers-only): its status as the
+/// Python front's (service::too_large_as_exhausted says why).
+fn exhausted_if_too_large(headers: &mut http::HeaderMap) {
+    let status = headers.get("grpc-status").and_then(|s| s.to_str().ok());
+    if status != Some((tonic::Code::OutOfRange as i32).to_string().as_str()) {
+        return;
+    }
+    // grpc-message is percent-encoded: its spaces are %20.
+    let message = headers.get("grpc-message").and_then(|m| m.to_str().ok());
+    if message.is_some_and(|m| m.replace("%20", " ").contains(TOO_LARGE)) {
+        let exhausted = (tonic::Code::ResourceExhausted as i32).to_string();
+        if let Ok(value) = http::HeaderValue::from_str(&exhausted) {
+            headers.insert("grpc-status", value);
+        }
+    }
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {

@@ -119,9 +119,15 @@ impl Front {
                         break;
                     }
                 }
-                // The caller is done writing, or its transport failed: the calls in flight
-                // are still answered, and the stream ends with the last.
-                Ok(None) | Err(_) => break,
+                // The caller is done writing: the calls in flight are still answered, and
+                // the stream ends with the last.
+                Ok(None) => break,
+                // A message past the size limit (or a broken transport, where the status
+                // goes nowhere) ends the stream with that status, as a refused one does.
+                Err(status) => {
+                    let _ = tx.send(Err(too_large_as_exhausted(status)));
+                    break;
+                }
             }
         }
     }
@@ -154,6 +160,18 @@ impl Front {
         outcome.map(Response::new)
     }
 }
+
+/// tonic refuses a message over the size limit with OUT_OF_RANGE; gRPC's C core (the Python
+/// front) with RESOURCE_EXHAUSTED, which callers treat as "too much at once", not a bad value.
+pub fn too_large_as_exhausted(status: Status) -> Status {
+    if status.code() == tonic::Code::OutOfRange && status.message().contains(TOO_LARGE) {
+        return Status::resource_exhausted(status.message());
+    }
+    status
+}
+
+/// The start of tonic's message for a message over the size limit (tonic 0.12, codec/decode.rs).
+pub const TOO_LARGE: &str = "decoded message length too large";
 
 fn malformed(rpc: &str, error: &prost::DecodeError) -> Status {
     Status::invalid_argument(format!("malformed {rpc} request: {error}"))

@@ -231,6 +231,20 @@ def test_messages_past_the_byte_budget_are_refused(workers: dict[str, WorkerProc
     assert details == budget.refusal(refused.ByteSize())
 
 
+def test_a_message_over_the_size_limit_is_resource_exhausted(
+    workers: dict[str, WorkerProcess],
+) -> None:
+    # 4,000 tokens: past the longest message the budgets allow (INFLIGHT_BYTES), before parsing.
+    huge = _long(4000)
+    assert huge.ByteSize() > INFLIGHT_BYTES
+    for worker in workers.values():
+        stub = worker_stub(worker.channel())
+        assert _rpc_outcome(stub, "Embed", huge)[0] is Code.RESOURCE_EXHAUSTED
+        calls = iter([pb.EmbedCall(id=1, request=huge)])
+        code, _ = _outcome(lambda: list(stub.EmbedStream(calls, timeout=10)))  # noqa: B023
+        assert code is Code.RESOURCE_EXHAUSTED
+
+
 def test_info_says_ready_with_the_engines_figures(workers: dict[str, WorkerProcess]) -> None:
     info = {
         n: worker_stub(w.channel()).Info(pb.InfoRequest(), timeout=5) for n, w in workers.items()
