@@ -12,8 +12,8 @@ PYTEST_WORKERS ?= 2
 # Each build step and the tests report their wall and CPU seconds on stderr (hack/timed.sh).
 TIMED = bash hack/timed.sh
 
-.PHONY: install prepare run test lint format proto tools gateway gateway-tests node prometheus \
-	image-tools images images-lock bench clean
+.PHONY: install prepare run test lint format proto tools gateway gateway-tests worker-front node \
+	prometheus image-tools images images-lock bench clean
 
 # The Python components in .venv, then the gateway binary (cargo; its progress on the terminal),
 # both reused when unchanged.
@@ -58,6 +58,12 @@ gateway:
 gateway-tests: install
 	$(TIMED) gateway-tests $(BIN)/python -m embedfleet.testing.cargo_tests
 
+# The worker's Rust front (worker-front/, `embedfleet-worker --front rust`), a Python extension
+# built or reused from ~/.cache/embedfleet/worker-front; after `gateway`, whose target directory
+# (and dependencies) it shares.
+worker-front: gateway
+	CARGO_BUILD_JOBS=$(CARGO_JOBS) $(TIMED) worker-front bash hack/build-rust.sh worker-front
+
 # One real node's parts: runc, nft, ip, nsenter, gcc from Debian (idempotent), then kubelet,
 # kube-proxy, containerd, CNI plugins and the harness images, built or reused from
 # ~/.cache/embedfleet/node. After `tools`: kubelet and kube-proxy reuse its compiled packages.
@@ -94,7 +100,7 @@ images-lock: install
 prepare:
 	@export EMBEDFLEET_PREPARE_START=$$(date +%s); \
 	$(TIMED) prepare $(MAKE) --no-print-directory -j CARGO_JOBS=$(or $(CARGO_BUILD_JOBS),2) \
-		tools node gateway gateway-tests install prometheus image-tools images lint
+		tools node gateway gateway-tests worker-front install prometheus image-tools images lint
 
 # Images first (reused when their content key is cached): a build inside a test would count
 # against that test's timeout. Each test's id and result on its own line as it ends (-v, its

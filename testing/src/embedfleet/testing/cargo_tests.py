@@ -72,7 +72,7 @@ def _compile_into(cached: Path) -> None:
     target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
     jobs = str(detect_cores())
     env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": jobs}
-    command = ["cargo", "test", "--release", "--locked", "--offline", "--no-run"]
+    command = ["cargo", "test", "--release", "--locked", "--no-run"]
     proc = subprocess.run(
         ["nice", "-n", "19", cargo_tool(), *command[1:], "--message-format=json", "-j", jobs],
         cwd=CRATE,

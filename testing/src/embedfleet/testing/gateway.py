@@ -16,7 +16,7 @@ from pathlib import Path
 from embedfleet.common.net import free_ports
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail, spawn, stop
-from embedfleet.testing.tools import REPO_ROOT, ToolsError, run_build_script
+from embedfleet.testing.tools import REPO_ROOT, rust_artifact
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-gateway.sh"
 CRATE = REPO_ROOT / "gateway"
@@ -32,18 +32,7 @@ def bundled_calibration() -> Path:
 def gateway_binary(*, build: bool = True) -> Path:
     """The binary of this tree's gateway sources, compiled first when no cached build matches
     (minutes cold: its progress goes to this process's stderr)."""
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        return Path(override)
-    expected = Path(run_build_script("--key", capture_stderr=True, script=BUILD_SCRIPT))
-    if expected.is_file():
-        return expected
-    if not build:
-        raise ToolsError(f"{expected} not built yet; run {BUILD_SCRIPT}")
-    built = Path(run_build_script(capture_stderr=False, script=BUILD_SCRIPT))
-    if not built.is_file():
-        raise ToolsError(f"{BUILD_SCRIPT.name} printed {built}, which is not a file")
-    return built
+    return rust_artifact("gateway", BINARY_ENV, build=build)
 
 
 def child_env() -> dict[str, str]:

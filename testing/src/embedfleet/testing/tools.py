@@ -83,6 +83,28 @@ def run_build_script(*args: str, capture_stderr: bool, script: Path = BUILD_SCRI
     return lines[-1]
 
 
+RUST_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-rust.sh"
+
+
+def rust_artifact(crate: str, override_env: str, *, build: bool = True) -> Path:
+    """The artifact of this tree's `crate` (a member of the root cargo workspace), compiled
+    first by hack/build-rust.sh when no cached build matches (minutes cold: its progress goes to
+    this process's stderr); the path in $`override_env` instead when set."""
+    override = os.environ.get(override_env)
+    if override:
+        return Path(override)
+    script = RUST_BUILD_SCRIPT
+    expected = Path(run_build_script(crate, "--key", capture_stderr=True, script=script))
+    if expected.is_file():
+        return expected
+    if not build:
+        raise ToolsError(f"{expected} not built yet; run {script} {crate}")
+    built = Path(run_build_script(crate, capture_stderr=False, script=script))
+    if not built.is_file():
+        raise ToolsError(f"{script.name} printed {built}, which is not a file")
+    return built
+
+
 def _missing(bin_dir: Path) -> list[str]:
     names = [*BINARIES, KWOK_STAGES]
     return [name for name in names if not (bin_dir / name).is_file()]

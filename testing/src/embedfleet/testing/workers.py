@@ -32,6 +32,7 @@ from embedfleet.common.net import free_ports
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
 from embedfleet.testing.process import log_tail
+from embedfleet.testing.tools import rust_artifact
 
 
 def worker_stub(channel: grpc.Channel) -> pb_grpc.WorkerStub:
@@ -211,3 +212,13 @@ def running_worker(
         yield worker
     finally:
         worker.stop()
+
+
+#: a prebuilt worker-front extension to use instead of building (e.g. outside a clone)
+FRONT_LIBRARY_ENV = "EMBEDFLEET_TEST_FRONT_LIBRARY"
+
+
+def front_library(*, build: bool = True) -> Path:
+    """The worker's Rust front (worker-front/, embedfleet_front.abi3.so) of this tree, compiled
+    first when no cached build matches: what `--front rust --front-library` loads."""
+    return rust_artifact("worker-front", FRONT_LIBRARY_ENV, build=build)

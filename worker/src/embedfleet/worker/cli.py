@@ -59,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from embedfleet.worker.engines import run_engines
 
         sys.exit(run_engines(settings, list(sys.argv[1:] if argv is None else argv)))
+    if settings.front == "rust":  # each of several engines is such a worker of its own
+        from embedfleet.worker.rust_front import serve as serve_rust
+
+        sys.exit(serve_rust(settings))
     # Imported only now: a refused model is told within a second of start, not after gRPC's.
     from embedfleet.worker.lifecycle import serve
 

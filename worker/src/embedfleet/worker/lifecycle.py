@@ -95,7 +95,7 @@ def build_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
     return TorchEngine.from_settings(settings)
 
 
-def _reference_fn(settings: WorkerSettings) -> ReferenceFn | None:
+def reference_fn(settings: WorkerSettings) -> ReferenceFn | None:
     """The engine's float32 eager CPU path, the self-check's yardstick for uncommitted models."""
     if settings.engine == "null":
         return None
@@ -107,7 +107,7 @@ async def _set_health(servicer: _Health, status: int) -> None:
         await servicer.set(name, status)
 
 
-async def _warm_graphs(settings: WorkerSettings, engine: Engine) -> None:
+async def warm_graphs(settings: WorkerSettings, engine: Engine) -> None:
     """Capture the engine's CUDA graphs before the first request (an engine that captures none
     has no `warm_graphs`), and report what that took in one line."""
     warm: Callable[[float], GraphWarmup] | None = getattr(engine, "warm_graphs", None)
@@ -180,7 +180,7 @@ async def _start_serving(
     )
     state.engine = engine  # its counters and GPU memory are scraped from here on
     log.info("warming up", extra={"max_batch_tokens": state.budget.max_tokens})
-    await _warm_graphs(settings, engine)  # before the engine thread: one caller at a time
+    await warm_graphs(settings, engine)  # before the engine thread: one caller at a time
     queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
     trimmer = memory.Trimmer.for_process(settings.malloc_trim_seconds)
     runner = BatchRunner(
@@ -202,7 +202,7 @@ async def _start_serving(
     if settings.engine == "null":
         log.info("self-check skipped: the null engine computes nothing to check")
     else:
-        result = await run_selfcheck(state.submit, state.model, _reference_fn(settings))
+        result = await run_selfcheck(state.submit, state.model, reference_fn(settings))
         log.info(
             "self-check skipped" if result.skipped else "self-check passed",
             extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
@@ -314,7 +314,7 @@ def port_taken(host: str, port: int, flag: str) -> str:
     )
 
 
-def _write_port_file(path: str, port: int, metrics_port: int) -> None:
+def write_port_file(path: str, port: int, metrics_port: int) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port, "pid": os.getpid()}))
     tmp.replace(path)  # atomic: readers never see a partial file
@@ -364,7 +364,7 @@ async def serve(settings: WorkerSettings) -> int:
             return 2
     await server.start()
     if settings.port_file:
-        _write_port_file(settings.port_file, port, settings.metrics_port)
+        write_port_file(settings.port_file, port, settings.metrics_port)
     log.info("listening", extra={"port": port, "metrics_port": settings.metrics_port})
 
     stop, lost = asyncio.Event(), asyncio.Event()

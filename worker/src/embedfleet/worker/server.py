@@ -31,6 +31,7 @@ from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker.contract import (
     HYBRID_OUTPUTS,
     Engine,
+    EngineInfo,
     HybridOutput,
     InvalidInputError,
     Options,
@@ -61,7 +62,7 @@ _POOLING: dict[int, Pooling | None] = {
     pb.POOLING_WEIGHTED_MEAN: "weighted_mean",
     pb.POOLING_MEAN_SQRT_LEN: "mean_sqrt_len",
 }
-_POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
+POOLING_ENUM = {v: k for k, v in _POOLING.items() if v is not None}
 _TASKS = {
     "Embed": "embed",
     "Score": "score",
@@ -242,7 +243,7 @@ class WorkerService(pb_grpc.WorkerServicer):
                 "undecodable request message",
                 extra={"rpc": rpc, "detail": request.detail, "since_last_line": held},
             )
-        await context.abort(Code.INVALID_ARGUMENT, f"malformed {rpc} request: {request.detail}")
+        await context.abort(Code.INVALID_ARGUMENT, malformed_message(rpc, request.detail))
 
     async def Embed(  # noqa: N802 - gRPC method names
         self,
@@ -252,7 +253,7 @@ class WorkerService(pb_grpc.WorkerServicer):
         return await self._serve(
             "Embed",
             request.batch,
-            lambda: _embed_options(request),
+            lambda: embed_options(request),
             lambda entry: _embed_response(request, entry),
             context,
         )
@@ -323,7 +324,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             response, _ = await self._answered(
                 "Embed",
                 request.batch,
-                lambda: _embed_options(request),
+                lambda: embed_options(request),
                 lambda entry: _embed_response(request, entry),
                 deadline,
                 # Cancelled with its stream (the caller gone, or the server stopping), as a
@@ -341,14 +342,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.ScoreRequest, pb.ScoreResponse],
     ) -> pb.ScoreResponse:
         def reply(entry: Entry) -> pb.ScoreResponse:
-            scores = entry.future.result()
-            return pb.ScoreResponse(
-                scores=pack_floats(scores.reshape(-1)),
-                count=int(scores.size),
-                prompt_tokens=entry.tokens,
-            )
+            return score_response(request, entry.future.result(), entry.item)
 
-        options = Options(activate=request.activate)
+        options = score_options(request)
         return await self._serve("Score", request.batch, lambda: options, reply, context)
 
     async def Classify(  # noqa: N802 - gRPC method names
@@ -357,15 +353,9 @@ class WorkerService(pb_grpc.WorkerServicer):
         context: grpc.aio.ServicerContext[pb.ClassifyRequest, pb.ClassifyResponse],
     ) -> pb.ClassifyResponse:
         def reply(entry: Entry) -> pb.ClassifyResponse:
-            scores = entry.future.result()  # [count, labels]
-            return pb.ClassifyResponse(
-                scores=pack_floats(scores),
-                count=int(scores.shape[0]),
-                labels=int(scores.shape[1]),
-                prompt_tokens=entry.tokens,
-            )
+            return classify_response(request, entry.future.result(), entry.item)
 
-        options = Options(activate=request.activate)
+        options = score_options(request)
         return await self._serve("Classify", request.batch, lambda: options, reply, context)
 
     async def SparseEmbed(  # noqa: N802 - gRPC method names
@@ -373,68 +363,38 @@ class WorkerService(pb_grpc.WorkerServicer):
         request: pb.SparseEmbedRequest,
         context: grpc.aio.ServicerContext[pb.SparseEmbedRequest, pb.SparseEmbedResponse],
     ) -> pb.SparseEmbedResponse:
-        def options() -> Options:
-            _check_threshold(request.threshold)
-            return Options()
-
         def reply(entry: Entry) -> pb.SparseEmbedResponse:
-            # [count, vocab], dense
-            return _sparse_response(entry.future.result(), request, entry.tokens)
+            return sparse_embed_response(request, entry.future.result(), entry.item)
 
-        return await self._serve("SparseEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "SparseEmbed", request.batch, lambda: sparse_options(request), reply, context
+        )
 
     async def MultiVectorEmbed(  # noqa: N802 - gRPC method names
         self,
         request: pb.MultiVectorEmbedRequest,
         context: grpc.aio.ServicerContext[pb.MultiVectorEmbedRequest, pb.MultiVectorEmbedResponse],
     ) -> pb.MultiVectorEmbedResponse:
-        def options() -> Options:
-            _check_format(request.format)
-            return Options()
-
-        skip = self._skip_tokens()
-
         def reply(entry: Entry) -> pb.MultiVectorEmbedResponse:
-            # [vectors, dimensions], every sequence's in order
-            vectors = entry.future.result()
-            return _multi_vector_response(vectors, entry, skip, request.format)
+            served = self._served()
+            return multi_vector_embed_response(request, entry.future.result(), entry.item, served)
 
-        return await self._serve("MultiVectorEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "MultiVectorEmbed", request.batch, lambda: multi_vector_options(request), reply, context
+        )
 
     async def HybridEmbed(  # noqa: N802 - gRPC method names
         self,
         request: pb.HybridEmbedRequest,
         context: grpc.aio.ServicerContext[pb.HybridEmbedRequest, pb.HybridEmbedResponse],
     ) -> pb.HybridEmbedResponse:
-        asked: frozenset[HybridOutput] = frozenset(
-            name for name in HYBRID_OUTPUTS if getattr(request, name)
-        )
-        wanted = asked or frozenset(HYBRID_OUTPUTS)  # none set asks for all three
-        skip = self._skip_tokens()
-
-        def options() -> Options:
-            _check_format(request.format)
-            _check_threshold(request.threshold)
-            return Options(outputs=wanted)
-
         def reply(entry: Entry) -> pb.HybridEmbedResponse:
-            engine = self.state.engine
-            assert engine is not None  # a request ran on it
-            flat = entry.future.result()
-            parts = hybrid_parts(flat, entry.item.tokens.count, engine.info, wanted)
-            out = pb.HybridEmbedResponse(prompt_tokens=entry.tokens)
-            if "dense" in parts:
-                out.dense.CopyFrom(_dense_response(parts["dense"], request.format, entry.tokens))
-            if "sparse" in parts:
-                out.sparse.CopyFrom(_sparse_response(parts["sparse"], request, entry.tokens))
-            if "multi_vector" in parts:
-                vectors = parts["multi_vector"]
-                out.multi_vector.CopyFrom(
-                    _multi_vector_response(vectors, entry, skip, request.format)
-                )
-            return out
+            served = self._served()
+            return hybrid_embed_response(request, entry.future.result(), entry.item, served)
 
-        return await self._serve("HybridEmbed", request.batch, options, reply, context)
+        return await self._serve(
+            "HybridEmbed", request.batch, lambda: hybrid_options(request), reply, context
+        )
 
     async def Info(  # noqa: N802 - gRPC method names
         self,
@@ -452,7 +412,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             vocab_size=state.model.vocab_size,
             capacity_tokens_per_second=state.capacity,
             saturated_tokens_per_second=runner.saturated_rate if runner else 0.0,
-            default_pooling=_POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
+            default_pooling=POOLING_ENUM[state.model.pooling],  # type: ignore[arg-type]
             default_normalize=state.model.normalize,
             queued_requests=queued_requests,
             queued_tokens=queued_tokens,
@@ -527,19 +487,13 @@ class WorkerService(pb_grpc.WorkerServicer):
         self._record(rpc, Code.OK, started)
         return answer, entry
 
-    def _skip_tokens(self) -> int:
-        """The leading tokens of each sequence that get no per-token vector (bge-m3: its CLS)."""
-        layout = self.state.model.multivector
-        return layout.skip if layout is not None else 0
+    def _served(self) -> Served:
+        engine = self.state.engine
+        assert engine is not None  # a request ran on it
+        return served_by(self.state.model, engine)
 
     def _check_task(self, task: str) -> None:
-        own = self.state.model.task
-        # A hybrid model's dense vector is an embedder's: it answers Embed with that alone.
-        if own != task and (own, task) != ("hybrid", "embed"):
-            raise StatusError(
-                Code.FAILED_PRECONDITION,
-                f"this worker serves a {self.state.model.task} model; it cannot {task}",
-            )
+        check_task(self.state.model.task, task)
 
     async def _run(self, batch: pb.TokenBatch, options: Options, deadline: float) -> Entry:
         validating = time.perf_counter_ns()
@@ -548,26 +502,7 @@ class WorkerService(pb_grpc.WorkerServicer):
             raise StatusError(Code.UNAVAILABLE, "the worker is draining")
         if not state.ready or state.engine is None:
             raise StatusError(Code.UNAVAILABLE, "the worker is warming up")
-        try:
-            tokens = unpack_tokens(batch)
-        except CodecError as exc:
-            raise StatusError(Code.INVALID_ARGUMENT, f"malformed token batch: {exc}") from None
-        if admit(tokens.total, tokens.count, state.budget) is Admission.REJECT:
-            raise StatusError(
-                Code.INVALID_ARGUMENT,
-                f"the request has {tokens.total} tokens; "
-                f"the limit is {state.budget.hard_max_tokens}",
-            )
-        dims = state.engine.info.dimensions
-        if options.dimensions > dims:
-            raise StatusError(
-                Code.INVALID_ARGUMENT, f"dimensions {options.dimensions} exceeds the model's {dims}"
-            )
-        item = WorkItem(tokens, options)
-        try:
-            state.engine.validate(item)
-        except InvalidInputError as exc:
-            raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
+        item = work_item(batch, options, state.budget, state.engine)
         self._stages["validate"].observe((time.perf_counter_ns() - validating) * 1e-9)
         try:
             entry = await state.compute(item, deadline)
@@ -597,12 +532,50 @@ class WorkerService(pb_grpc.WorkerServicer):
             metrics.request.observe(time.perf_counter() - started)
 
 
+def check_task(own: str, task: str) -> None:
+    """FAILED_PRECONDITION unless a worker serving an `own` model can do `task`."""
+    # A hybrid model's dense vector is an embedder's: it answers Embed with that alone.
+    if own != task and (own, task) != ("hybrid", "embed"):
+        raise StatusError(
+            Code.FAILED_PRECONDITION, f"this worker serves a {own} model; it cannot {task}"
+        )
+
+
+def work_item(batch: pb.TokenBatch, options: Options, budget: Budget, engine: Engine) -> WorkItem:
+    """A request's work for the engine, or StatusError(INVALID_ARGUMENT) saying what is wrong
+    with it (both fronts' checks: the Rust front calls this per batch)."""
+    try:
+        tokens = unpack_tokens(batch)
+    except CodecError as exc:
+        raise StatusError(Code.INVALID_ARGUMENT, f"malformed token batch: {exc}") from None
+    if admit(tokens.total, tokens.count, budget) is Admission.REJECT:
+        raise StatusError(
+            Code.INVALID_ARGUMENT,
+            f"the request has {tokens.total} tokens; the limit is {budget.hard_max_tokens}",
+        )
+    dims = engine.info.dimensions
+    if options.dimensions > dims:
+        raise StatusError(
+            Code.INVALID_ARGUMENT, f"dimensions {options.dimensions} exceeds the model's {dims}"
+        )
+    item = WorkItem(tokens, options)
+    try:
+        engine.validate(item)
+    except InvalidInputError as exc:
+        raise StatusError(Code.INVALID_ARGUMENT, str(exc)) from None
+    return item
+
+
+def malformed_message(rpc: str, detail: str) -> str:
+    return f"malformed {rpc} request: {detail}"
+
+
 def _check_format(fmt: int) -> None:
     if fmt not in FLOAT_DTYPES:
         raise StatusError(Code.INVALID_ARGUMENT, f"unknown float format {fmt}")
 
 
-def _embed_options(request: pb.EmbedRequest) -> Options:
+def embed_options(request: pb.EmbedRequest) -> Options:
     _check_format(request.format)
     if request.pooling not in _POOLING:
         raise StatusError(Code.INVALID_ARGUMENT, f"unknown pooling {request.pooling}")
@@ -614,9 +587,15 @@ def _embed_options(request: pb.EmbedRequest) -> Options:
 
 
 def _embed_response(request: pb.EmbedRequest, entry: Entry) -> pb.EmbedResponse:
+    return embed_response(request, entry.future.result(), entry.item)
+
+
+def embed_response(
+    request: pb.EmbedRequest, result: FloatArray, item: WorkItem
+) -> pb.EmbedResponse:
     # [count, dimensions]; a hybrid model's come as its flat row of that one output.
-    rows = entry.future.result().reshape(entry.item.tokens.count, -1)
-    return _dense_response(rows, request.format, entry.tokens)
+    rows = result.reshape(item.tokens.count, -1)
+    return _dense_response(rows, request.format, item.tokens.total)
 
 
 def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.EmbedResponse:
@@ -627,6 +606,99 @@ def _dense_response(rows: FloatArray, fmt: pb.FloatFormat, tokens: int) -> pb.Em
         format=fmt,
         prompt_tokens=tokens,
     )
+
+
+def score_options(request: pb.ScoreRequest | pb.ClassifyRequest) -> Options:
+    return Options(activate=request.activate)
+
+
+def score_response(
+    request: pb.ScoreRequest, result: FloatArray, item: WorkItem
+) -> pb.ScoreResponse:
+    return pb.ScoreResponse(
+        scores=pack_floats(result.reshape(-1)),
+        count=int(result.size),
+        prompt_tokens=item.tokens.total,
+    )
+
+
+def classify_response(
+    request: pb.ClassifyRequest, result: FloatArray, item: WorkItem
+) -> pb.ClassifyResponse:
+    # [count, labels]
+    return pb.ClassifyResponse(
+        scores=pack_floats(result),
+        count=int(result.shape[0]),
+        labels=int(result.shape[1]),
+        prompt_tokens=item.tokens.total,
+    )
+
+
+def sparse_options(request: pb.SparseEmbedRequest) -> Options:
+    _check_threshold(request.threshold)
+    return Options()
+
+
+def sparse_embed_response(
+    request: pb.SparseEmbedRequest, result: FloatArray, item: WorkItem
+) -> pb.SparseEmbedResponse:
+    # [count, vocab], dense
+    return _sparse_response(result, request, item.tokens.total)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the multi-vector and hybrid replies need of the model being served."""
+
+    info: EngineInfo
+    #: the leading tokens of each sequence that get no per-token vector (bge-m3: its CLS)
+    skip: int
+
+
+def served_by(model: ModelDir, engine: Engine) -> Served:
+    layout = model.multivector
+    return Served(engine.info, layout.skip if layout is not None else 0)
+
+
+def multi_vector_options(request: pb.MultiVectorEmbedRequest) -> Options:
+    _check_format(request.format)
+    return Options()
+
+
+def multi_vector_embed_response(
+    request: pb.MultiVectorEmbedRequest, result: FloatArray, item: WorkItem, served: Served
+) -> pb.MultiVectorEmbedResponse:
+    # [vectors, dimensions], every sequence's in order
+    return _multi_vector_response(result, item, served.skip, request.format)
+
+
+def _hybrid_outputs(request: pb.HybridEmbedRequest) -> frozenset[HybridOutput]:
+    asked = frozenset(name for name in HYBRID_OUTPUTS if getattr(request, name))
+    return asked or frozenset(HYBRID_OUTPUTS)  # none set asks for all three
+
+
+def hybrid_options(request: pb.HybridEmbedRequest) -> Options:
+    _check_format(request.format)
+    _check_threshold(request.threshold)
+    return Options(outputs=_hybrid_outputs(request))
+
+
+def hybrid_embed_response(
+    request: pb.HybridEmbedRequest, result: FloatArray, item: WorkItem, served: Served
+) -> pb.HybridEmbedResponse:
+    tokens = item.tokens.total
+    parts = hybrid_parts(result, item.tokens.count, served.info, _hybrid_outputs(request))
+    out = pb.HybridEmbedResponse(prompt_tokens=tokens)
+    if "dense" in parts:
+        out.dense.CopyFrom(_dense_response(parts["dense"], request.format, tokens))
+    if "sparse" in parts:
+        out.sparse.CopyFrom(_sparse_response(parts["sparse"], request, tokens))
+    if "multi_vector" in parts:
+        vectors = parts["multi_vector"]
+        out.multi_vector.CopyFrom(
+            _multi_vector_response(vectors, item, served.skip, request.format)
+        )
+    return out
 
 
 def _check_threshold(threshold: float) -> None:
@@ -650,11 +722,11 @@ def _sparse_response(
 
 
 def _multi_vector_response(
-    vectors: FloatArray, entry: Entry, skip: int, fmt: pb.FloatFormat
+    vectors: FloatArray, item: WorkItem, skip: int, fmt: pb.FloatFormat
 ) -> pb.MultiVectorEmbedResponse:
-    """The entry's token `vectors` [vectors, dimensions] as MultiVectorEmbed replies them, each
+    """The item's token `vectors` [vectors, dimensions] as MultiVectorEmbed replies them, each
     sequence's first `skip` tokens having none."""
-    counts = np.maximum(entry.item.tokens.lengths.astype(np.int64) - skip, 0)
+    counts = np.maximum(item.tokens.lengths.astype(np.int64) - skip, 0)
     offsets = np.zeros(counts.size + 1, "<i4")
     np.cumsum(counts, out=offsets[1:])
     return pb.MultiVectorEmbedResponse(
@@ -663,7 +735,7 @@ def _multi_vector_response(
         count=int(counts.size),
         dimensions=int(vectors.shape[1]),
         format=fmt,
-        prompt_tokens=entry.tokens,
+        prompt_tokens=item.tokens.total,
     )
 
 

@@ -203,6 +203,18 @@ class WorkerSettings:
         "before a measurement starts.",
     )
     # --- serving ---------------------------------------------------------------------------
+    front: str = setting(
+        "python",
+        "The gRPC front: python (grpc asyncio, every task), or rust (worker-front/, hosting "
+        "this engine in-process: every task; no /metrics, no capacity measurement; "
+        "docs/worker.md, Rust front).",
+        choices=("python", "rust"),
+    )
+    front_library: str = setting(
+        "",
+        "With --front rust: the built extension (embedfleet_front.abi3.so, from "
+        "hack/build-rust.sh worker-front); empty imports embedfleet_front from the Python path.",
+    )
     host: str = setting("127.0.0.1", "Address the gRPC server binds.")
     port: int = setting(50051, "gRPC port; 0 picks a free one (see --port-file).")
     port_file: str = setting(
