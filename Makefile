@@ -7,8 +7,9 @@ COMPONENTS := common worker fleet operator bench testing
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist); tests/conftest.py groups the tests that share a cluster or a
-# directory's fixtures. 0: one process, as before.
-PYTEST_WORKERS ?= 2
+# directory's fixtures. 0: one process. Three on two cores: the real-node and KWOK groups mostly
+# wait, and a third process computes meanwhile (docs/development.md, "How long make test takes").
+PYTEST_WORKERS ?= 3
 # Each build step and the tests report their wall and CPU seconds on stderr (hack/timed.sh).
 TIMED = bash hack/timed.sh
 

@@ -248,6 +248,9 @@ class Load:
     pause: float = 0.0
     """Seconds a client waits after each answer. 0: back to back, which keeps the fleet at its
     capacity, where queueing sets the tail latency; a pause offers a load well below it."""
+    backoff: float | None = None
+    """Seconds a client waits after a 429 instead of its Retry-After. None: as told, as a
+    well-behaved client does; a flood's clients come back sooner."""
     codes: Counter[int] = field(default_factory=Counter)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -278,7 +281,9 @@ class Load:
                         continue
                     self.codes[reply.status_code] += 1
                     # As a well-behaved client: back off as told (429, and 503 where it says so).
-                    if retry_after := reply.headers.get("retry-after"):
+                    if reply.status_code == 429 and self.backoff is not None:
+                        self._stop.wait(self.backoff)
+                    elif retry_after := reply.headers.get("retry-after"):
                         self._stop.wait(float(retry_after))
                     elif self.pause:
                         self._stop.wait(self.pause)
