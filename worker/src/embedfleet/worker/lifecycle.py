@@ -320,15 +320,24 @@ def write_port_file(path: str, port: int, metrics_port: int) -> None:
     tmp.replace(path)  # atomic: readers never see a partial file
 
 
-async def serve(settings: WorkerSettings) -> int:
-    loop = asyncio.get_running_loop()
+def opening(settings: WorkerSettings) -> tuple[int, ModelDir] | None:
+    """What either front does first: bound the libraries' caches, check the message limit (None
+    after logging it when bad: exit 2) and read the model directory. Returns the limit and
+    the model."""
     memory.bound_caches(settings.library_cache_capacity)  # before anything imports torch
     try:
         receive = message_limit(settings)
     except ValueError as exc:
         log.error("bad settings: %s", exc)
+        return None
+    return receive, load_model_dir(resolve_model_path(settings.model), settings.task)
+
+
+async def serve(settings: WorkerSettings) -> int:
+    loop = asyncio.get_running_loop()
+    if (opened := opening(settings)) is None:
         return 2
-    model = load_model_dir(resolve_model_path(settings.model), settings.task)
+    receive, model = opened
     # The metrics thread reads the engine's counters and GPU memory at scrape time, once there is
     # an engine.
     metrics = WorkerMetrics(

@@ -25,14 +25,13 @@ from google.protobuf.message import DecodeError, Message
 
 from embedfleet.common import heap, logs
 from embedfleet.common.arrays import FloatArray
-from embedfleet.common.modeldir import ModelDir, load_model_dir, resolve_model_path
+from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.worker import memory
 from embedfleet.worker.contract import Engine, Options, WorkItem
 from embedfleet.worker.lifecycle import (
     budget_of,
     build_engine,
-    message_limit,
+    opening,
     port_taken,
     reference_fn,
     warm_graphs,
@@ -233,13 +232,9 @@ def _on_listening(settings: WorkerSettings, started: float) -> Callable[[int], N
 def serve(settings: WorkerSettings) -> int:
     """Build and warm the engine, then serve it through the Rust front until SIGTERM."""
     started = time.monotonic()
-    memory.bound_caches(settings.library_cache_capacity)  # before anything imports torch
-    try:
-        receive = message_limit(settings)
-    except ValueError as exc:
-        log.error("bad settings: %s", exc)
+    if (opened := opening(settings)) is None:
         return 2
-    model = load_model_dir(resolve_model_path(settings.model), settings.task)
+    receive, model = opened
     if (refusal := unserved(model)) is not None:
         log.error(refusal)
         return 2
