@@ -4,7 +4,7 @@
 //! the budget runs alone. Requests whose caller has gone or whose deadline passed are dropped at
 //! the head without compute.
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::limits::Held;
+use crate::stats::Stats;
 use crate::wire::ReplyShape;
 
 pub type Outcome = Result<Bytes, Status>;
@@ -30,10 +31,13 @@ pub struct Budget {
 /// Where a request's answer goes.
 pub enum Reply {
     Unary(oneshot::Sender<Outcome>),
-    /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue.
+    /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue,
+    /// its outcome counted as an Embed call's once sent (a unary call's handler counts its own).
     Stream {
         id: u64,
         tx: mpsc::UnboundedSender<Outcome>,
+        stats: Arc<Stats>,
+        arrived: Instant,
     },
 }
 
@@ -51,7 +55,14 @@ impl Reply {
             Reply::Unary(tx) => {
                 let _ = tx.send(outcome); // a caller gone meanwhile has nothing to be told
             }
-            Reply::Stream { id, tx } => {
+            Reply::Stream {
+                id,
+                tx,
+                stats,
+                arrived,
+            } => {
+                let code = outcome.as_ref().err().map_or(tonic::Code::Ok, Status::code);
+                stats.record("Embed", code, Some(arrived.elapsed()));
                 let reply = match outcome {
                     Ok(response) => ReplyShape {
                         id,
@@ -102,6 +113,8 @@ pub struct Entry {
     pub tokens: usize,
     pub sequences: usize,
     pub deadline: Option<Instant>,
+    /// When it was queued (its queue wait is measured from here).
+    pub arrived: Instant,
     /// The EmbedRequest's bytes, as the client sent them.
     pub payload: Bytes,
     pub reply: Reply,
