@@ -63,7 +63,13 @@ async fn connection(
         let stats = Arc::clone(&stats);
         async move {
             // "/embedfleet.v1.Worker/Embed": the method, for the count of refusals made here
-            let method = request.uri().path().rsplit('/').next().unwrap_or("").to_owned();
+            let method = request
+                .uri()
+                .path()
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_owned();
             // The router's own failures (none for gRPC routes) as a gRPC status: a concrete
             // error type here keeps the connection's future Send for any lifetime.
             let answered = routes.call(request.map(tonic::body::boxed)).await;

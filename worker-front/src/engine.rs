@@ -54,7 +54,9 @@ fn call(py: Python<'_>, run_batch: &Bound<'_, PyAny>, batch: &[Entry]) -> Vec<Ou
     let calls = PyList::empty(py);
     let launched = Instant::now();
     for entry in batch {
-        let waited = launched.saturating_duration_since(entry.arrived).as_secs_f64();
+        let waited = launched
+            .saturating_duration_since(entry.arrived)
+            .as_secs_f64();
         let call = (entry.rpc.name(), PyBytes::new(py, &entry.payload), waited);
         if let Err(err) = calls.append(call) {
             return failed(batch.len(), &err.to_string());

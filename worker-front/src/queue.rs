@@ -178,6 +178,7 @@ impl Queue {
     }
 
     /// Queue `entry`, or hand it back with how many are queued when the queue is full.
+    #[allow(clippy::result_large_err)] // the entry itself, handed back on the rare refusal
     pub fn push(&self, entry: Entry) -> Result<(), (Entry, usize)> {
         let mut state = self.lock();
         if state.items.len() >= self.max_requests {

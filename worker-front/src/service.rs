@@ -149,7 +149,10 @@ impl Front {
     async fn unary(&self, rpc: Rpc, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
         let mut counting = self.stats.counting(rpc.name());
         let answered = self.answer(rpc, request).await;
-        counting.code = answered.as_ref().err().map_or(tonic::Code::Ok, Status::code);
+        counting.code = answered
+            .as_ref()
+            .err()
+            .map_or(tonic::Code::Ok, Status::code);
         answered
     }
 

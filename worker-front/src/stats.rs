@@ -53,7 +53,9 @@ impl Stats {
     pub fn new(mut bounds: Vec<f64>) -> Self {
         bounds.retain(|b| b.is_finite());
         Stats {
-            requests: (0..METHODS.len() * CODES).map(|_| AtomicU64::new(0)).collect(),
+            requests: (0..METHODS.len() * CODES)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             bounds,
             nanos: AtomicU64::new(0),
