@@ -121,6 +121,34 @@ impl PyServer {
         served
     }
 
+    /// Queue capacity-measurement work (embedfleet.worker.rust_capacity): `id`'s item, of
+    /// `tokens` in `sequences`, reaches `run_batch` as a ("Probe", id as 8 little-endian
+    /// bytes, queue_wait) call in its turn. False when the queue is full.
+    fn probe(&self, id: u64, tokens: usize, sequences: usize) -> bool {
+        let entry = queue::Entry {
+            rpc: queue::Rpc::Probe,
+            tokens,
+            sequences,
+            deadline: None,
+            arrived: std::time::Instant::now(),
+            payload: bytes::Bytes::copy_from_slice(&id.to_le_bytes()),
+            reply: queue::Reply::Probe,
+            held: None,
+        };
+        self.queue.push(entry).is_ok()
+    }
+
+    /// Requests admitted so far (probes aside): a measurement yields when this moves.
+    fn arrivals(&self) -> u64 {
+        self.stats.arrivals()
+    }
+
+    /// The capacity measured (Info reports it) and the batch token budget it paces.
+    fn publish(&self, capacity_tokens_per_second: f64, max_batch_tokens: usize) {
+        self.stats.set_capacity(capacity_tokens_per_second);
+        self.queue.set_max_tokens(max_batch_tokens);
+    }
+
     /// What /metrics reads at scrape time (embedfleet.worker.front_metrics): a dict of the
     /// live figures (queued_requests, queued_tokens, inflight, inflight_bytes, streams,
     /// listening, draining) and the counters (requests: [(method, code, count)],

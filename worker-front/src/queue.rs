@@ -31,6 +31,8 @@ pub struct Budget {
 /// Where a request's answer goes.
 pub enum Reply {
     Unary(oneshot::Sender<Outcome>),
+    /// A capacity probe's: the Python side hands its result over itself.
+    Probe,
     /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue,
     /// its outcome counted as an Embed call's once sent (a unary call's handler counts its own).
     Stream {
@@ -47,6 +49,7 @@ impl Reply {
         match self {
             Reply::Unary(tx) => tx.is_closed(),
             Reply::Stream { tx, .. } => tx.is_closed(),
+            Reply::Probe => false,
         }
     }
 
@@ -55,6 +58,7 @@ impl Reply {
             Reply::Unary(tx) => {
                 let _ = tx.send(outcome); // a caller gone meanwhile has nothing to be told
             }
+            Reply::Probe => {}
             Reply::Stream {
                 id,
                 tx,
@@ -92,6 +96,8 @@ pub enum Rpc {
     SparseEmbed,
     MultiVectorEmbed,
     HybridEmbed,
+    /// Capacity measurement work from the Python side (its payload a probe's id).
+    Probe,
 }
 
 impl Rpc {
@@ -104,6 +110,7 @@ impl Rpc {
             Rpc::SparseEmbed => "SparseEmbed",
             Rpc::MultiVectorEmbed => "MultiVectorEmbed",
             Rpc::HybridEmbed => "HybridEmbed",
+            Rpc::Probe => "Probe",
         }
     }
 }
@@ -137,18 +144,17 @@ impl Entry {
     }
 }
 
-#[derive(Default)]
 struct State {
     items: VecDeque<Entry>,
     tokens: usize,
     stopping: bool,
+    budget: Budget,
 }
 
 /// The queue shared by the server's handlers and the engine thread.
 pub struct Queue {
     state: Mutex<State>,
     wake: Condvar,
-    budget: Budget,
     max_requests: usize,
 }
 
@@ -161,15 +167,24 @@ pub struct Taken {
 impl Queue {
     pub fn new(budget: Budget, max_requests: usize) -> Self {
         Queue {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                tokens: 0,
+                stopping: false,
+                budget,
+            }),
             wake: Condvar::new(),
-            budget,
             max_requests,
         }
     }
 
     pub fn budget(&self) -> Budget {
-        self.budget
+        self.lock().budget
+    }
+
+    /// The token budget of batches from now on (paced once capacity is measured).
+    pub fn set_max_tokens(&self, max_tokens: usize) {
+        self.lock().budget.max_tokens = max_tokens.max(1);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -234,8 +249,8 @@ impl Queue {
                 continue;
             }
             if !taken.batch.is_empty()
-                && (tokens + head.tokens > self.budget.max_tokens
-                    || sequences + head.sequences > self.budget.max_sequences)
+                && (tokens + head.tokens > state.budget.max_tokens
+                    || sequences + head.sequences > state.budget.max_sequences)
             {
                 break;
             }

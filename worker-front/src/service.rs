@@ -59,6 +59,7 @@ impl Front {
             );
             return Err((reply, Status::invalid_argument(message)));
         }
+        self.stats.arrived();
         let entry = Entry {
             rpc,
             tokens: size.tokens,
@@ -276,6 +277,11 @@ impl Worker for Front {
         reply.queued_tokens = tokens as u64;
         reply.draining = self.limits.draining();
         reply.ready = !reply.draining;
+        reply.max_batch_tokens = u32::try_from(self.queue.budget().max_tokens).unwrap_or(u32::MAX);
+        let capacity = self.stats.capacity();
+        if capacity > 0.0 {
+            reply.capacity_tokens_per_second = capacity;
+        }
         self.stats.record("Info", tonic::Code::Ok, None);
         Ok(Response::new(reply))
     }

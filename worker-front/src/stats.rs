@@ -34,6 +34,11 @@ pub struct Stats {
     deadline: AtomicU64,
     streams: AtomicI64,
     listening: AtomicBool,
+    /// Requests admitted to the queue (capacity probes aside): a background measurement yields
+    /// when it moves.
+    arrivals: AtomicU64,
+    /// The capacity measured, tokens/s as f64 bits (0: unmeasured), for Info.
+    capacity: AtomicU64,
 }
 
 /// The counters as read at one moment (each one consistent, not the set).
@@ -63,6 +68,8 @@ impl Stats {
             deadline: AtomicU64::new(0),
             streams: AtomicI64::new(0),
             listening: AtomicBool::new(false),
+            arrivals: AtomicU64::new(0),
+            capacity: AtomicU64::new(0),
         }
     }
 
@@ -106,6 +113,23 @@ impl Stats {
     pub fn stream_opened(self: &std::sync::Arc<Self>) -> OpenStream {
         self.streams.fetch_add(1, Ordering::Relaxed);
         OpenStream(std::sync::Arc::clone(self))
+    }
+
+    pub fn arrived(&self) {
+        self.arrivals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn arrivals(&self) -> u64 {
+        self.arrivals.load(Ordering::Relaxed)
+    }
+
+    pub fn set_capacity(&self, tokens_per_second: f64) {
+        self.capacity
+            .store(tokens_per_second.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn capacity(&self) -> f64 {
+        f64::from_bits(self.capacity.load(Ordering::Relaxed))
     }
 
     pub fn set_listening(&self) {

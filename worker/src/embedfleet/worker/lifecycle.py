@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common import heap
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import (
     ModelDir,
     ModelDirError,
@@ -34,7 +35,13 @@ from embedfleet.common.modeldir import (
     weight_files,
 )
 from embedfleet.worker import memory, tracing
-from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup, UnservableError
+from embedfleet.worker.contract import (
+    Engine,
+    GraphCounters,
+    GraphWarmup,
+    UnservableError,
+    WorkItem,
+)
 from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
@@ -197,7 +204,7 @@ async def _start_serving(
     log.info("serving", extra={"startup_seconds": round(time.monotonic() - t0, 3)})
     if settings.capacity_measurement == "background":
         try:
-            await _measure_in_background(settings, state, shape)
+            await measure_in_background(settings, state, shape)
         except Exception:  # the worker serves on; capacity stays unmeasured (0)
             log.exception("capacity measurement failed")
 
@@ -233,26 +240,40 @@ async def warm_and_check(
     )
 
 
+class Measured(Protocol):
+    """What a capacity measurement runs through and reports to: the Python front's
+    WorkerState, or the Rust front's queue (rust_capacity.py)."""
+
+    budget: Budget
+    #: set at each real request's arrival: a measurement that yields stops
+    arrived: asyncio.Event
+
+    @property
+    def requests_inflight(self) -> int: ...
+
+    async def submit(self, item: WorkItem) -> FloatArray: ...
+
+    def computed_tokens(self) -> int: ...
+
+    def publish(self, capacity: float, batches: Budget) -> None: ...
+
+
 async def _measure(
-    settings: WorkerSettings, state: WorkerState, shape: dict[str, int], stop: asyncio.Event | None
+    settings: WorkerSettings, state: Measured, shape: dict[str, int], stop: asyncio.Event | None
 ) -> bool:
     """One capacity measurement; publishes it and returns True unless `stop` ended it."""
     started = time.monotonic()
-    runner = state.runner
     capacity = await measure_capacity(
         state.submit,
         **shape,
         seconds=settings.warmup_seconds,
-        computed=(lambda: runner.computed_tokens) if runner is not None else None,
+        computed=state.computed_tokens,
         stop=stop,
     )
     if capacity is None:
         return False
-    state.capacity = capacity
-    state.metrics.capacity.set(capacity)
     batches = paced(state.budget, capacity, settings.max_batch_seconds)
-    if runner is not None:
-        runner.set_batch_budget(batches)
+    state.publish(capacity, batches)
     log.info(
         "capacity measured",
         extra={
@@ -264,8 +285,8 @@ async def _measure(
     return True
 
 
-async def _measure_in_background(
-    settings: WorkerSettings, state: WorkerState, shape: dict[str, int]
+async def measure_in_background(
+    settings: WorkerSettings, state: Measured, shape: dict[str, int]
 ) -> None:
     """Measures capacity once the worker has been idle for --capacity-idle-seconds, yielding to
     real requests (a stopped run waits for the next idle period) until `yields_to_traffic` says
@@ -281,7 +302,7 @@ async def _measure_in_background(
         log.info("capacity measurement yielded to a request", extra={"count": interruptions})
 
 
-async def _idle_for(state: WorkerState, seconds: float, patience: float) -> bool:
+async def _idle_for(state: Measured, seconds: float, patience: float) -> bool:
     """True once no real request has been in flight for `seconds`; False if there was no such
     period within `patience` seconds."""
     give_up = time.monotonic() + patience

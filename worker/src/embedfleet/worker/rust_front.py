@@ -1,12 +1,12 @@
 """`embedfleet-worker --front rust`: the worker's gRPC front in Rust (worker-front/, the
 `embedfleet_front` extension), hosting this process's engine.
 
-The engine is built, warmed up, measured (capacity, whatever --capacity-measurement says) and
+The engine is built, warmed up (its capacity measured with --capacity-measurement startup) and
 self-checked here through the Python front's own runner; then `embedfleet_front.Server.serve`
 takes the thread: a tonic server with the FCFS queue and byte budget, and one Rust thread that
 calls `Batches` once per batch. Each request's options, checks and reply are the Python front's
 functions (server.py), so both fronts answer alike; /metrics is the Python front's registry
-(front_metrics.py).
+(front_metrics.py); a background measurement goes through the Rust queue (rust_capacity.py).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from embedfleet.worker.lifecycle import (
 )
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.runner import BatchRunner, Entry
+from embedfleet.worker.rust_capacity import Probes, QueueMeasured, resolve
+from embedfleet.worker.rust_capacity import start as start_measuring
 from embedfleet.worker.scheduler import Budget, FcfsQueue
 from embedfleet.worker.server import (
     POOLING_ENUM,
@@ -121,25 +123,36 @@ RPCS = {
 @dataclass(frozen=True, slots=True)
 class _Admitted:
     slot: int
-    rpc: Rpc
-    request: Any
     item: WorkItem
+    rpc: Rpc | None = None
+    request: Any = None
+    #: a capacity probe's (rust_capacity.py), which gets the result itself
+    probe: asyncio.Future[FloatArray] | None = None
 
 
 class Batches:
     """The Rust engine thread's one Python call per batch: (method, serialized request, queue
     wait in seconds) triples in, each one's serialized reply (or its refusal) out, in order. It
-    observes the batch's metrics as the Python front's runner and handlers do."""
+    observes the batch's metrics as the Python front's runner and handlers do. A ("Probe", id)
+    call is a capacity probe's item from `probes`, computed with the rest."""
 
     def __init__(
-        self, engine: Engine, budget: Budget, model: ModelDir, metrics: WorkerMetrics | None = None
+        self,
+        engine: Engine,
+        budget: Budget,
+        model: ModelDir,
+        metrics: WorkerMetrics | None = None,
+        probes: Probes | None = None,
     ) -> None:
         self.engine = engine
         self.budget = budget
         self.task = model.task
         self.served = served_by(model, engine)
         self.metrics = metrics or WorkerMetrics()
+        self.probes = probes or Probes()
         self._stages = self.metrics.stages
+        #: tokens computed so far, probes' too (the capacity measurement reads it)
+        self.computed_tokens = 0
 
     def __call__(self, calls: list[Call]) -> list[Reply]:
         replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
@@ -154,6 +167,12 @@ class Batches:
         parse, validate = self._stages["parse"], self._stages["validate"]
         for slot, (method, data, waited) in enumerate(calls):
             self.metrics.queue_wait.observe(waited)
+            if method == "Probe":
+                if (probe := self.probes.take(int.from_bytes(data, "little"))) is not None:
+                    admitted.append(_Admitted(slot, probe[0], probe=probe[1]))
+                else:  # its measurement stopped waiting: skipped, as a cancelled call is dropped
+                    replies[slot] = b""
+                continue
             rpc = RPCS[method]
             try:
                 started = time.perf_counter_ns()
@@ -168,7 +187,7 @@ class Batches:
             except StatusError as exc:
                 replies[slot] = (exc.code.value[0], exc.message)
             else:
-                admitted.append(_Admitted(slot, rpc, request, item))
+                admitted.append(_Admitted(slot, item, rpc, request))
         return admitted
 
     def _compute(self, admitted: list[_Admitted], replies: list[Reply]) -> None:
@@ -185,13 +204,21 @@ class Batches:
             log.exception("engine step failed")
             for call in admitted:
                 replies[call.slot] = (_INTERNAL, f"the engine failed: {exc}")
+                if call.probe is not None:
+                    resolve(call.probe, RuntimeError(f"the engine failed: {exc}"))
             return
         finally:
             metrics.compute.observe(time.perf_counter() - started)
         metrics.observe_stages(getattr(pending, "stages", ()))
-        metrics.tokens.inc(tokens)
+        self.computed_tokens += tokens
+        metrics.tokens.inc(sum(call.item.tokens.total for call in admitted if call.rpc))
         reply, serialize = self._stages["reply"], self._stages["serialize"]
         for call, result in zip(admitted, results, strict=True):
+            if call.rpc is None:
+                assert call.probe is not None
+                resolve(call.probe, result)
+                replies[call.slot] = b""
+                continue
             started_ns = time.perf_counter_ns()
             message = call.rpc.reply(call.request, result, call.item, self.served)
             built = time.perf_counter_ns()
@@ -226,15 +253,17 @@ def load_front(path: str) -> ModuleType:
 
 async def _prepare(settings: WorkerSettings, engine: Engine, state: WorkerState) -> Budget:
     """The Python front's start-up on its own runner, ended before the Rust engine thread
-    exists (the engine allows one caller): graph capture, the capacity measurement (it warms up
-    too) and the self-check. Returns the batch budget paced by the capacity measured."""
+    exists (the engine allows one caller): graph capture, the warm-up (the capacity measurement
+    with --capacity-measurement startup) and the self-check. Returns the batch budget, paced by
+    the capacity when it was measured."""
     await warm_graphs(settings, engine)
     queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
     runner = BatchRunner(engine, queue, state.metrics, asyncio.get_running_loop())
     runner.start()
     state.engine, state.runner = engine, runner
     try:
-        await warm_and_check(settings, state, probe_shape(engine, state.budget), measure=True)
+        measure = settings.capacity_measurement == "startup"
+        await warm_and_check(settings, state, probe_shape(engine, state.budget), measure)
     finally:
         runner.stop()
         await asyncio.to_thread(runner.join, 5.0)
@@ -260,8 +289,11 @@ def info_of(model: ModelDir, engine: Engine, budget: Budget, capacity: float) ->
     ).SerializeToString()
 
 
-def _on_listening(settings: WorkerSettings, started: float) -> Callable[[int], None]:
+def _on_listening(
+    settings: WorkerSettings, started: float, then: Callable[[], None]
+) -> Callable[[int], None]:
     def listening(port: int) -> None:
+        then()
         if settings.port_file:
             write_port_file(settings.port_file, port, settings.metrics_port)
         log.info(
@@ -308,6 +340,15 @@ def serve(settings: WorkerSettings) -> int:
         request_seconds_buckets=list(front_metrics.REQUEST_SECONDS_BUCKETS),
     )
     front_metrics.watch(metrics, server.stats)
+    run_batch = Batches(engine, budget, model, metrics)
+    measured = QueueMeasured(
+        server, run_batch.probes, lambda: run_batch.computed_tokens, metrics, budget
+    )
+
+    def measure() -> None:
+        if settings.capacity_measurement == "background":
+            start_measuring(settings, measured, probe_shape(engine, budget))
+
     try:
         server.serve(
             host=settings.host,
@@ -315,8 +356,8 @@ def serve(settings: WorkerSettings) -> int:
             max_message_bytes=receive,
             drain_seconds=settings.drain_seconds,
             info=info_of(model, engine, batches, state.capacity),
-            run_batch=Batches(engine, budget, model, metrics),
-            on_listening=_on_listening(settings, started),
+            run_batch=run_batch,
+            on_listening=_on_listening(settings, started, measure),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),
         )

@@ -194,8 +194,7 @@ class WorkerSettings:
         "When that run happens: background (after the worker serves, once no request has been "
         "in flight for --capacity-idle-seconds; a request arriving stops it, and after 3 stopped "
         "runs one goes through the traffic; capacity reads 0, unmeasured, until then), or startup "
-        "(before SERVING: start-up takes --warmup-seconds longer). --front rust always "
-        "measures at startup.",
+        "(before SERVING: start-up takes --warmup-seconds longer).",
         choices=("background", "startup"),
     )
     capacity_idle_seconds: float = setting(
@@ -207,8 +206,7 @@ class WorkerSettings:
     front: str = setting(
         "python",
         "The gRPC front: python (grpc asyncio, every task), or rust (worker-front/, hosting "
-        "this engine in-process: every task; capacity measured at startup whatever "
-        "--capacity-measurement says; docs/worker.md, Rust front).",
+        "this engine in-process: every task; docs/worker.md, Rust front).",
         choices=("python", "rust"),
     )
     front_library: str = setting(
