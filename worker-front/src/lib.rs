@@ -123,8 +123,11 @@ impl PyServer {
 
     /// Queue capacity-measurement work (embedfleet.worker.rust_capacity): `id`'s item, of
     /// `tokens` in `sequences`, reaches `run_batch` as a ("Probe", id as 8 little-endian
-    /// bytes, queue_wait) call in its turn. False when the queue is full.
+    /// bytes, queue_wait) call in its turn. False when the queue is full or the worker drains.
     fn probe(&self, id: u64, tokens: usize, sequences: usize) -> bool {
+        if self.limits.draining() {
+            return false;
+        }
         let entry = queue::Entry {
             rpc: queue::Rpc::Probe,
             tokens,

@@ -290,6 +290,26 @@ def test_sigterm_drains_queued_work_and_exits_0(tmp_path: Path) -> None:
         worker.stop()
 
 
+def test_sigterm_during_a_background_measurement_exits_0_cleanly(tmp_path: Path) -> None:
+    # The measurement starts after a tenth of a second idle and would run 3 s of probes.
+    args = ("--engine", "null", "--null-tokens-per-second", str(RATE), "--warmup-seconds", "3",
+            "--capacity-idle-seconds", "0.1")  # fmt: skip
+    worker = start_worker(tmp_path, *_rust_args(*args))
+    try:
+        worker.wait_serving(120)
+        wait_for(
+            "the measurement's batches",
+            lambda: worker.metric("embedfleet_worker_batch_tokens_count") > 1,
+            timeout=30,
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.proc.wait(10) == 0
+    finally:
+        worker.stop()
+    levels = {str(record.get("level")).lower() for record in worker.log_records()}
+    assert "error" not in levels, worker.log.read_text()
+
+
 def test_each_of_two_engines_serves_through_the_rust_front(tmp_path: Path) -> None:
     # No metrics: the second engine's port (the first's + 1) is not known to be free.
     args = _rust_args("--engine", "null", "--engines", "2", "--metrics-port", "0")

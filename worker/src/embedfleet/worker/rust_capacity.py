@@ -10,6 +10,7 @@ period and yields to requests, which it learns of from the extension's count of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 #: how often the extension's count of arrivals is read while a measurement waits or runs: a
 #: request arriving finds the probe's queued requests skipped within this
 ARRIVALS_POLL_SECONDS = 0.005
+
+
+class RefusedError(Exception):
+    """The extension's queue is full: it took no more probe work."""
 
 
 class Front(Protocol):
@@ -79,7 +84,9 @@ def resolve(future: asyncio.Future[FloatArray], result: FloatArray | BaseExcepti
         else:
             future.set_result(result)
 
-    future.get_loop().call_soon_threadsafe(set)
+    # Its loop closed: the measurement ended (its thread's loop with it) and no one waits.
+    with contextlib.suppress(RuntimeError):
+        future.get_loop().call_soon_threadsafe(set)
 
 
 class QueueMeasured:
@@ -107,7 +114,10 @@ class QueueMeasured:
         id = self._probes.add(item, future)
         try:
             if not self.front.probe(id, item.tokens.total, item.tokens.count):
-                raise RuntimeError("the worker's queue is full")
+                if not self.front.stats()["draining"]:
+                    raise RefusedError("the worker's queue is full")
+                # Draining: the watcher cancels the measurement, this wait with it.
+                await asyncio.get_running_loop().create_future()
             return await future
         finally:
             self._probes.discard(id)
@@ -120,22 +130,28 @@ class QueueMeasured:
         self.front.publish(capacity, batches.max_tokens)
 
 
-async def _watch_arrivals(front: Front, arrived: asyncio.Event) -> None:
+async def _watch(front: Front, arrived: asyncio.Event, measuring: asyncio.Task[None]) -> None:
+    """Sets `arrived` whenever requests have arrived; cancels `measuring` once the worker
+    drains (its queue takes no more probes)."""
     seen = front.arrivals()
-    while True:
+    while not front.stats()["draining"]:
         await asyncio.sleep(ARRIVALS_POLL_SECONDS)
         now = front.arrivals()
         if now != seen:
             seen = now
             arrived.set()
+    measuring.cancel()
 
 
 async def _measure(
     settings: WorkerSettings, measured: QueueMeasured, shape: dict[str, int]
 ) -> None:
-    watcher = asyncio.create_task(_watch_arrivals(measured.front, measured.arrived))
+    measuring = asyncio.create_task(measure_in_background(settings, measured, shape))
+    watcher = asyncio.create_task(_watch(measured.front, measured.arrived, measuring))
     try:
-        await measure_in_background(settings, measured, shape)
+        await measuring
+    except asyncio.CancelledError:
+        log.info("capacity measurement stopped: the worker drains")
     except Exception:  # the worker serves on; capacity stays unmeasured (0)
         log.exception("capacity measurement failed")
     finally:
