@@ -4,6 +4,7 @@
 //! GIL only while it answers the last batch and waits for the next: a thread state made and
 //! dropped per batch cost 15-45 µs per null-engine request (docs/benchmarks/online_path.md).
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
@@ -11,10 +12,12 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use tonic::{Code, Status};
 
 use crate::queue::{Entry, Outcome, Queue, Taken};
+use crate::stats::Stats;
 
-/// Runs until the queue is stopped and empty. `run_batch(list[(method, bytes)])` is the Python
-/// side (embedfleet.worker.rust_front): for each request a serialized reply, or (code, message).
-pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
+/// Runs until the queue is stopped and empty. `run_batch(list[(method, bytes, queue_wait)])`
+/// is the Python side (embedfleet.worker.rust_front): for each request a serialized reply, or
+/// (code, message); it observes the batch's metrics, the queue waits (seconds) among them.
+pub fn run(queue: Arc<Queue>, stats: Arc<Stats>, run_batch: Py<PyAny>) {
     Python::with_gil(|py| {
         let run_batch = run_batch.bind(py);
         let queue: &Queue = &queue;
@@ -32,6 +35,7 @@ pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
             };
             for (entry, status) in dropped {
                 tracing::debug!(reason = ?status.code(), "request dropped unrun");
+                stats.dropped(status.code());
                 answered.push((entry, Err(status)));
             }
             if batch.is_empty() {
@@ -48,8 +52,12 @@ pub fn run(queue: Arc<Queue>, run_batch: Py<PyAny>) {
 /// itself failed (the Python side answers engine errors per request itself).
 fn call(py: Python<'_>, run_batch: &Bound<'_, PyAny>, batch: &[Entry]) -> Vec<Outcome> {
     let calls = PyList::empty(py);
+    let launched = Instant::now();
     for entry in batch {
-        let call = (entry.rpc.name(), PyBytes::new(py, &entry.payload));
+        let waited = launched
+            .saturating_duration_since(entry.arrived)
+            .as_secs_f64();
+        let call = (entry.rpc.name(), PyBytes::new(py, &entry.payload), waited);
         if let Err(err) = calls.append(call) {
             return failed(batch.len(), &err.to_string());
         }

@@ -63,6 +63,11 @@ impl Limits {
         }
     }
 
+    /// Request message bytes held now.
+    pub fn held(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
+    }
+
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Acquire)
     }

@@ -4,7 +4,7 @@
 //! the budget runs alone. Requests whose caller has gone or whose deadline passed are dropped at
 //! the head without compute.
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::limits::Held;
+use crate::stats::Stats;
 use crate::wire::ReplyShape;
 
 pub type Outcome = Result<Bytes, Status>;
@@ -30,10 +31,15 @@ pub struct Budget {
 /// Where a request's answer goes.
 pub enum Reply {
     Unary(oneshot::Sender<Outcome>),
-    /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue.
+    /// A capacity probe's: the Python side hands its result over itself.
+    Probe,
+    /// One EmbedStream call: its EmbedReply goes straight into the stream's outbound queue,
+    /// its outcome counted as an Embed call's once sent (a unary call's handler counts its own).
     Stream {
         id: u64,
         tx: mpsc::UnboundedSender<Outcome>,
+        stats: Arc<Stats>,
+        arrived: Instant,
     },
 }
 
@@ -43,6 +49,7 @@ impl Reply {
         match self {
             Reply::Unary(tx) => tx.is_closed(),
             Reply::Stream { tx, .. } => tx.is_closed(),
+            Reply::Probe => false,
         }
     }
 
@@ -51,7 +58,15 @@ impl Reply {
             Reply::Unary(tx) => {
                 let _ = tx.send(outcome); // a caller gone meanwhile has nothing to be told
             }
-            Reply::Stream { id, tx } => {
+            Reply::Probe => {}
+            Reply::Stream {
+                id,
+                tx,
+                stats,
+                arrived,
+            } => {
+                let code = outcome.as_ref().err().map_or(tonic::Code::Ok, Status::code);
+                stats.record("Embed", code, Some(arrived.elapsed()));
                 let reply = match outcome {
                     Ok(response) => ReplyShape {
                         id,
@@ -81,6 +96,8 @@ pub enum Rpc {
     SparseEmbed,
     MultiVectorEmbed,
     HybridEmbed,
+    /// Capacity measurement work from the Python side (its payload a probe's id).
+    Probe,
 }
 
 impl Rpc {
@@ -93,6 +110,7 @@ impl Rpc {
             Rpc::SparseEmbed => "SparseEmbed",
             Rpc::MultiVectorEmbed => "MultiVectorEmbed",
             Rpc::HybridEmbed => "HybridEmbed",
+            Rpc::Probe => "Probe",
         }
     }
 }
@@ -102,6 +120,8 @@ pub struct Entry {
     pub tokens: usize,
     pub sequences: usize,
     pub deadline: Option<Instant>,
+    /// When it was queued (its queue wait is measured from here).
+    pub arrived: Instant,
     /// The EmbedRequest's bytes, as the client sent them.
     pub payload: Bytes,
     pub reply: Reply,
@@ -124,18 +144,17 @@ impl Entry {
     }
 }
 
-#[derive(Default)]
 struct State {
     items: VecDeque<Entry>,
     tokens: usize,
     stopping: bool,
+    budget: Budget,
 }
 
 /// The queue shared by the server's handlers and the engine thread.
 pub struct Queue {
     state: Mutex<State>,
     wake: Condvar,
-    budget: Budget,
     max_requests: usize,
 }
 
@@ -148,15 +167,24 @@ pub struct Taken {
 impl Queue {
     pub fn new(budget: Budget, max_requests: usize) -> Self {
         Queue {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                tokens: 0,
+                stopping: false,
+                budget,
+            }),
             wake: Condvar::new(),
-            budget,
             max_requests,
         }
     }
 
     pub fn budget(&self) -> Budget {
-        self.budget
+        self.lock().budget
+    }
+
+    /// The token budget of batches from now on (paced once capacity is measured).
+    pub fn set_max_tokens(&self, max_tokens: usize) {
+        self.lock().budget.max_tokens = max_tokens.max(1);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -165,6 +193,7 @@ impl Queue {
     }
 
     /// Queue `entry`, or hand it back with how many are queued when the queue is full.
+    #[allow(clippy::result_large_err)] // the entry itself, handed back on the rare refusal
     pub fn push(&self, entry: Entry) -> Result<(), (Entry, usize)> {
         let mut state = self.lock();
         if state.items.len() >= self.max_requests {
@@ -220,8 +249,8 @@ impl Queue {
                 continue;
             }
             if !taken.batch.is_empty()
-                && (tokens + head.tokens > self.budget.max_tokens
-                    || sequences + head.sequences > self.budget.max_sequences)
+                && (tokens + head.tokens > state.budget.max_tokens
+                    || sequences + head.sequences > state.budget.max_sequences)
             {
                 break;
             }

@@ -17,6 +17,7 @@ use crate::limits::Limits;
 use crate::pb;
 use crate::queue::Queue;
 use crate::service::Front;
+use crate::stats::Stats;
 
 const SERVICE: &str = "embedfleet.v1.Worker";
 /// Replies: the largest is a full request's vectors, far from this (as lifecycle.py's).
@@ -35,6 +36,7 @@ pub struct Config {
 pub struct Parts {
     pub queue: Arc<Queue>,
     pub limits: Arc<Limits>,
+    pub stats: Arc<Stats>,
     /// Info's fixed fields.
     pub info: pb::InfoResponse,
     /// Called with the bound port once listening (the Python side's port file and log line).
@@ -53,6 +55,7 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
     let Parts {
         queue,
         limits,
+        stats,
         info,
         on_listening,
     } = parts;
@@ -73,6 +76,7 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
     let front = Front {
         queue,
         limits: Arc::clone(&limits),
+        stats: Arc::clone(&stats),
         info: Arc::new(info),
         closing: closing.clone(),
     };
@@ -80,7 +84,13 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(MAX_REPLY_BYTES);
     let routes = Routes::new(health_service).add_service(worker);
-    let server = tokio::spawn(connections::serve(listener, routes, closing));
+    let server = tokio::spawn(connections::serve(
+        listener,
+        routes,
+        closing,
+        Arc::clone(&stats),
+    ));
+    stats.set_listening();
     Python::with_gil(|py| on_listening.call1(py, (port,)))?;
     tracing::info!(port, "listening");
     tokio::select! {

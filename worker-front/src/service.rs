@@ -2,13 +2,16 @@
 //! Python front (server.py): past the byte budget RESOURCE_EXHAUSTED; draining UNAVAILABLE;
 //! over the hard token limit INVALID_ARGUMENT at once; a full queue RESOURCE_EXHAUSTED. The
 //! rest of the checks (options, the token batch, the engine's own) run in Python, per batch.
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::Stream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -16,12 +19,14 @@ use crate::generated::worker_server::Worker;
 use crate::limits::{Held, Limits};
 use crate::pb;
 use crate::queue::{Entry, Outcome, Queue, Reply, Rpc};
+use crate::stats::{OpenStream, Stats};
 use crate::wire::{CallShape, RequestShape, Size};
 
 #[derive(Clone)]
 pub struct Front {
     pub queue: Arc<Queue>,
     pub limits: Arc<Limits>,
+    pub stats: Arc<Stats>,
     /// Info's fixed fields (the model, the engine, this process's instance id).
     pub info: Arc<pb::InfoResponse>,
     /// Set at the end of the drain: open EmbedStreams stop reading and end once answered.
@@ -54,11 +59,13 @@ impl Front {
             );
             return Err((reply, Status::invalid_argument(message)));
         }
+        self.stats.arrived();
         let entry = Entry {
             rpc,
             tokens: size.tokens,
             sequences: size.sequences,
             deadline,
+            arrived: Instant::now(),
             payload,
             reply,
             held,
@@ -91,6 +98,8 @@ impl Front {
         let reply = Reply::Stream {
             id: call.id,
             tx: tx.clone(),
+            stats: Arc::clone(&self.stats),
+            arrived: Instant::now(),
         };
         let submitted = self.submit(Rpc::Embed, call.request, size, deadline, reply, Some(held));
         if let Err((reply, status)) = submitted {
@@ -115,6 +124,7 @@ impl Front {
             match message {
                 Ok(Some(message)) => {
                     if let Err(status) = self.stream_call(message, &tx) {
+                        self.stats.record("EmbedStream", status.code(), None);
                         let _ = tx.send(Err(status));
                         break;
                     }
@@ -125,15 +135,30 @@ impl Front {
                 // A message past the size limit (or a broken transport, where the status
                 // goes nowhere) ends the stream with that status, as a refused one does.
                 Err(status) => {
-                    let _ = tx.send(Err(too_large_as_exhausted(status)));
+                    let status = too_large_as_exhausted(status);
+                    if status.code() == tonic::Code::ResourceExhausted {
+                        self.stats.record("EmbedStream", status.code(), None);
+                    }
+                    let _ = tx.send(Err(status));
                     break;
                 }
             }
         }
     }
 
-    /// A unary call: admitted, queued, answered by the engine thread.
+    /// A unary call, its outcome and time counted (CANCELLED if its client leaves first).
     async fn unary(&self, rpc: Rpc, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        let mut counting = self.stats.counting(rpc.name());
+        let answered = self.answer(rpc, request).await;
+        counting.code = answered
+            .as_ref()
+            .err()
+            .map_or(tonic::Code::Ok, Status::code);
+        answered
+    }
+
+    /// A unary call: admitted, queued, answered by the engine thread.
+    async fn answer(&self, rpc: Rpc, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
         let deadline = deadline_of(request.metadata());
         let payload = request.into_inner();
         // Held until the reply is handed to the transport (this function's end).
@@ -225,7 +250,7 @@ impl Worker for Front {
         self.unary(Rpc::HybridEmbed, request).await
     }
 
-    type EmbedStreamStream = UnboundedReceiverStream<Outcome>;
+    type EmbedStreamStream = Replies;
 
     async fn embed_stream(
         &self,
@@ -234,8 +259,12 @@ impl Worker for Front {
         let (tx, rx) = mpsc::unbounded_channel();
         // Each queued call holds a sender too: the stream ends once the reader is done and
         // every call is answered.
+        let open = self.stats.stream_opened();
         tokio::spawn(self.clone().read_stream(request.into_inner(), tx));
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+        Ok(Response::new(Replies {
+            replies: UnboundedReceiverStream::new(rx),
+            _open: open,
+        }))
     }
 
     async fn info(
@@ -248,6 +277,26 @@ impl Worker for Front {
         reply.queued_tokens = tokens as u64;
         reply.draining = self.limits.draining();
         reply.ready = !reply.draining;
+        reply.max_batch_tokens = u32::try_from(self.queue.budget().max_tokens).unwrap_or(u32::MAX);
+        let capacity = self.stats.capacity();
+        if capacity > 0.0 {
+            reply.capacity_tokens_per_second = capacity;
+        }
+        self.stats.record("Info", tonic::Code::Ok, None);
         Ok(Response::new(reply))
+    }
+}
+
+/// An EmbedStream's replies, the stream counted open until they end.
+pub struct Replies {
+    replies: UnboundedReceiverStream<Outcome>,
+    _open: OpenStream,
+}
+
+impl Stream for Replies {
+    type Item = Outcome;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Outcome>> {
+        Pin::new(&mut self.replies).poll_next(cx)
     }
 }

@@ -8,6 +8,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +19,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.modeldir import default_model_path, load_model_dir
@@ -29,13 +32,14 @@ from embedfleet.testing.polling import wait_for
 from embedfleet.testing.workers import (
     WorkerProcess,
     front_library,
+    metric_value,
     start_worker,
     worker_stub,
 )
 from embedfleet.worker.inflight import ByteBudget
 from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.rust_front import Batches
-from embedfleet.worker.scheduler import Budget
+from embedfleet.worker.scheduler import Budget, paced
 
 from .helpers import embed_request, vectors
 
@@ -59,15 +63,7 @@ Code = grpc.StatusCode
 
 
 def _rust_args(*args: str) -> tuple[str, ...]:
-    return (
-        "--front",
-        "rust",
-        "--front-library",
-        str(front_library()),
-        "--metrics-port",
-        "0",
-        *args,
-    )
+    return ("--front", "rust", "--front-library", str(front_library()), *args)
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +290,30 @@ def test_sigterm_drains_queued_work_and_exits_0(tmp_path: Path) -> None:
         worker.stop()
 
 
+def test_sigterm_during_a_background_measurement_exits_0_cleanly(tmp_path: Path) -> None:
+    # The measurement starts after a tenth of a second idle and would run 3 s of probes.
+    args = ("--engine", "null", "--null-tokens-per-second", str(RATE), "--warmup-seconds", "3",
+            "--capacity-idle-seconds", "0.1")  # fmt: skip
+    worker = start_worker(tmp_path, *_rust_args(*args))
+    try:
+        worker.wait_serving(120)
+        wait_for(
+            "the measurement's batches",
+            lambda: worker.metric("embedfleet_worker_batch_tokens_count") > 1,
+            timeout=30,
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.proc.wait(10) == 0
+    finally:
+        worker.stop()
+    levels = {str(record.get("level")).lower() for record in worker.log_records()}
+    assert "error" not in levels, worker.log.read_text()
+
+
 def test_each_of_two_engines_serves_through_the_rust_front(tmp_path: Path) -> None:
-    worker = start_worker(tmp_path, *_rust_args("--engine", "null", "--engines", "2"))
+    # No metrics: the second engine's port (the first's + 1) is not known to be free.
+    args = _rust_args("--engine", "null", "--engines", "2", "--metrics-port", "0")
+    worker = start_worker(tmp_path, *args)
     try:
         worker.wait_serving(120)
         # engines.py: engine i writes the port file with the suffix .i (none for the first)
@@ -378,10 +396,10 @@ def test_the_batch_call_answers_each_request_alone() -> None:
     good = embed_request([[101, 7592, 102]], dimensions=8)
     replies = batches(
         [
-            ("Embed", good.SerializeToString()),
-            ("Embed", b"\xff\xff"),
-            ("Score", pb.ScoreRequest(batch=good.batch).SerializeToString()),
-            ("Embed", BAD_REQUESTS["dimensions"].SerializeToString()),
+            ("Embed", good.SerializeToString(), 0.001),
+            ("Embed", b"\xff\xff", 0.002),
+            ("Score", pb.ScoreRequest(batch=good.batch).SerializeToString(), 0.003),
+            ("Embed", BAD_REQUESTS["dimensions"].SerializeToString(), 0.004),
         ]
     )
     reply = replies[0]
@@ -393,3 +411,76 @@ def test_the_batch_call_answers_each_request_alone() -> None:
         Code.FAILED_PRECONDITION.value[0],
         Code.INVALID_ARGUMENT.value[0],
     ]
+    # Its metrics, as the Python front's runner observes them: every call waited, one computed.
+    sample = batches.metrics.registry.get_sample_value
+    assert sample("embedfleet_worker_queue_wait_seconds_count") == 4
+    assert sample("embedfleet_worker_queue_wait_seconds_sum") == pytest.approx(0.01)
+    assert sample("embedfleet_worker_batch_tokens_sum") == 3
+    assert sample("embedfleet_worker_tokens_total") == 3
+    assert sample("embedfleet_worker_compute_seconds_count") == 1
+    assert sample("embedfleet_worker_stage_seconds_count", {"stage": "serialize"}) == 1
+
+
+def _families(exposition: str) -> set[str]:
+    """The metrics' names, without prometheus-client's own *_created series."""
+    names = {family.name for family in text_string_to_metric_families(exposition)}
+    return {name for name in names if not name.endswith("_created")}
+
+
+def test_metrics_are_the_python_fronts_and_move(workers: dict[str, WorkerProcess]) -> None:
+    rust = workers["rust"]
+    assert _families(rust.metrics_text()) == _families(workers["python"].metrics_text())
+    assert json.loads(rust.port_file.read_text())["metrics_port"] == rust.metrics_port
+    before = rust.metrics_text()
+    stub = worker_stub(rust.channel())
+    for _ in range(3):
+        stub.Embed(embed_request([[101, 7592, 102]]), timeout=10)
+    refused = _rpc_outcome(stub, "Embed", BAD_REQUESTS["over the hard limit"])
+    assert refused[0] is Code.INVALID_ARGUMENT
+    after = rust.metrics_text()
+
+    def moved(name: str, **labels: str) -> float:
+        return metric_value(after, name, **labels) - metric_value(before, name, **labels)
+
+    assert moved("embedfleet_worker_requests_total", rpc="Embed", code="OK") == 3
+    assert moved("embedfleet_worker_requests_total", rpc="Embed", code="INVALID_ARGUMENT") == 1
+    assert moved("embedfleet_worker_request_seconds_count") == 4
+    assert moved("embedfleet_worker_queue_wait_seconds_count") == 3
+    assert moved("embedfleet_worker_tokens_total") == 9
+    assert moved("embedfleet_worker_stage_seconds_count", stage="parse") == 3
+    assert metric_value(after, "embedfleet_worker_ready") == 1
+    assert metric_value(after, "embedfleet_worker_draining") == 0
+    assert metric_value(after, "embedfleet_worker_inflight_requests") == 0
+    info = stub.Info(pb.InfoRequest(), timeout=5)
+    capacity = metric_value(after, "embedfleet_worker_capacity_tokens_per_second")
+    assert capacity == pytest.approx(info.capacity_tokens_per_second)
+
+
+def test_capacity_is_measured_and_paces_the_batches(tmp_path: Path) -> None:
+    # A third of a second of work at the null engine's 2,000 tokens/s: under the 1,024 budget.
+    args = _rust_args(*NULL_ARGS, "--max-batch-seconds", "0.3", "--metrics-port", "0")
+    worker = start_worker(tmp_path, *args)
+    try:
+        worker.wait_serving(120)
+        info = worker_stub(worker.channel()).Info(pb.InfoRequest(), timeout=5)
+    finally:
+        assert worker.stop() == 0
+    assert 0.5 * RATE < info.capacity_tokens_per_second < 1.5 * RATE
+    budget = Budget(BATCH_TOKENS, 512, HARD_TOKENS)
+    expected = paced(budget, info.capacity_tokens_per_second, 0.3).max_tokens
+    assert info.max_batch_tokens == expected < BATCH_TOKENS
+
+
+def test_a_front_library_that_cannot_load_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "embedfleet.worker.cli", "--engine", "null", "--front", "rust"]
+    missing = str(tmp_path / "missing.abi3.so")
+    done = subprocess.run(
+        [*argv, "--front-library", missing, "--metrics-port", "0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert missing in done.stderr.strip().splitlines()[-1]

@@ -15,7 +15,13 @@ import pytest
 from embedfleet.common.codec import pack_tokens
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.testing.polling import wait_for
-from embedfleet.testing.workers import health_status, running_worker, start_worker, worker_stub
+from embedfleet.testing.workers import (
+    front_library,
+    health_status,
+    running_worker,
+    start_worker,
+    worker_stub,
+)
 
 from .helpers import embed_request, vectors
 
@@ -122,13 +128,19 @@ def test_score_rpc_matches_transformers(tmp_path: Path, cross_encoder_dir: Path)
     assert "fork_posix" not in log
 
 
-def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Path) -> None:
+@pytest.mark.parametrize("front", ["python", "rust"])
+def test_capacity_is_measured_after_serving_and_yields_to_requests(
+    front: str, tmp_path: Path
+) -> None:
     # A paced null engine (known capacity, asleep): the worker serves before any saturation run
     # (capacity 0, unmeasured), the run waits for an idle second, and a request arriving during
-    # it stops it; the next idle period measures the pace.
+    # it stops it; the next idle period measures the pace. The Rust front's run goes through its
+    # own queue (rust_capacity.py).
     pace = 20_000.0
     args = ("--engine", "null", "--null-tokens-per-second", str(pace), "--warmup-seconds", "2",
             "--capacity-idle-seconds", "1", "--max-batch-seconds", "0.1")  # fmt: skip
+    if front == "rust":
+        args += ("--front", "rust", "--front-library", str(front_library()))
     with running_worker(tmp_path, *args) as worker:
         stub = worker_stub(worker.channel())
         unmeasured = stub.Info(pb.InfoRequest())
@@ -157,6 +169,9 @@ def test_capacity_is_measured_after_serving_and_yields_to_requests(tmp_path: Pat
         paced = next(r for r in worker.log_records() if r.get("msg") == "capacity measured")
         assert measured.max_batch_tokens == paced["batch_tokens"]
         assert measured.max_batch_tokens == pytest.approx(0.1 * pace, rel=0.2)
+        # The run's requests are no one's: only the test's own call is counted.
+        assert worker.metric("embedfleet_worker_requests_total", rpc="Embed", code="OK") == 1
+        assert worker.metric("embedfleet_worker_tokens_total") == 3
     messages = [r.get("msg") for r in worker.log_records()]
     assert messages.index("serving") < messages.index("capacity measured")
     assert "capacity measurement yielded to a request" in messages

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 Kind = Literal["counter", "gauge", "histogram"]
 M = TypeVar("M", Counter, Gauge, Histogram)
@@ -70,6 +70,12 @@ class Declared(Generic[M]):
         if self.kind == "gauge":
             return GaugeMetricFamily(self.name, self.help, value=value, labels=labels)
         raise ValueError(f"{self.name}: a {self.kind} has no scrape-time family here")
+
+    def histogram_family(self) -> HistogramMetricFamily:
+        """A histogram's empty family for a custom collector (samples added by the caller)."""
+        if self.kind != "histogram":
+            raise ValueError(f"{self.name} is a {self.kind}, not a histogram")
+        return HistogramMetricFamily(self.name, self.help, labels=self.labels or None)
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Declared[M]: ...

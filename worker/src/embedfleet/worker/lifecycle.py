@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from embedfleet.common import heap
+from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import (
     ModelDir,
     ModelDirError,
@@ -34,7 +35,13 @@ from embedfleet.common.modeldir import (
     weight_files,
 )
 from embedfleet.worker import memory, tracing
-from embedfleet.worker.contract import Engine, GraphCounters, GraphWarmup, UnservableError
+from embedfleet.worker.contract import (
+    Engine,
+    GraphCounters,
+    GraphWarmup,
+    UnservableError,
+    WorkItem,
+)
 from embedfleet.worker.inflight import max_message_bytes, mib
 from embedfleet.worker.metrics import WorkerMetrics, engine_gpu_memory
 from embedfleet.worker.null_engine import NullEngine
@@ -188,25 +195,8 @@ async def _start_serving(
     )
     runner.start()
     state.runner = runner
-    t1 = time.monotonic()
-    shape = {
-        "vocab_size": info.vocab_size,
-        "max_input_tokens": info.max_input_tokens,
-        "max_batch_tokens": state.budget.max_tokens,
-    }
-    if settings.capacity_measurement == "startup":
-        await _measure(settings, state, shape, stop=None)
-    else:
-        await warm_up(state.submit, **shape)
-    log.info("warm-up done", extra={"seconds": round(time.monotonic() - t1, 3)})
-    if settings.engine == "null":
-        log.info("self-check skipped: the null engine computes nothing to check")
-    else:
-        result = await run_selfcheck(state.submit, state.model, reference_fn(settings))
-        log.info(
-            "self-check skipped" if result.skipped else "self-check passed",
-            extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
-        )
+    shape = probe_shape(engine, state.budget)
+    await warm_and_check(settings, state, shape, settings.capacity_measurement == "startup")
     heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
     state.ready = True
     state.metrics.ready.set(1)
@@ -214,31 +204,76 @@ async def _start_serving(
     log.info("serving", extra={"startup_seconds": round(time.monotonic() - t0, 3)})
     if settings.capacity_measurement == "background":
         try:
-            await _measure_in_background(settings, state, shape)
+            await measure_in_background(settings, state, shape)
         except Exception:  # the worker serves on; capacity stays unmeasured (0)
             log.exception("capacity measurement failed")
 
 
+def probe_shape(engine: Engine, budget: Budget) -> dict[str, int]:
+    """The warm-up's and the capacity probe's request shape for this engine and budget."""
+    info = engine.info
+    return {
+        "vocab_size": info.vocab_size,
+        "max_input_tokens": info.max_input_tokens,
+        "max_batch_tokens": budget.max_tokens,
+    }
+
+
+async def warm_and_check(
+    settings: WorkerSettings, state: WorkerState, shape: dict[str, int], measure: bool
+) -> None:
+    """Both fronts' start-up work through `state.submit` (its runner): the warm-up (the
+    capacity measurement itself when `measure`), then the self-check."""
+    started = time.monotonic()
+    if measure:
+        await _measure(settings, state, shape, stop=None)
+    else:
+        await warm_up(state.submit, **shape)
+    log.info("warm-up done", extra={"seconds": round(time.monotonic() - started, 3)})
+    if settings.engine == "null":
+        log.info("self-check skipped: the null engine computes nothing to check")
+        return
+    result = await run_selfcheck(state.submit, state.model, reference_fn(settings))
+    log.info(
+        "self-check skipped" if result.skipped else "self-check passed",
+        extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
+    )
+
+
+class Measured(Protocol):
+    """What a capacity measurement runs through and reports to: the Python front's
+    WorkerState, or the Rust front's queue (rust_capacity.py)."""
+
+    budget: Budget
+    #: set at each real request's arrival: a measurement that yields stops
+    arrived: asyncio.Event
+
+    @property
+    def requests_inflight(self) -> int: ...
+
+    async def submit(self, item: WorkItem) -> FloatArray: ...
+
+    def computed_tokens(self) -> int: ...
+
+    def publish(self, capacity: float, batches: Budget) -> None: ...
+
+
 async def _measure(
-    settings: WorkerSettings, state: WorkerState, shape: dict[str, int], stop: asyncio.Event | None
+    settings: WorkerSettings, state: Measured, shape: dict[str, int], stop: asyncio.Event | None
 ) -> bool:
     """One capacity measurement; publishes it and returns True unless `stop` ended it."""
     started = time.monotonic()
-    runner = state.runner
     capacity = await measure_capacity(
         state.submit,
         **shape,
         seconds=settings.warmup_seconds,
-        computed=(lambda: runner.computed_tokens) if runner is not None else None,
+        computed=state.computed_tokens,
         stop=stop,
     )
     if capacity is None:
         return False
-    state.capacity = capacity
-    state.metrics.capacity.set(capacity)
     batches = paced(state.budget, capacity, settings.max_batch_seconds)
-    if runner is not None:
-        runner.set_batch_budget(batches)
+    state.publish(capacity, batches)
     log.info(
         "capacity measured",
         extra={
@@ -250,8 +285,8 @@ async def _measure(
     return True
 
 
-async def _measure_in_background(
-    settings: WorkerSettings, state: WorkerState, shape: dict[str, int]
+async def measure_in_background(
+    settings: WorkerSettings, state: Measured, shape: dict[str, int]
 ) -> None:
     """Measures capacity once the worker has been idle for --capacity-idle-seconds, yielding to
     real requests (a stopped run waits for the next idle period) until `yields_to_traffic` says
@@ -267,7 +302,7 @@ async def _measure_in_background(
         log.info("capacity measurement yielded to a request", extra={"count": interruptions})
 
 
-async def _idle_for(state: WorkerState, seconds: float, patience: float) -> bool:
+async def _idle_for(state: Measured, seconds: float, patience: float) -> bool:
     """True once no real request has been in flight for `seconds`; False if there was no such
     period within `patience` seconds."""
     give_up = time.monotonic() + patience
@@ -314,6 +349,30 @@ def port_taken(host: str, port: int, flag: str) -> str:
     )
 
 
+def worker_metrics(engine: Callable[[], Engine | None]) -> WorkerMetrics:
+    """The worker's metrics; the metrics thread reads the engine's counters and GPU memory at
+    scrape time, once `engine()` returns one."""
+
+    def counters() -> GraphCounters:
+        current = engine()
+        return current.counters() if current is not None else GraphCounters()
+
+    return WorkerMetrics(counters, lambda: engine_gpu_memory(engine()))
+
+
+def serve_metrics(settings: WorkerSettings, metrics: WorkerMetrics) -> bool:
+    """/metrics on --metrics-port (none for 0) from a thread of its own; False after logging
+    why the port cannot be had."""
+    if not settings.metrics_port:
+        return True
+    try:
+        metrics.serve(settings.host, settings.metrics_port)
+    except OSError:
+        log.error(port_taken(settings.host, settings.metrics_port, "--metrics-port"))
+        return False
+    return True
+
+
 def write_port_file(path: str, port: int, metrics_port: int) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps({"port": port, "metrics_port": metrics_port, "pid": os.getpid()}))
@@ -338,12 +397,7 @@ async def serve(settings: WorkerSettings) -> int:
     if (opened := opening(settings)) is None:
         return 2
     receive, model = opened
-    # The metrics thread reads the engine's counters and GPU memory at scrape time, once there is
-    # an engine.
-    metrics = WorkerMetrics(
-        lambda: state.engine.counters() if state.engine else GraphCounters(),
-        lambda: engine_gpu_memory(state.engine),
-    )
+    metrics = worker_metrics(lambda: state.engine)
     tracer = tracing.from_settings(settings)
     state = WorkerState(model=model, budget=budget_of(settings), metrics=metrics, tracer=tracer)
     server = grpc.aio.server(
@@ -365,12 +419,8 @@ async def serve(settings: WorkerSettings) -> int:
     except RuntimeError:  # gRPC's message only says to set GRPC_VERBOSITY
         log.error(port_taken(settings.host, settings.port, "--port"))
         return 2
-    if settings.metrics_port:
-        try:
-            metrics.serve(settings.host, settings.metrics_port)
-        except OSError:
-            log.error(port_taken(settings.host, settings.metrics_port, "--metrics-port"))
-            return 2
+    if not serve_metrics(settings, metrics):
+        return 2
     await server.start()
     if settings.port_file:
         write_port_file(settings.port_file, port, settings.metrics_port)

@@ -14,7 +14,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from embedfleet.common.metrics import Metrics, counter, gauge, histogram
-from embedfleet.worker.contract import Engine, GraphCounters
+from embedfleet.worker.contract import Engine, GraphCounters, StageTimes
 
 _PREFIX = "embedfleet_worker_"
 _SECONDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -250,6 +250,20 @@ class WorkerMetrics(Metrics):
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)
+
+    def observe_batch(self, tokens: int, sequences: int) -> None:
+        """One batch launched (either front's)."""
+        self.batch_tokens.observe(tokens)
+        self.batch_sequences.observe(sequences)
+
+    def observe_stages(self, stages: StageTimes) -> None:
+        """A batch's engine stages, (name, nanoseconds) each, where the engine reports them."""
+        known = self.stages
+        for name, ns in stages:
+            histogram = known.get(name)
+            if histogram is None:
+                histogram = known[name] = self.stage_seconds.labels(name)
+            histogram.observe(ns * 1e-9)
 
 
 def metric_rows(metrics: WorkerMetrics) -> list[tuple[str, str, str, str]]:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from embedfleet.common.arrays import FloatArray
-from embedfleet.worker.contract import Engine, Pending, StageTimes, WorkItem
+from embedfleet.worker.contract import Engine, Pending, WorkItem
 from embedfleet.worker.device_errors import device_lost
 from embedfleet.worker.memory import Trimmer
 from embedfleet.worker.metrics import WorkerMetrics
@@ -312,8 +312,7 @@ class BatchRunner:
             entry.launched = started
             entry.batch_tokens, entry.batch_sequences = batch.tokens, batch.sequences
             self.metrics.queue_wait.observe(started - entry.arrival)
-        self.metrics.batch_tokens.observe(batch.tokens)
-        self.metrics.batch_sequences.observe(batch.sequences)
+        self.metrics.observe_batch(batch.tokens, batch.sequences)
         launched = _Launched(batch.items, None, started, batch.tokens, saturated)
         if self.device_lost is not None:
             launched.error = DeviceLostError(f"the device is lost: {self.device_lost}")
@@ -345,7 +344,8 @@ class BatchRunner:
                 launched.error = self._classified(exc)
         done = time.monotonic()
         self.metrics.compute.observe(done - launched.started)
-        self._observe_stages(launched.pending)
+        # Optional in the contract (StageTimes): an engine that reports none costs one getattr.
+        self.metrics.observe_stages(getattr(launched.pending, "stages", ()))
         for entry in launched.entries:
             entry.computed = done
         if results is None or len(results) != len(launched.entries):
@@ -373,16 +373,6 @@ class BatchRunner:
             if rate > 0:
                 self.saturated_rate = rate
                 self.metrics.saturated.set(rate)
-
-    def _observe_stages(self, pending: Pending | None) -> None:
-        # Optional in the contract (StageTimes): an engine that reports none costs one getattr.
-        stages: StageTimes = getattr(pending, "stages", ())
-        known = self.metrics.stages
-        for name, ns in stages:
-            histogram = known.get(name)
-            if histogram is None:
-                histogram = known[name] = self.metrics.stage_seconds.labels(name)
-            histogram.observe(ns * 1e-9)
 
 
 def _deliver(entries: list[Entry], results: list[FloatArray]) -> None:

@@ -1,10 +1,12 @@
 """`embedfleet-worker --front rust`: the worker's gRPC front in Rust (worker-front/, the
 `embedfleet_front` extension), hosting this process's engine.
 
-The engine is built, warmed up and self-checked here with the Python worker's own code; then
-`embedfleet_front.serve` takes the thread: a tonic server with the FCFS queue and byte budget,
-and one Rust thread that calls `Batches` once per batch. Each request's options, checks and
-reply are the Python front's functions (server.py), so both fronts answer alike.
+The engine is built, warmed up (its capacity measured with --capacity-measurement startup) and
+self-checked here through the Python front's own runner; then `embedfleet_front.Server.serve`
+takes the thread: a tonic server with the FCFS queue and byte budget, and one Rust thread that
+calls `Batches` once per batch. Each request's options, checks and reply are the Python front's
+functions (server.py), so both fronts answer alike; /metrics is the Python front's registry
+(front_metrics.py); a background measurement goes through the Rust queue (rust_capacity.py).
 """
 
 from __future__ import annotations
@@ -27,22 +29,30 @@ from embedfleet.common import heap, logs
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
+from embedfleet.worker import front_metrics
 from embedfleet.worker.contract import Engine, Options, WorkItem
 from embedfleet.worker.lifecycle import (
     budget_of,
     build_engine,
     opening,
     port_taken,
-    reference_fn,
+    probe_shape,
+    serve_metrics,
+    warm_and_check,
     warm_graphs,
+    worker_metrics,
     write_port_file,
 )
-from embedfleet.worker.scheduler import Budget
-from embedfleet.worker.selfcheck import run_selfcheck
+from embedfleet.worker.metrics import WorkerMetrics
+from embedfleet.worker.runner import BatchRunner, Entry
+from embedfleet.worker.rust_capacity import Probes, QueueMeasured, resolve
+from embedfleet.worker.rust_capacity import start as start_measuring
+from embedfleet.worker.scheduler import Budget, FcfsQueue
 from embedfleet.worker.server import (
     POOLING_ENUM,
     Served,
     StatusError,
+    WorkerState,
     check_task,
     classify_response,
     embed_options,
@@ -60,12 +70,13 @@ from embedfleet.worker.server import (
     work_item,
 )
 from embedfleet.worker.settings import WorkerSettings
-from embedfleet.worker.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
 #: what the extension's batch callable returns per request: the serialized reply, or a refusal
 Reply = bytes | tuple[int, str]
+#: what it gets per request: the gRPC method, the serialized request, its queue wait in seconds
+Call = tuple[str, bytes, float]
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 
@@ -109,43 +120,111 @@ RPCS = {
 }
 
 
-class Batches:
-    """The Rust engine thread's one Python call per batch: (method, serialized request) pairs
-    in, each one's serialized reply (or its refusal) out, in order."""
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    slot: int
+    item: WorkItem
+    rpc: Rpc | None = None
+    request: Any = None
+    #: a capacity probe's (rust_capacity.py), which gets the result itself
+    probe: asyncio.Future[FloatArray] | None = None
 
-    def __init__(self, engine: Engine, budget: Budget, model: ModelDir) -> None:
+
+class Batches:
+    """The Rust engine thread's one Python call per batch: (method, serialized request, queue
+    wait in seconds) triples in, each one's serialized reply (or its refusal) out, in order. It
+    observes the batch's metrics as the Python front's runner and handlers do. A ("Probe", id)
+    call is a capacity probe's item from `probes`, computed with the rest."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        budget: Budget,
+        model: ModelDir,
+        metrics: WorkerMetrics | None = None,
+        probes: Probes | None = None,
+    ) -> None:
         self.engine = engine
         self.budget = budget
         self.task = model.task
         self.served = served_by(model, engine)
+        self.metrics = metrics or WorkerMetrics()
+        self.probes = probes or Probes()
+        self._stages = self.metrics.stages
+        #: tokens computed so far, probes' too (the capacity measurement reads it)
+        self.computed_tokens = 0
 
-    def __call__(self, calls: list[tuple[str, bytes]]) -> list[Reply]:
+    def __call__(self, calls: list[Call]) -> list[Reply]:
         replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
-        admitted: list[tuple[int, Rpc, Any, WorkItem]] = []
-        for slot, (method, data) in enumerate(calls):
+        admitted = self._admit(calls, replies)
+        if admitted:
+            self._compute(admitted, replies)
+        return replies
+
+    def _admit(self, calls: list[Call], replies: list[Reply]) -> list[_Admitted]:
+        """Each call parsed and checked: the admitted ones, the rest's refusals in `replies`."""
+        admitted: list[_Admitted] = []
+        parse, validate = self._stages["parse"], self._stages["validate"]
+        for slot, (method, data, waited) in enumerate(calls):
+            self.metrics.queue_wait.observe(waited)
+            if method == "Probe":
+                if (probe := self.probes.take(int.from_bytes(data, "little"))) is not None:
+                    admitted.append(_Admitted(slot, probe[0], probe=probe[1]))
+                else:  # its measurement stopped waiting: skipped, as a cancelled call is dropped
+                    replies[slot] = b""
+                continue
             rpc = RPCS[method]
             try:
-                check_task(self.task, rpc.task)
+                started = time.perf_counter_ns()
                 request = rpc.request(data)
+                parsed = time.perf_counter_ns()
+                parse.observe((parsed - started) * 1e-9)
+                check_task(self.task, rpc.task)
                 item = work_item(request.batch, rpc.options(request), self.budget, self.engine)
+                validate.observe((time.perf_counter_ns() - parsed) * 1e-9)
             except DecodeError as exc:
                 replies[slot] = (_INVALID, malformed_message(method, str(exc) or "undecodable"))
             except StatusError as exc:
                 replies[slot] = (exc.code.value[0], exc.message)
             else:
-                admitted.append((slot, rpc, request, item))
-        if not admitted:
-            return replies
+                admitted.append(_Admitted(slot, item, rpc, request))
+        return admitted
+
+    def _compute(self, admitted: list[_Admitted], replies: list[Reply]) -> None:
+        """One engine step for the admitted calls; their replies (or the engine's failure)."""
+        metrics = self.metrics
+        items = [call.item for call in admitted]
+        tokens = sum(item.tokens.total for item in items)
+        metrics.observe_batch(tokens, sum(item.tokens.count for item in items))
+        started = time.perf_counter()
         try:
-            results = self.engine.step([item for *_, item in admitted]).wait()
+            pending = self.engine.step(items)
+            results = pending.wait()
         except Exception as exc:
             log.exception("engine step failed")
-            for slot, *_ in admitted:
-                replies[slot] = (_INTERNAL, f"the engine failed: {exc}")
-            return replies
-        for (slot, rpc, request, item), result in zip(admitted, results, strict=True):
-            replies[slot] = rpc.reply(request, result, item, self.served).SerializeToString()
-        return replies
+            for call in admitted:
+                replies[call.slot] = (_INTERNAL, f"the engine failed: {exc}")
+                if call.probe is not None:
+                    resolve(call.probe, RuntimeError(f"the engine failed: {exc}"))
+            return
+        finally:
+            metrics.compute.observe(time.perf_counter() - started)
+        metrics.observe_stages(getattr(pending, "stages", ()))
+        self.computed_tokens += tokens
+        metrics.tokens.inc(sum(call.item.tokens.total for call in admitted if call.rpc))
+        reply, serialize = self._stages["reply"], self._stages["serialize"]
+        for call, result in zip(admitted, results, strict=True):
+            if call.rpc is None:
+                assert call.probe is not None
+                resolve(call.probe, result)
+                replies[call.slot] = b""
+                continue
+            started_ns = time.perf_counter_ns()
+            message = call.rpc.reply(call.request, result, call.item, self.served)
+            built = time.perf_counter_ns()
+            replies[call.slot] = message.SerializeToString()
+            reply.observe((built - started_ns) * 1e-9)
+            serialize.observe((time.perf_counter_ns() - built) * 1e-9)
 
 
 def unserved(model: ModelDir) -> str | None:
@@ -172,30 +251,26 @@ def load_front(path: str) -> ModuleType:
     return module
 
 
-async def _prepare(settings: WorkerSettings, engine: Engine, model: ModelDir) -> None:
-    """Warm-up and the self-check, as the Python front's start-up runs them, each item computed
-    here before the Rust engine thread exists (the engine allows one caller)."""
-
-    async def submit(item: WorkItem) -> FloatArray:
-        return engine.step([item]).wait()[0]
-
+async def _prepare(settings: WorkerSettings, engine: Engine, state: WorkerState) -> Budget:
+    """The Python front's start-up on its own runner, ended before the Rust engine thread
+    exists (the engine allows one caller): graph capture, the warm-up (the capacity measurement
+    with --capacity-measurement startup) and the self-check. Returns the batch budget, paced by
+    the capacity when it was measured."""
     await warm_graphs(settings, engine)
-    info = engine.info
-    await warm_up(
-        submit,
-        vocab_size=info.vocab_size,
-        max_input_tokens=info.max_input_tokens,
-        max_batch_tokens=settings.max_batch_tokens,
-    )
-    if settings.engine != "null":
-        result = await run_selfcheck(submit, model, reference_fn(settings))
-        log.info(
-            "self-check skipped" if result.skipped else "self-check passed",
-            extra={"reference": result.source, "min_cosine": round(result.min_cosine, 6)},
-        )
+    queue: FcfsQueue[Entry] = FcfsQueue(state.budget, settings.max_queue_requests)
+    runner = BatchRunner(engine, queue, state.metrics, asyncio.get_running_loop())
+    runner.start()
+    state.engine, state.runner = engine, runner
+    try:
+        measure = settings.capacity_measurement == "startup"
+        await warm_and_check(settings, state, probe_shape(engine, state.budget), measure)
+    finally:
+        runner.stop()
+        await asyncio.to_thread(runner.join, 5.0)
+    return runner.batch_budget()
 
 
-def info_of(model: ModelDir, engine: Engine, budget: Budget) -> bytes:
+def info_of(model: ModelDir, engine: Engine, budget: Budget, capacity: float) -> bytes:
     """InfoResponse's fixed fields; the extension fills in the queue and readiness per call."""
     info = engine.info
     return pb.InfoResponse(
@@ -203,6 +278,7 @@ def info_of(model: ModelDir, engine: Engine, budget: Budget) -> bytes:
         task=model.task,
         max_batch_tokens=budget.max_tokens,
         vocab_size=model.vocab_size,
+        capacity_tokens_per_second=capacity,
         default_pooling=POOLING_ENUM[model.pooling],  # type: ignore[arg-type]
         default_normalize=model.normalize,
         instance=secrets.token_hex(8),
@@ -213,14 +289,18 @@ def info_of(model: ModelDir, engine: Engine, budget: Budget) -> bytes:
     ).SerializeToString()
 
 
-def _on_listening(settings: WorkerSettings, started: float) -> Callable[[int], None]:
+def _on_listening(
+    settings: WorkerSettings, started: float, then: Callable[[], None]
+) -> Callable[[int], None]:
     def listening(port: int) -> None:
+        then()
         if settings.port_file:
-            write_port_file(settings.port_file, port, 0)
+            write_port_file(settings.port_file, port, settings.metrics_port)
         log.info(
             "serving",
             extra={
                 "port": port,
+                "metrics_port": settings.metrics_port,
                 "front": "rust",
                 "startup_seconds": round(time.monotonic() - started, 3),
             },
@@ -230,7 +310,7 @@ def _on_listening(settings: WorkerSettings, started: float) -> Callable[[int], N
 
 
 def serve(settings: WorkerSettings) -> int:
-    """Build and warm the engine, then serve it through the Rust front until SIGTERM."""
+    """Build, warm and measure the engine, then serve it through the Rust front until SIGTERM."""
     started = time.monotonic()
     if (opened := opening(settings)) is None:
         return 2
@@ -238,27 +318,46 @@ def serve(settings: WorkerSettings) -> int:
     if (refusal := unserved(model)) is not None:
         log.error(refusal)
         return 2
-    front = load_front(settings.front_library)
-    if settings.metrics_port:
-        log.warning("--front rust serves no /metrics yet", extra={"metrics_port": 0})
-    engine = build_engine(settings, model)
-    asyncio.run(_prepare(settings, engine, model))
-    heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
-    budget = budget_of(settings)
     try:
-        front.serve(
+        front = load_front(settings.front_library)
+    except (ImportError, OSError) as exc:
+        log.error("--front-library %s cannot be loaded: %s", settings.front_library, exc)
+        return 2
+    budget = budget_of(settings)
+    metrics = worker_metrics(lambda: state.engine)
+    state = WorkerState(model=model, budget=budget, metrics=metrics)
+    if not serve_metrics(settings, metrics):
+        return 2
+    engine = build_engine(settings, model)
+    batches = asyncio.run(_prepare(settings, engine, state))
+    heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
+    server = front.Server(
+        max_batch_tokens=batches.max_tokens,
+        max_batch_sequences=batches.max_sequences,
+        hard_max_tokens=batches.hard_max_tokens,
+        max_queue_requests=settings.max_queue_requests,
+        max_inflight_bytes=settings.max_inflight_bytes,
+        request_seconds_buckets=list(front_metrics.REQUEST_SECONDS_BUCKETS),
+    )
+    front_metrics.watch(metrics, server.stats)
+    run_batch = Batches(engine, budget, model, metrics)
+    measured = QueueMeasured(
+        server, run_batch.probes, lambda: run_batch.computed_tokens, metrics, budget
+    )
+
+    def measure() -> None:
+        if settings.capacity_measurement == "background":
+            start_measuring(settings, measured, probe_shape(engine, budget))
+
+    try:
+        server.serve(
             host=settings.host,
             port=settings.port,
-            max_batch_tokens=budget.max_tokens,
-            max_batch_sequences=budget.max_sequences,
-            hard_max_tokens=budget.hard_max_tokens,
-            max_queue_requests=settings.max_queue_requests,
-            max_inflight_bytes=settings.max_inflight_bytes,
             max_message_bytes=receive,
             drain_seconds=settings.drain_seconds,
-            info=info_of(model, engine, budget),
-            run_batch=Batches(engine, budget, model),
-            on_listening=_on_listening(settings, started),
+            info=info_of(model, engine, batches, state.capacity),
+            run_batch=run_batch,
+            on_listening=_on_listening(settings, started, measure),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),
         )

@@ -150,6 +150,17 @@ class WorkerState:
         entry = await self.compute(item, internal=True)
         return entry.future.result()
 
+    def computed_tokens(self) -> int:
+        """Tokens the engine has computed so far, any request's."""
+        return self.runner.computed_tokens if self.runner is not None else 0
+
+    def publish(self, capacity: float, batches: Budget) -> None:
+        """The capacity measured (Info, the capacity metric) and the batch budget it paces."""
+        self.capacity = capacity
+        self.metrics.capacity.set(capacity)
+        if self.runner is not None:
+            self.runner.set_batch_budget(batches)
+
 
 @dataclass(frozen=True, slots=True)
 class Malformed:

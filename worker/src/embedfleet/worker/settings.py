@@ -206,8 +206,7 @@ class WorkerSettings:
     front: str = setting(
         "python",
         "The gRPC front: python (grpc asyncio, every task), or rust (worker-front/, hosting "
-        "this engine in-process: every task; no /metrics, no capacity measurement; "
-        "docs/worker.md, Rust front).",
+        "this engine in-process: every task; docs/worker.md, Rust front).",
         choices=("python", "rust"),
     )
     front_library: str = setting(
