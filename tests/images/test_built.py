@@ -143,6 +143,8 @@ SERVERS = {
         "embedfleet-gateway listening on http://0.0.0.0:8080",
     ),
     "worker-cpu": Server("worker-cpu", None, [], '"msg": "serving"'),
+    # The Rust front's extension from the image's own site-packages: no --front-library.
+    "worker-cpu-rust": Server("worker-cpu", None, ["--front", "rust"], '"front": "rust"'),
 }
 
 

@@ -17,6 +17,7 @@ from embedfleet.testing.imagespec import (
     declared_dependencies,
     dependency_image,
     disk_needed,
+    front_library_ref,
     gateway_binary_ref,
     ignore_patterns,
     image_key,
@@ -52,9 +53,11 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def keys(root: Path, base: str = BASE, binary: bytes = b"\x7fELF 1") -> dict[str, str]:
-    rust = gateway_binary_ref(binary)
-    return {name: image_key(root, spec, base, rust) for name, spec in SPECS.items()}
+def keys(
+    root: Path, base: str = BASE, binary: bytes = b"\x7fELF 1", front: bytes = b"\x7fELF so 1"
+) -> dict[str, str]:
+    rust, library = gateway_binary_ref(binary), front_library_ref(front)
+    return {name: image_key(root, spec, base, rust, library) for name, spec in SPECS.items()}
 
 
 def changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
@@ -106,10 +109,25 @@ def test_a_worker_source_keeps_the_dependency_layer_a_lock_changes_it(tree: Path
 
 
 def test_a_layered_image_is_not_built_without_its_dependency_image() -> None:
+    front = front_library_ref(b"so")
     with pytest.raises(ValueError, match="DEPS_IMAGE"):
-        build_args(SPECS["worker-cpu"], BASE)
-    args = build_args(SPECS["worker-cpu"], BASE, deps="localhost/embedfleet/worker-cpu-deps:1")
-    assert args["DEPS_IMAGE"] == "localhost/embedfleet/worker-cpu-deps:1"
+        build_args(SPECS["worker-cpu"], BASE, front_ref=front)
+    deps = "localhost/embedfleet/worker-cpu-deps:1"
+    args = build_args(SPECS["worker-cpu"], BASE, deps=deps, front_ref=front)
+    assert args["DEPS_IMAGE"] == deps
+
+
+def test_the_worker_images_carry_the_rust_front_in_the_code_layer(tree: Path) -> None:
+    """Another build of the Rust front changes the worker images' keys, not their dependency
+    images' (the extension is installed by the code layer) nor any other image's."""
+    before, layers = keys(tree), deps(tree)
+    assert changed(before, keys(tree, front=b"\x7fELF so 2")) == {"worker", "worker-cpu"}
+    assert deps(tree) == layers
+    assert front_library_ref(b"so") == front_library_ref(b"so")
+    for name in ("worker", "worker-cpu"):
+        with pytest.raises(ValueError, match="FRONT_LIBRARY"):
+            build_args(SPECS[name], BASE, deps=layers[name])
+    assert "FRONT_LIBRARY" not in build_args(SPECS["operator"], BASE)
 
 
 def test_the_gateway_image_follows_its_dockerfile_and_lock(tree: Path) -> None:

@@ -628,6 +628,43 @@ def test_auto_cpu_runtime_renders_nothing_so_no_fleet_rolls() -> None:
     assert _hash(chosen, "worker") != _hash(base, "worker")
 
 
+def _worker_settings(data: dict[str, str]) -> WorkerSettings:
+    """The settings a worker loads from a rendered config map."""
+    from embedfleet.common.settings import load
+    from embedfleet.worker.settings import ENV_PREFIX
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in data.items():
+            if k.startswith(ENV_PREFIX):
+                mp.setenv(k, v)
+        return load(WorkerSettings, ENV_PREFIX, [])
+
+
+def test_the_rust_front_reaches_the_worker_without_a_library_path() -> None:
+    """worker.front rust is the worker's --front; the images carry the extension, so no
+    --front-library is rendered (the worker imports embedfleet_front from site-packages)."""
+    raw = {"model": {"source": "file:///m"}, "worker": {"front": "rust"}}
+    data = child_objects(raw)["ConfigMap/minilm-config"]["data"]
+    assert data["EMBEDFLEET_WORKER_FRONT"] == "rust"
+    assert "EMBEDFLEET_WORKER_FRONT_LIBRARY" not in data
+    settings = _worker_settings(data)
+    assert (settings.front, settings.front_library) == ("rust", "")
+
+
+def test_the_python_front_renders_nothing_so_no_fleet_rolls() -> None:
+    """A fleet that never set worker.front (or set the default, as the CRD's default does) keeps
+    its config hash across the operator upgrade that added the field."""
+    base = {"model": {"source": "file:///opt/m"}}
+    python = {**base, "worker": {"front": "python"}}
+    data = child_objects(python)["ConfigMap/minilm-config"]["data"]
+    assert "EMBEDFLEET_WORKER_FRONT" not in data
+    assert _worker_settings(data).front == "python"
+    assert _hash(python, "worker") == _hash(base, "worker")
+    rust = {**base, "worker": {"front": "rust"}}
+    assert _hash(rust, "worker") != _hash(base, "worker")
+    assert _hash(rust, "gateway") == _hash(base, "gateway")
+
+
 def test_openvino_graphs_are_cached_in_the_model_cache_claim() -> None:
     """With a shared model cache claim only a fleet's first pod converts (most of a new pod's
     start-up); the claim is the one volume a worker may write that outlives it."""

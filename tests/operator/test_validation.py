@@ -80,6 +80,12 @@ CASES: list[tuple[str, str, dict[str, Any], str]] = [
         'spec.worker.engine.cpuRuntime: Unsupported value: "onnx"',
     ),
     (
+        "front-enum",
+        "bad",
+        _with("worker.front", "grpc"),
+        'spec.worker.front: Unsupported value: "grpc"',
+    ),
+    (
         "openvino-gpu",
         "bad",
         _with("worker", {"gpus": 1, "engine": {"cpuRuntime": "openvino"}}),
@@ -310,6 +316,7 @@ def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namesp
     assert got["spec"]["worker"]["enginesPerGPU"] == 4
     assert got["spec"]["worker"]["engine"]["tokenBucketSwitch"] == 1024  # defaulted
     assert got["spec"]["worker"]["engine"]["cpuRuntime"] == "auto"  # defaulted, GPU or not
+    assert got["spec"]["worker"]["front"] == "python"  # defaulted
     cluster.kubectl("delete", "emb", "graphs", "-n", ns)
     cpu = _with("worker.engine.cpuRuntime", "openvino")
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("openvino", cpu))

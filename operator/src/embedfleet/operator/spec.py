@@ -131,6 +131,8 @@ class Worker:
     engines_per_gpu: int = 1
     resources: Resources = field(default_factory=Resources)
     drain_seconds: int = 30
+    #: the worker's gRPC front (its --front): python, or rust (worker-front/, in the images)
+    front: str = "python"
     engine: Engine = field(default_factory=Engine)
     memory: Memory = field(default_factory=Memory)
     scheduling: Scheduling = field(default_factory=Scheduling)
@@ -291,6 +293,7 @@ def _worker(raw: Mapping[str, Any]) -> Worker:
         engines_per_gpu=int(raw.get("enginesPerGPU", d.engines_per_gpu)),
         resources=_resources(_obj(raw, "resources")),
         drain_seconds=int(raw.get("drainSeconds", d.drain_seconds)),
+        front=str(raw.get("front", d.front)),
         engine=Engine(
             max_batch_tokens=int(engine.get("maxBatchTokens", e.max_batch_tokens)),
             max_batch_sequences=int(engine.get("maxBatchSequences", e.max_batch_sequences)),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from embedfleet.testing.imagespec import (
     BUILD_LOCK,
     DEFAULT_IMAGES,
     DEPS_STAGE,
+    FRONT_LIBRARY_FILE,
     LOCAL_REPOSITORY,
     SPECS,
     SUITE,
@@ -41,6 +42,7 @@ from embedfleet.testing.imagespec import (
     dependency_image,
     deps_args,
     disk_needed,
+    front_library_ref,
     gateway_binary_ref,
     image_key,
     image_version,
@@ -52,6 +54,7 @@ from embedfleet.testing.imagespec import (
 )
 from embedfleet.testing.nodeslots import locked
 from embedfleet.testing.tools import REPO_ROOT
+from embedfleet.testing.workers import front_library
 
 KEEP_BUILDS = 2
 STORAGE = Path("/var/lib/containers/storage")
@@ -165,16 +168,27 @@ def _prune(cache: Path, name: str, keep: int) -> None:
 
 def ensure_gateway_binary(binary: Path) -> str:
     """The Rust gateway binary (built on this Debian host, as the base) committed as a local image
-    holding only /out/embedfleet-gateway, which the gateway image's build copies from; older
-    such images beyond KEEP_BUILDS are removed."""
+    holding only /out/embedfleet-gateway, which the gateway image's build copies from."""
     ref = gateway_binary_ref(binary.read_bytes())
+    return _ensure_artifact_image(binary, ref, "/out/embedfleet-gateway", "0755")
+
+
+def ensure_front_library(library: Path) -> str:
+    """The worker's Rust front (embedfleet_front.abi3.so, built on this host) committed as a local
+    image holding only /out/FRONT_LIBRARY_FILE, which the worker images' code layer copies from."""
+    ref = front_library_ref(library.read_bytes())
+    return _ensure_artifact_image(library, ref, f"/out/{FRONT_LIBRARY_FILE}", "0644")
+
+
+def _ensure_artifact_image(artifact: Path, ref: str, target: str, mode: str) -> str:
+    """One host-built file committed as a scratch image holding it at `target`, when ref (named by
+    the file's content) is new; older such images beyond KEEP_BUILDS are removed."""
     if not _exists(ref):
-        _log(f"{ref} from {binary}")
+        _log(f"{ref} from {artifact}")
         working = run_tool(["buildah", "from", "--quiet", "scratch"]).strip()
         try:
-            target = "/out/embedfleet-gateway"
             run_tool(
-                ["buildah", "copy", "--quiet", "--chmod", "0755", working, str(binary), target]
+                ["buildah", "copy", "--quiet", "--chmod", mode, working, str(artifact), target]
             )
             run_tool(["buildah", "commit", "--quiet", working, ref])
         finally:
@@ -237,7 +251,7 @@ def _build(
 
 
 def _build_image(
-    root: Path, spec: ImageSpec, base_ref: str, cache: Path, binary_ref: str, tags: Sequence[str]
+    root: Path, spec: ImageSpec, base_ref: str, cache: Path, refs: Artifacts, tags: Sequence[str]
 ) -> None:
     """Builds one image: a layered one on its dependency image (built first when missing), which
     holds the lock, so this build installs only our code; any other in one stage."""
@@ -249,7 +263,8 @@ def _build_image(
     else:
         ensure_wheels(root, spec.lock, pool)
         _check_space(root, spec, pool, cache)
-    _build(root, spec, build_args(spec, base_ref, binary_ref, deps), cache, tags)
+    args = build_args(spec, base_ref, refs.gateway_binary, deps, refs.front_library)
+    _build(root, spec, args, cache, tags)
 
 
 def _image_id(ref: str) -> str:
@@ -258,12 +273,21 @@ def _image_id(ref: str) -> str:
     ).strip()
 
 
+@dataclass(frozen=True)
+class Artifacts:
+    """The local images of the host-built Rust artifacts an image may carry ("": not made)."""
+
+    gateway_binary: str = ""
+    front_library: str = ""
+
+
 def ensure_image(
-    root: Path, spec: ImageSpec, base_ref: str, cache: Path, gateway_binary: str = ""
+    root: Path, spec: ImageSpec, base_ref: str, cache: Path, refs: Artifacts = Artifacts()
 ) -> BuiltImage:
     started = time.monotonic()
     version = image_version(root, spec)
-    ref, key = spec.ref(version), image_key(root, spec, base_ref, gateway_binary)
+    key = image_key(root, spec, base_ref, refs.gateway_binary, refs.front_library)
+    ref = spec.ref(version)
     local_ref = f"{LOCAL_REPOSITORY}/{spec.name}:{key}"
     archive = cache / f"{spec.name}-{key}.tar"
     built = not archive.is_file()
@@ -272,7 +296,7 @@ def ensure_image(
         # new one beside the kept ones, not beside all the old ones too.
         _prune(cache, spec.name, KEEP_BUILDS - 1)
         if not _exists(local_ref):
-            _build_image(root, spec, base_ref, cache, gateway_binary, [local_ref, ref])
+            _build_image(root, spec, base_ref, cache, refs, [local_ref, ref])
         # An interrupted run may have built the image but not archived it: then only this step.
         partial = archive.with_suffix(".partial")
         image_id = _image_id(local_ref)
@@ -299,14 +323,23 @@ def ensure_images(
         built = {}
         # The images carrying the gateway binary last: its binary may still be compiling beside
         # this (`make prepare`), and hack/build-gateway.sh waits for that build.
-        binary_ref = ""
+        refs = Artifacts()
         for spec in sorted(specs, key=lambda spec: spec.gateway_binary):
-            if spec.gateway_binary and not binary_ref:
-                binary_ref = ensure_gateway_binary(gateway_binary())
-            built[spec.name] = ensure_image(root, spec, base, cache, binary_ref)
+            refs = _ensure_artifacts(spec, refs)
+            built[spec.name] = ensure_image(root, spec, base, cache, refs)
         images = [built[spec.name] for spec in specs]
         write_manifest(cache / "manifest.json", images)
     return images
+
+
+def _ensure_artifacts(spec: ImageSpec, refs: Artifacts) -> Artifacts:
+    """refs with the Rust artifacts spec carries made (compiled first when no cached build of this
+    tree's sources matches), each once per run."""
+    if spec.gateway_binary and not refs.gateway_binary:
+        refs = replace(refs, gateway_binary=ensure_gateway_binary(gateway_binary()))
+    if spec.front_library and not refs.front_library:
+        refs = replace(refs, front_library=ensure_front_library(front_library()))
+    return refs
 
 
 def built_manifest(names: Iterable[str] = DEFAULT_IMAGES) -> dict[str, str]:

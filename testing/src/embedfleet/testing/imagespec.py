@@ -27,6 +27,11 @@ LOCAL_REPOSITORY = "localhost/embedfleet"
 GATEWAY_BINARY_REPOSITORY = "localhost/embedfleet/gateway-binary"
 """Local images holding only /out/embedfleet-gateway (the host's build of gateway/), tagged by
 the binary's content: what docker/gateway.Dockerfile's GATEWAY_BINARY copies the binary from."""
+FRONT_LIBRARY_REPOSITORY = "localhost/embedfleet/worker-front"
+"""Local images holding only /out/embedfleet_front.abi3.so (the host's build of worker-front/, the
+worker's Rust front), tagged by its content: what docker/worker.Dockerfile's FRONT_LIBRARY copies
+the extension from."""
+FRONT_LIBRARY_FILE = "embedfleet_front.abi3.so"
 UID = 65532
 BUILD_LOCK = "build"
 """docker/locks/build.txt: the build backend pip needs offline to turn ./common etc. into wheels."""
@@ -69,6 +74,9 @@ class ImageSpec:
     gateway_binary: bool = False
     """Carries the gateway binary (build arg GATEWAY_BINARY), whose content is part of the key,
     and no Python component: no sources of its own, the crate's version."""
+    front_library: bool = False
+    """Carries the worker's Rust front (build arg FRONT_LIBRARY): the embedfleet_front extension,
+    installed into the venv's site-packages by the code layer, its content part of the key."""
     layered: bool = False
     """Built in two: the Dockerfile's DEPS_STAGE alone (the lock's wheels installed), tagged by a
     key over the lock and the base only (`deps_ref`), then the code on that image (build arg
@@ -107,6 +115,7 @@ SPECS = {
             extra_requirements=("huggingface_hub",),
             # OpenVINO (worker.engine.cpuRuntime openvino) in the CPU image only.
             extras=("tracing", "openvino"),
+            front_library=True,
             layered=True,
         ),
         ImageSpec(
@@ -115,6 +124,7 @@ SPECS = {
             lock="worker",
             extra_requirements=("huggingface_hub",),
             extras=("tracing",),
+            front_library=True,
             layered=True,
         ),
     )
@@ -168,21 +178,32 @@ def gateway_binary_ref(binary: bytes) -> str:
     return f"{GATEWAY_BINARY_REPOSITORY}:{content_key({'binary': binary})}"
 
 
+def front_library_ref(library: bytes) -> str:
+    """The local image holding this build of the worker's Rust front, named by its content as
+    gateway_binary_ref() names the gateway's."""
+    return f"{FRONT_LIBRARY_REPOSITORY}:{content_key({'library': library})}"
+
+
 def deps_args(spec: ImageSpec, base_ref: str) -> dict[str, str]:
     """The --build-arg values of a layered image's dependency stage (and of a one-stage build)."""
     return {"BASE_IMAGE": base_ref, "LOCK": spec.lock, "PIP_ARGS": LOCAL_PIP_ARGS}
 
 
 def build_args(
-    spec: ImageSpec, base_ref: str, binary_ref: str = "", deps: str = ""
+    spec: ImageSpec, base_ref: str, binary_ref: str = "", deps: str = "", front_ref: str = ""
 ) -> dict[str, str]:
-    """The local build's --build-arg values; binary_ref is gateway_binary_ref() of the binary, deps
-    the dependency image's deps_ref(): an image that carries one cannot do without it."""
+    """The local build's --build-arg values; binary_ref is gateway_binary_ref() of the binary,
+    deps the dependency image's deps_ref(), front_ref front_library_ref() of the worker's Rust
+    front: an image that carries one cannot do without it."""
     args = deps_args(spec, base_ref)
     if spec.gateway_binary:
         if not binary_ref:
             raise ValueError(f"the {spec.name} image needs the gateway binary's image")
         args["GATEWAY_BINARY"] = binary_ref
+    if spec.front_library:
+        if not front_ref:
+            raise ValueError(f"the {spec.name} image needs the Rust front's image (FRONT_LIBRARY)")
+        args["FRONT_LIBRARY"] = front_ref
     if spec.layered:
         if not deps:
             raise ValueError(f"the {spec.name} image needs its dependency image (DEPS_IMAGE)")
@@ -358,11 +379,14 @@ def dependency_image(root: Path, spec: ImageSpec, base_ref: str) -> str:
     return deps_ref(spec, content_key(inputs))
 
 
-def image_key(root: Path, spec: ImageSpec, base_ref: str, binary_ref: str = "") -> str:
-    """The key of one image; a layered one's covers its dependency image's through DEPS_IMAGE."""
+def image_key(
+    root: Path, spec: ImageSpec, base_ref: str, binary_ref: str = "", front_ref: str = ""
+) -> str:
+    """The key of one image; a layered one's covers its dependency image's through DEPS_IMAGE,
+    one carrying the Rust front the extension's content through FRONT_LIBRARY."""
     version = image_version(root, spec)
     deps = dependency_image(root, spec, base_ref) if spec.layered else ""
-    args = build_args(spec, base_ref, binary_ref, deps)
+    args = build_args(spec, base_ref, binary_ref, deps, front_ref)
     return content_key(image_inputs(spec, tree_files(root, spec), args, version))
 
 

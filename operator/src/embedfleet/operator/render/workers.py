@@ -84,6 +84,14 @@ def engine_ports(engines: int) -> list[tuple[str, int, str, int]]:
     ]
 
 
+def worker_front(spec: Spec) -> dict[str, str]:
+    """The worker's --front, only when it is not the default python: a fleet that never chose
+    one keeps its pods' config hash (no rollout of every fleet when the operator is upgraded).
+    The images carry the Rust front's extension, so rust needs no --front-library."""
+    front = spec.worker.front
+    return {} if front == "python" else {"front": front}
+
+
 def worker_env(spec: Spec) -> dict[str, str]:
     """EMBEDFLEET_WORKER_* settings (names match embedfleet.worker.settings.WorkerSettings)."""
     engine = spec.worker.engine
@@ -112,6 +120,7 @@ def worker_env(spec: Spec) -> dict[str, str]:
         {
             **engines,
             **graphs,
+            **worker_front(spec),
             "threads": worker_threads(spec.worker.resources),
             "model": model_path(spec.model.source),
             "task": served_task(spec),
