@@ -303,9 +303,14 @@ def test_a_killed_gateway_pod_fails_only_what_it_held(applied: Applied) -> None:
         round(removed - killed, 2),
         round(back - killed, 2),
     )
-    # The other gateway served throughout, and once the endpoint was gone (plus kube-proxy's
-    # sync) nothing failed: only what the killed pod held or was sent before it left.
-    assert [r for r in report.between(killed, removed + 1) if not r["error"]]
+    # The other gateway served throughout: a request in flight at some time between the kill
+    # and the endpoint's removal was answered (one on the killed pod would have failed; on a busy
+    # machine requests can outlast the window, so none need start inside it). Once the endpoint
+    # was gone (plus kube-proxy's sync) nothing failed: only what the killed pod held or was sent
+    # before it left.
+    assert [
+        r for r in report.records if r["start"] < removed and r["end"] > killed and not r["error"]
+    ]
     late = [r for r in failed if r["start"] >= removed + 1]
     assert not late, report.summary()
     assert fleet.forbidden_lines() == []

@@ -164,11 +164,16 @@ def test_capacity_is_measured_after_serving_and_yields_to_requests(
             timeout=30,
         )
         measured = stub.Info(pb.InfoRequest())
-        assert measured.capacity_tokens_per_second == pytest.approx(pace, rel=0.2)
-        # Info reports the batch budget in force: paced to 0.1 s of work at the measured pace.
+        # The worker's delivered rate through the paced null engine: the engine's sleeps bound
+        # it from above; the front's own time per batch takes it below, more so on a busy
+        # machine (0.80x the pace in a CI run at load 7), so the machine sets no lower bound
+        # but a wrong count's.
+        capacity = measured.capacity_tokens_per_second
+        assert 0.5 * pace < capacity <= 1.02 * pace
+        # Info reports the batch budget in force: paced to 0.1 s of work at the measured rate.
         paced = next(r for r in worker.log_records() if r.get("msg") == "capacity measured")
         assert measured.max_batch_tokens == paced["batch_tokens"]
-        assert measured.max_batch_tokens == pytest.approx(0.1 * pace, rel=0.2)
+        assert measured.max_batch_tokens == int(capacity * 0.1)
         # The run's requests are no one's: only the test's own call is counted.
         assert worker.metric("embedfleet_worker_requests_total", rpc="Embed", code="OK") == 1
         assert worker.metric("embedfleet_worker_tokens_total") == 3
