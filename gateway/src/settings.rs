@@ -184,7 +184,7 @@ pub struct Settings {
     #[arg(long, env = "EMBEDFLEET_GATEWAY_CHUNK_TOKENS", default_value_t = 8192,
           value_parser = at_least::<usize>(1.0))]
     pub chunk_tokens: usize,
-    /// Fewest tokens a request is spread over workers by; under it, calls are small (coalesced)
+    /// Fewest tokens a request is spread over workers by; a request under it is small (coalesced)
     #[arg(long, env = "EMBEDFLEET_GATEWAY_MIN_CHUNK_TOKENS", default_value_t = 512,
           value_parser = at_least::<usize>(1.0))]
     pub min_chunk_tokens: usize,

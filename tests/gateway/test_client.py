@@ -103,6 +103,30 @@ def test_a_request_in_flight_at_sigterm_finishes_within_its_deadline(tmp_path: P
             assert gw.proc.wait(timeout=30) == 0
 
 
+def test_a_kept_alive_connection_is_served_after_sigterm_then_closed(tmp_path: Path) -> None:
+    """After SIGTERM a client's idle kept-alive connection still takes its next request (the
+    listener is closed, so a new connection could not), answered with `Connection: close`; then
+    the gateway exits. Closing such connections at SIGTERM lost the request a client sent as the
+    close crossed it (a rolled gateway pod, one request in 252 of the e2e rollout's load)."""
+    argv = ("--engine", "null", "--warmup-seconds", "0.2")
+    with running_worker(tmp_path, *argv) as worker:
+        log = tmp_path / "gw.log"
+        with running_gateway([worker.address], log=log) as gw:
+            with httpx.Client(base_url=gw.url, timeout=30) as http:
+                first = http.post("/v1/embeddings", json={"input": "before"})
+                assert first.status_code == 200, first.text
+                assert first.headers.get("connection") != "close"
+                os.kill(gw.proc.pid, signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while "open connections finish" not in log.read_text():
+                    assert time.monotonic() < deadline, "the gateway never heard SIGTERM"
+                    time.sleep(0.05)
+                second = http.post("/v1/embeddings", json={"input": "after"})
+                assert second.status_code == 200, second.text
+                assert second.headers["connection"] == "close"
+            assert gw.proc.wait(timeout=10) == 0
+
+
 def test_sigterm_right_after_start_stops_it_as_pid_1(tmp_path: Path) -> None:
     """As a pod stopped while it starts: the binary as PID 1 of a PID namespace of its own,
     SIGTERM sent the moment it says it listens, 30 times (1 in 3 were lost when the

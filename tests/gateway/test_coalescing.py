@@ -76,6 +76,24 @@ def test_concurrent_queries_share_calls_unless_coalescing_is_off(
             assert calls == [1] * 16
 
 
+def test_a_large_requests_small_chunks_go_at_once(tmp_path: Path) -> None:
+    """A request over --min-chunk-tokens cut into chunks under it (as a slow worker's paced
+    chunks are): all of them reach the worker together, none waiting in the gateway for the
+    one call a CPU worker gets, so the backlog is the worker's to queue (and to report)."""
+    settings = {**LIMITS, "chunk_tokens": 6, "min_chunk_tokens": 16}
+    make = lambda n: FakeWorker(n, delay=0.3)  # noqa: E731
+    with fake_fleet(settings, tmp_path / "gateway.log", make, (0,)) as gateway:
+        inputs = [[100 + i, 7, 200 + i] for i in range(12)]  # 36 tokens: 6 chunks of 6
+        answer = gateway.post("/v1/embeddings", {"input": inputs})
+        assert answer.status == 200, answer.body
+        assert [d["embedding"] for d in answer.json()["data"]] == [
+            [100 + i, 200 + i, 3, 0] for i in range(12)
+        ]
+        assert gateway.calls() == [2] * 6
+        (worker,) = gateway.workers
+        assert worker.most_running == 6
+
+
 def test_an_invalid_query_merged_with_others_fails_alone(tmp_path: Path) -> None:
     make = lambda n: FakeWorker(n, delay=0.3, reject_id=999)  # noqa: E731
     with fake_fleet(LIMITS, tmp_path / "gateway.log", make, (0,)) as gateway:

@@ -62,7 +62,6 @@ fn service(
         max_inflight: s.coalesce_inflight,
         max_tokens: s.chunk_tokens,
         max_sequences: s.chunk_sequences,
-        small_tokens: s.min_chunk_tokens,
         // Traced, each small call carries its own traceparent: unary calls.
         stream: s.coalesce_stream && !tracer.enabled(),
     };

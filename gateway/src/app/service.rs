@@ -204,11 +204,14 @@ impl Service {
         normalize: Option<bool>,
     ) -> Result<Vec<f32>, ApiError> {
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        // Only a whole small request is merged with others at the gateway; a large one's
+        // chunks go at once, however small each is, and queue at the workers.
+        let small = lengths.iter().sum::<usize>() < self.settings.min_chunk_tokens;
         let rows = self
             .fan_out(&lengths, |c, timeout| {
                 let batch = pack(&ids[c.start..c.stop]);
                 self.pool
-                    .embed(batch, requested, normalize, c.tokens, timeout)
+                    .embed(batch, requested, normalize, c.tokens, small, timeout)
             })
             .await?
             .concat();

@@ -127,7 +127,7 @@ async fn one(
     router: Arc<Router>,
     stream: TcpStream,
     _opened: Opened,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
+    stopping: tokio::sync::watch::Receiver<bool>,
 ) {
     let s = &router.gateway.settings;
     let _ = stream.set_nodelay(true);
@@ -149,10 +149,16 @@ async fn one(
         // Synchronously, before hyper reads on: from here the header bound is off.
         let guard = busy.busy();
         let reply = routes::handle(Arc::clone(&handler_router), req);
+        let stopping = stopping.clone();
         async move {
             let mut reply = reply.await;
             drop(guard);
             if let Ok(answer) = reply.as_mut() {
+                let close_after = if *stopping.borrow() {
+                    Some(Instant::now())
+                } else {
+                    close_after
+                };
                 connection::age_out(answer.headers_mut(), close_after);
             }
             reply
@@ -164,20 +170,9 @@ async fn one(
         .max_header_size(limits.0)
         .max_headers(limits.1)
         .serve_connection(io, handler);
-    let served = async move {
-        tokio::pin!(conn);
-        // The flag's read guard is not Send: dropped before the connection is awaited on.
-        let stop_asked = async move {
-            let _ = stopping.wait_for(|stop| *stop).await.is_ok();
-        };
-        tokio::select! {
-            _ = conn.as_mut() => {}
-            _ = stop_asked => {
-                // An idle connection closes now; a busy one after its response.
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-        }
-    };
-    watch.guard(bounds, served).await;
+    // Once a stop is asked the connection serves on, each response saying `Connection: close`
+    // (its client then never sends on a closing socket); an idle one closes at its keep-alive
+    // bound. Closing idle connections at once raced the clients' next requests: one sent as the
+    // close crossed it was lost, a connection error no client retries for a POST.
+    watch.guard(bounds, conn).await;
 }

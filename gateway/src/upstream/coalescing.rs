@@ -1,6 +1,6 @@
 //! Many small Embed calls to one worker as one gRPC message while that worker is busy: while
-//! `max_inflight` calls of small chunks (under `small_tokens`) are in flight to a worker, the next
-//! small chunks wait, merged into one TokenBatch (bytes joined) up to `max_tokens` and
+//! `max_inflight` calls of small chunks (whole requests under `--min-chunk-tokens`; the caller
+//! says) are in flight to a worker, the next small chunks wait, merged into one TokenBatch (bytes joined) up to `max_tokens` and
 //! `max_sequences`; when a call returns, the oldest merged message goes and its rows are cut back
 //! into each chunk's share. With fewer in flight a chunk goes at once, alone; larger chunks always
 //! go at once and are not counted. A merged call's failure reaches every chunk in it as its own;
@@ -93,7 +93,6 @@ pub struct Coalescer {
     by_device: bool,
     max_tokens: usize,
     max_sequences: usize,
-    small_tokens: usize,
     /// the small calls' way to the worker, where on (`--coalesce-stream`) and the worker has one
     stream: Option<EmbedStream>,
     state: Mutex<State>,
@@ -122,7 +121,6 @@ impl Coalescer {
         max_inflight: Option<usize>,
         max_tokens: usize,
         max_sequences: usize,
-        small_tokens: usize,
         stream: bool,
     ) -> Arc<Self> {
         Arc::new(Coalescer {
@@ -133,7 +131,6 @@ impl Coalescer {
             by_device: max_inflight.is_none(),
             max_tokens,
             max_sequences,
-            small_tokens,
             state: Mutex::new(State::default()),
         })
     }
@@ -205,19 +202,23 @@ impl Coalescer {
         ))
     }
 
-    /// One chunk's rows from this worker, merged with other small chunks while it is busy.
+    /// One chunk's rows from this worker; a `small` one (a whole small request) is merged with
+    /// other small chunks while the worker is busy.
     pub async fn embed(
         self: &Arc<Self>,
         batch: TokenBatch,
         dims: u32,
         normalize: Option<bool>,
+        small: bool,
         timeout: Duration,
     ) -> Result<Vec<f32>, Status> {
         let tokens = batch.token_ids.len() / 4;
-        if self.max_inflight() == 0 || tokens >= self.small_tokens || normalize.is_some() {
-            // A chunk this large carries its own framing well, and a large request's chunks
-            // must reach the workers together: it never waits, nor holds small ones up. The
-            // windows of a split input (unnormalized) are rare and travel on their own.
+        if self.max_inflight() == 0 || !small || normalize.is_some() {
+            // A large request carries its own framing well, and its chunks must reach the
+            // workers together, however small each is (paced to a slow worker's second, they
+            // can be): none waits, nor holds small ones up, and the worker queues what it
+            // cannot start. The windows of a split input (unnormalized) are rare and travel on
+            // their own.
             return self
                 .send(batch, dims, normalize, timeout)
                 .await

@@ -38,7 +38,6 @@ pub struct Coalescing {
     pub max_inflight: Option<usize>,
     pub max_tokens: usize,
     pub max_sequences: usize,
-    pub small_tokens: usize,
     /// small calls on the worker's EmbedStream rather than each a unary Embed
     pub stream: bool,
 }
@@ -216,7 +215,6 @@ impl Pool {
                 c.max_inflight,
                 c.max_tokens,
                 c.max_sequences,
-                c.small_tokens,
                 c.stream,
             );
             let hung = Arc::new(Hung::new(()));
@@ -531,18 +529,20 @@ impl Pool {
         unreachable!("the last attempt returns")
     }
 
-    /// One chunk's embeddings (merged with other small chunks while the worker is busy).
+    /// One chunk's embeddings; a `small` one (a whole small request) is merged with other
+    /// small chunks while the worker is busy.
     pub async fn embed(
         &self,
         batch: TokenBatch,
         dims: u32,
         normalize: Option<bool>,
         tokens: usize,
+        small: bool,
         timeout: Duration,
     ) -> Result<Vec<f32>, ApiError> {
         self.dispatch(("Embed", &batch, tokens), |worker| {
             let batch = batch.clone();
-            async move { worker.embed(batch, dims, normalize, timeout).await }
+            async move { worker.embed(batch, dims, normalize, small, timeout).await }
         })
         .await
     }

@@ -407,6 +407,10 @@ async def serve(settings: WorkerSettings) -> int:
             # Longer messages are refused by gRPC before they are buffered.
             ("grpc.max_receive_message_length", receive),
             ("grpc.max_send_message_length", _MAX_REPLY),
+            # Flow-control windows at gRPC's defaults: its bandwidth-delay probe grew them to
+            # megabytes a stream (more the slower a busy machine answered its pings), data the
+            # refusal above cannot stop; a worker's messages are kilobytes.
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
     service = WorkerService(state, settings.max_inflight_bytes)
