@@ -37,11 +37,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
-LONG_GROUPS = ("real-node", "kwok")
+LONG_GROUPS = ("real-node-e2e", "real-node", "kwok")
 
 
 def run_order(group: str) -> int:
-    """The two long groups first (a stable sort keeps file order inside each): each worker takes
+    """The long groups first (a stable sort keeps file order inside each): each worker takes
     the next group when it is done with its own, so the directories fill in beside them (make
     test passes --no-loadscope-reorder)."""
     return LONG_GROUPS.index(group) if group in LONG_GROUPS else len(LONG_GROUPS)
@@ -49,12 +49,14 @@ def run_order(group: str) -> int:
 
 def xdist_group(item: pytest.Item) -> str:
     """The unit `pytest -n N --dist loadgroup` (make test) hands to one worker process, in file
-    order. The session's real node and its KWOK control plane each start once and stay up, so
-    every test on one of them is in its group; any other test goes with its directory, whose
+    order. A real node and a KWOK control plane start once per process and stay up, so every
+    test on one of them is in its group. The real-node tests are two chains, each on its own
+    node (the harness gives each a slot): the end-to-end modules, and the rest; together they
+    were the run's longest chain, mostly waiting. Any other test goes with its directory, whose
     fixtures (fleets, engines, checkpoints) are then built once, as in a serial run."""
     fixtures = getattr(item, "fixturenames", ())
     if "k8s_real_node" in fixtures:
-        return "real-node"
+        return "real-node-e2e" if item.path.parent.name == "e2e" else "real-node"
     if "k8s_cluster" in fixtures:
         return "kwok"
     return str(item.path.parent.relative_to(item.config.rootpath))

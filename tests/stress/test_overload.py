@@ -22,6 +22,7 @@ from embedfleet.testing.overload import (
     Outcome,
     closed_loop,
     mixed_bodies,
+    one_request,
     summarize,
     words_of,
 )
@@ -100,12 +101,13 @@ def test_a_batch_job_on_one_worker_is_queued_not_refused(tmp_path: Path) -> None
 
         async def staggered() -> list[Outcome]:
             # One after another (each tokenized and queued before the next arrives), as a batch
-            # job's clients drift apart; all at once would pass even the old token count.
-            async def client(i: int) -> list[Outcome]:
+            # job's clients drift apart; all at once would pass even the old token count. One
+            # request each: a closed loop of 1 ms sent none where it started late (a busy CPU).
+            async def client(i: int) -> Outcome:
                 await asyncio.sleep(0.5 * i)
-                return await closed_loop("127.0.0.1", fleet.port, 1, 0.001, [body], 120)
+                return await one_request("127.0.0.1", fleet.port, body, 120)
 
-            return [o for got in await asyncio.gather(*(client(i) for i in range(4))) for o in got]
+            return list(await asyncio.gather(*(client(i) for i in range(4))))
 
         start = time.monotonic()
         outcomes = asyncio.run(staggered())

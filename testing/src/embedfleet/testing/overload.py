@@ -142,6 +142,15 @@ async def _one(conn: KeepAlive, body: bytes, timeout: float) -> Outcome:
     return Outcome(start, end, answer.status, retry_after=int(retry) if retry else -1, error=code)
 
 
+async def one_request(host: str, port: int, body: bytes, timeout: float = 120.0) -> Outcome:
+    """`body` posted once, on a connection of its own."""
+    conn = KeepAlive(host, port)
+    try:
+        return await _one(conn, body, timeout)
+    finally:
+        conn.close()
+
+
 async def closed_loop(
     host: str,
     port: int,
