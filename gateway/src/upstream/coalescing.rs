@@ -1,9 +1,10 @@
 //! Many small Embed calls to one worker as one gRPC message while that worker is busy: while
 //! `max_inflight` calls of small chunks (whole requests under `--min-chunk-tokens`; the caller
-//! says) are in flight to a worker, the next small chunks wait, merged into one TokenBatch (bytes joined) up to `max_tokens` and
-//! `max_sequences`; when a call returns, the oldest merged message goes and its rows are cut back
-//! into each chunk's share. With fewer in flight a chunk goes at once, alone; larger chunks always
-//! go at once and are not counted. A merged call's failure reaches every chunk in it as its own;
+//! says) are in flight to a worker, the next small chunks wait, merged into one TokenBatch (bytes
+//! joined) up to `max_tokens` and `max_sequences`; when a call returns, the oldest merged message
+//! goes and its rows are cut back into each chunk's share. With fewer in flight a chunk goes at
+//! once, alone; a large request's chunks always go at once and are not counted. A merged call's
+//! failure reaches every chunk in it as its own;
 //! INVALID_ARGUMENT (one bad chunk could cause it for all) sends each chunk again alone.
 //!
 //! Unless `--coalesce-inflight` says, the slots follow the device the worker's Info reports: one
