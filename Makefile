@@ -16,9 +16,9 @@ TIMED = bash hack/timed.sh
 .PHONY: install prepare run test lint format proto tools gateway gateway-tests worker-front node \
 	prometheus image-tools images images-lock bench clean
 
-# The Python components in .venv, then the gateway binary (cargo; its progress on the terminal),
-# both reused when unchanged.
-install: $(STAMP) gateway
+# The Python components in .venv, then the gateway binary and the workers' Rust front (cargo; its
+# progress on the terminal), each reused when unchanged.
+install: $(STAMP) gateway worker-front
 
 # Reinstall only when a pyproject changes; a fresh clone reuses the last clone's venv when no
 # pyproject differs (hack/venv.sh: hard links from ~/.cache/embedfleet/venv), else pip (its cache kept).

@@ -1,6 +1,7 @@
 """Worker pod shapes on the real node (CPU): enginesPerGPU, one worker pod running two engine
-processes, each its own port that the gateway discovers and balances over; and worker.front rust,
-the image's Rust front serving the fleet. Runs on its own (its own helm install):
+processes, each its own port that the gateway discovers and balances over (through the Rust
+front, the default); and worker.front python, the grpc asyncio front, still serving the fleet.
+Runs on its own (its own helm install):
 
     pytest tests/e2e/test_engines_per_pod.py
 """
@@ -127,21 +128,22 @@ def _records(log: str, **fields: str) -> list[dict[str, Any]]:
     return records
 
 
-def test_the_rust_front_serves_the_fleet(installed: Fleet, reference: Any) -> None:
-    """worker.front rust: the worker image's own extension (no --front-library) serves the
-    gateway's calls, with the Python front's vectors and metrics."""
+def test_the_python_front_serves_the_fleet(installed: Fleet, reference: Any) -> None:
+    """worker.front python: the fleet's other front serves the gateway's calls with the Rust
+    front's vectors and metrics (every other real-node test runs the default, rust)."""
     fleet = installed
     # The test above deletes its fleet without waiting: this one takes the same name.
     gone = lambda: fleet.api_or_none(f"{EMB_PATH}/{NAME}") is None or None  # noqa: E731
     fleet.wait("the previous fleet deleted", gone, timeout=120)
-    manifest = _one_worker(front="rust")
+    manifest = _one_worker(front="python")
     started = time.monotonic()
-    _apply(fleet, manifest, "with the Rust front", timeout=300)
+    _apply(fleet, manifest, "with the Python front", timeout=300)
     seconds = round(time.monotonic() - started, 1)
     (pod,) = fleet.ready_pods("worker")
     log = fleet.logs(NAMESPACE, pod["metadata"]["name"])
     assert "self-check passed" in log, log[-3000:]
-    assert _records(log, front="rust"), log[-3000:]
+    assert _records(log, logger="embedfleet.worker.lifecycle", msg="serving"), log[-3000:]
+    assert not _records(log, front="rust"), log[-3000:]
     calls = 5
     for _ in range(calls):
         got = np.asarray(fleet.embed_in_node(f"http://{fleet.cluster_ip()}/v1", TEXTS))
@@ -154,6 +156,6 @@ def test_the_rust_front_serves_the_fleet(installed: Fleet, reference: Any) -> No
         value = _worker_metrics(pod).get("embedfleet_worker_capacity_tokens_per_second[]", 0.0)
         return value if value > 0 else None
 
-    measured = fleet.wait("the Rust front's capacity measured", capacity, timeout=60)
-    print(f"rust front: Available in {seconds} s; capacity {measured:.0f} tokens/s")
+    measured = fleet.wait("the Python front's capacity measured", capacity, timeout=60)
+    print(f"python front: Available in {seconds} s; capacity {measured:.0f} tokens/s")
     fleet.kubectl("delete", "-f", "-", input=json.dumps(manifest))

@@ -156,5 +156,30 @@ def test_the_binary_is_found_by_setting_then_path_then_the_build_cache(
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert binary.find_gateway_binary("", {}, script) == cached
     cached.unlink()
-    with pytest.raises(binary.GatewayBinaryError, match=r"is not built: run `make install`"):
+    with pytest.raises(binary.UnbuiltError, match=r"is not built: run `make install`"):
         binary.find_gateway_binary("", {}, script)
+
+
+def test_the_rust_front_is_found_by_env_then_the_installed_module_then_the_build_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = tmp_path / "named.so"
+    named.write_bytes(b"")
+    cached = tmp_path / "cached.so"
+    cached.write_bytes(b"")
+    script = tmp_path / "build-rust.sh"
+    script.write_text(f'[ "$1 $2" = "worker-front --key" ] && echo {cached}\n')
+    env = {binary.FRONT_LIBRARY_ENV: str(named)}
+    assert binary.find_front_library(env, script) == str(named)
+    with pytest.raises(binary.UnbuiltError, match="is not a file"):
+        binary.find_front_library({binary.FRONT_LIBRARY_ENV: str(tmp_path / "gone.so")}, script)
+    assert binary.find_front_library({}, script) == str(cached)
+    installed = tmp_path / "site"
+    installed.mkdir()
+    (installed / f"{binary.FRONT_MODULE}.py").write_text("")
+    monkeypatch.syspath_prepend(str(installed))
+    assert binary.find_front_library({}, script) == ""  # the worker imports it itself
+    monkeypatch.undo()
+    cached.unlink()
+    with pytest.raises(binary.UnbuiltError, match=r"not built: run `make install`.*python"):
+        binary.find_front_library({}, script)

@@ -2,7 +2,8 @@
 OTLP/gRPC to the collector of embedfleet.testing.otlp, and one request comes back as one trace:
 its spans, parents, kinds and counts, across the gRPC boundary into the worker; a refused request
 is a span with its status; probes make no spans; sampling is decided where the trace starts and
-followed by the worker; the request's text is in no span."""
+followed by the worker; the request's text is in no span. Each with the worker's Rust front and
+its Python one: the same spans either way."""
 
 from __future__ import annotations
 
@@ -20,23 +21,30 @@ from embedfleet.testing.otlp import (
     SECRET_TEXT,
     Collector,
 )
-from embedfleet.testing.workers import WorkerProcess, running_worker
+from embedfleet.testing.workers import WorkerProcess, front_library, running_worker
 
 from .helpers import wait_until
 
 TEXT = SECRET_TEXT
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["rust", "python"])
 def worker(
-    collector: tuple[Collector, str], tmp_path_factory: pytest.TempPathFactory
+    collector: tuple[Collector, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[WorkerProcess]:
-    _, endpoint = collector
+    sink, endpoint = collector
+    sink.clear()  # the other front's processes, stopped by now, used the same trace ids
+    front: tuple[str, ...] = ("--front", request.param)
+    if request.param == "rust":
+        front += ("--front-library", str(front_library()))
     with pytest.MonkeyPatch.context() as mp:
         # The batch processors' own setting: export every 50 ms instead of 5 s.
         mp.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
         args = ("--engine", "null", "--warmup-seconds", "0.2", "--tracing-endpoint", endpoint)
-        with running_worker(tmp_path_factory.mktemp("traced-worker"), *args) as running:
+        workdir = tmp_path_factory.mktemp("traced-worker")
+        with running_worker(workdir, *args, *front) as running:
             yield running
 
 

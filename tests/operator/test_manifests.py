@@ -651,18 +651,22 @@ def test_the_rust_front_reaches_the_worker_without_a_library_path() -> None:
     assert (settings.front, settings.front_library) == ("rust", "")
 
 
-def test_the_python_front_renders_nothing_so_no_fleet_rolls() -> None:
-    """A fleet that never set worker.front (or set the default, as the CRD's default does) keeps
-    its config hash across the operator upgrade that added the field."""
+def test_the_rust_front_is_the_default_and_python_renders_nothing() -> None:
+    """A fleet that never set worker.front serves through the Rust front; one that chose python
+    renders nothing (the worker's own default), so its config hash is the one it had before the
+    field existed. The front is the workers' alone: the gateway's hash does not move."""
     base = {"model": {"source": "file:///opt/m"}}
+    assert child_objects(base)["ConfigMap/minilm-config"]["data"]["EMBEDFLEET_WORKER_FRONT"] == (
+        "rust"
+    )
+    rust = {**base, "worker": {"front": "rust"}}
+    assert _hash(rust, "worker") == _hash(base, "worker")
     python = {**base, "worker": {"front": "python"}}
     data = child_objects(python)["ConfigMap/minilm-config"]["data"]
     assert "EMBEDFLEET_WORKER_FRONT" not in data
     assert _worker_settings(data).front == "python"
-    assert _hash(python, "worker") == _hash(base, "worker")
-    rust = {**base, "worker": {"front": "rust"}}
-    assert _hash(rust, "worker") != _hash(base, "worker")
-    assert _hash(rust, "gateway") == _hash(base, "gateway")
+    assert _hash(python, "worker") != _hash(base, "worker")
+    assert _hash(python, "gateway") == _hash(base, "gateway")
 
 
 def test_openvino_graphs_are_cached_in_the_model_cache_claim() -> None:

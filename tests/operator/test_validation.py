@@ -316,7 +316,7 @@ def test_graph_and_engine_fields_are_accepted(crd_installed: Cluster, k8s_namesp
     assert got["spec"]["worker"]["enginesPerGPU"] == 4
     assert got["spec"]["worker"]["engine"]["tokenBucketSwitch"] == 1024  # defaulted
     assert got["spec"]["worker"]["engine"]["cpuRuntime"] == "auto"  # defaulted, GPU or not
-    assert got["spec"]["worker"]["front"] == "python"  # defaulted
+    assert got["spec"]["worker"]["front"] == "rust"  # defaulted
     cluster.kubectl("delete", "emb", "graphs", "-n", ns)
     cpu = _with("worker.engine.cpuRuntime", "openvino")
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=_manifest("openvino", cpu))

@@ -13,15 +13,17 @@ use tonic::{Code, Status};
 
 use crate::queue::{Entry, Outcome, Queue, Taken};
 use crate::stats::Stats;
+use crate::throughput::BatchClock;
 
-/// Runs until the queue is stopped and empty. `run_batch(list[(method, bytes, queue_wait)])`
-/// is the Python side (embedfleet.worker.rust_front): for each request a serialized reply, or
+/// Runs until the queue is stopped and empty. `run_batch(list[(method, bytes, queue_wait,
+/// trace context or None)])` is the Python side (embedfleet.worker.rust_front): for each request a serialized reply, or
 /// (code, message); it observes the batch's metrics, the queue waits (seconds) among them.
 pub fn run(queue: Arc<Queue>, stats: Arc<Stats>, run_batch: Py<PyAny>) {
     Python::with_gil(|py| {
         let run_batch = run_batch.bind(py);
         let queue: &Queue = &queue;
         let mut answered: Vec<(Entry, Outcome)> = Vec::new();
+        let mut clock = BatchClock::default();
         loop {
             let done = std::mem::take(&mut answered);
             let taken = py.allow_threads(move || {
@@ -30,9 +32,18 @@ pub fn run(queue: Arc<Queue>, stats: Arc<Stats>, run_batch: Py<PyAny>) {
                 }
                 queue.take()
             });
-            let Some(Taken { batch, dropped }) = taken else {
+            let Some(Taken {
+                batch,
+                dropped,
+                saturated,
+                idled,
+            }) = taken
+            else {
                 break;
             };
+            if idled {
+                clock.idled();
+            }
             for (entry, status) in dropped {
                 tracing::debug!(reason = ?status.code(), "request dropped unrun");
                 stats.dropped(status.code());
@@ -42,6 +53,16 @@ pub fn run(queue: Arc<Queue>, stats: Arc<Stats>, run_batch: Py<PyAny>) {
                 continue;
             }
             let outcomes = call(py, run_batch, &batch);
+            // Only what was computed: a refused request's tokens never reached the engine.
+            let computed = batch
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, outcome)| outcome.is_ok())
+                .map(|(entry, _)| entry.tokens as u64)
+                .sum();
+            if let Some(rate) = clock.finished(computed, saturated, Instant::now()) {
+                stats.set_saturated(rate);
+            }
             answered.extend(batch.into_iter().zip(outcomes));
         }
     });
@@ -57,7 +78,12 @@ fn call(py: Python<'_>, run_batch: &Bound<'_, PyAny>, batch: &[Entry]) -> Vec<Ou
         let waited = launched
             .saturating_duration_since(entry.arrived)
             .as_secs_f64();
-        let call = (entry.rpc.name(), PyBytes::new(py, &entry.payload), waited);
+        let call = (
+            entry.rpc.name(),
+            PyBytes::new(py, &entry.payload),
+            waited,
+            entry.trace.as_ref(),
+        );
         if let Err(err) = calls.append(call) {
             return failed(batch.len(), &err.to_string());
         }

@@ -17,6 +17,7 @@ mod queue;
 mod server;
 mod service;
 mod stats;
+mod throughput;
 mod wire;
 
 /// The protocol's messages (embedfleet.proto).
@@ -38,6 +39,8 @@ struct PyServer {
     queue: Arc<queue::Queue>,
     limits: Arc<limits::Limits>,
     stats: Arc<stats::Stats>,
+    /// `stop`'s signal to the serving thread: drain as on SIGTERM.
+    stop: Arc<tokio::sync::Notify>,
 }
 
 #[pymethods]
@@ -63,16 +66,18 @@ impl PyServer {
             queue: Arc::new(queue::Queue::new(budget, max_queue_requests)),
             limits: limits::Limits::new(max_inflight_bytes),
             stats: Arc::new(stats::Stats::new(request_seconds_buckets)),
+            stop: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
     /// Serve the Worker service and grpc.health.v1 on `host:port` until SIGTERM or SIGINT and
     /// the drain. `run_batch(list[(method, bytes, queue_wait)]) -> list[bytes | (code,
-    /// message)]` computes a batch of serialized requests; `info` is the serialized
+    /// message)]` computes a batch of serialized requests (with `traced`, each unary call's
+    /// trace context rides along: engine.rs); `info` is the serialized
     /// InfoResponse's fixed part; `on_listening(port)` is called once bound. The GIL is
     /// released throughout.
     #[pyo3(signature = (*, host, port, max_message_bytes, drain_seconds, info, run_batch,
-        on_listening, log_level = "info", json_logs = true))]
+        on_listening, log_level = "info", json_logs = true, traced = false))]
     #[allow(clippy::too_many_arguments)] // keyword-only: each one named at the Python call
     fn serve(
         &self,
@@ -86,6 +91,7 @@ impl PyServer {
         on_listening: Py<PyAny>,
         log_level: &str,
         json_logs: bool,
+        traced: bool,
     ) -> PyResult<()> {
         init_logs(log_level, json_logs);
         let info = pb::InfoResponse::decode(info)
@@ -102,6 +108,7 @@ impl PyServer {
             port,
             max_message_bytes,
             drain_seconds,
+            traced,
         };
         let served = py.allow_threads(|| {
             let parts = server::Parts {
@@ -110,6 +117,7 @@ impl PyServer {
                 stats: Arc::clone(&self.stats),
                 info,
                 on_listening,
+                stop: Arc::clone(&self.stop),
             };
             let served = server::run(config, parts);
             // Whatever ended serving, the engine thread answers what is queued and ends.
@@ -119,6 +127,12 @@ impl PyServer {
         });
         tracing::info!("stopped");
         served
+    }
+
+    /// Drain and return from `serve` as on SIGTERM, from any thread: the Python side's way
+    /// out when the device is lost (it then exits non-zero). Before `serve`, it drains at once.
+    fn stop(&self) {
+        self.stop.notify_one();
     }
 
     /// Queue capacity-measurement work (embedfleet.worker.rust_capacity): `id`'s item, of
@@ -136,6 +150,7 @@ impl PyServer {
             arrived: std::time::Instant::now(),
             payload: bytes::Bytes::copy_from_slice(&id.to_le_bytes()),
             reply: queue::Reply::Probe,
+            trace: None,
             held: None,
         };
         self.queue.push(entry).is_ok()
@@ -154,8 +169,8 @@ impl PyServer {
 
     /// What /metrics reads at scrape time (embedfleet.worker.front_metrics): a dict of the
     /// live figures (queued_requests, queued_tokens, inflight, inflight_bytes, streams,
-    /// listening, draining) and the counters (requests: [(method, code, count)],
-    /// request_seconds_buckets: calls per bucket, not cumulative, the last past every bound;
+    /// listening, draining, saturated_tokens_per_second) and the counters (requests:
+    /// [(method, code, count)], request_seconds_buckets: calls per bucket, not cumulative, the last past every bound;
     /// request_seconds_sum; dropped_cancelled; dropped_deadline).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let snapshot = self.stats.snapshot();
@@ -173,6 +188,7 @@ impl PyServer {
         stats.set_item("request_seconds_sum", snapshot.seconds)?;
         stats.set_item("dropped_cancelled", snapshot.dropped_cancelled)?;
         stats.set_item("dropped_deadline", snapshot.dropped_deadline)?;
+        stats.set_item("saturated_tokens_per_second", self.stats.saturated())?;
         Ok(stats)
     }
 }

@@ -125,6 +125,9 @@ pub struct Entry {
     /// The EmbedRequest's bytes, as the client sent them.
     pub payload: Bytes,
     pub reply: Reply,
+    /// With tracing on, a unary call's (traceparent, tracestate) metadata, "" where absent:
+    /// the Python side records its spans (embedfleet.worker.tracing.record_call).
+    pub trace: Option<(String, String)>,
     /// A stream call's share of the byte budget and of the in-flight count, released once
     /// answered (a unary call's handler holds its own until it returns).
     #[allow(dead_code)] // kept for its Drop
@@ -162,6 +165,10 @@ pub struct Queue {
 pub struct Taken {
     pub batch: Vec<Entry>,
     pub dropped: Vec<(Entry, Status)>,
+    /// The budget cut the batch while more work waited: the worker is saturated.
+    pub saturated: bool,
+    /// The engine thread waited for work before this: it was idle.
+    pub idled: bool,
 }
 
 impl Queue {
@@ -222,14 +229,18 @@ impl Queue {
     /// Blocks until there is a batch or a dropped request; None once stopped and empty.
     pub fn take(&self) -> Option<Taken> {
         let mut state = self.lock();
+        let mut idled = false;
         loop {
-            let taken = self.next_batch(&mut state, Instant::now());
+            let mut taken = self.next_batch(&mut state, Instant::now());
             if !taken.batch.is_empty() || !taken.dropped.is_empty() {
+                taken.saturated = !taken.batch.is_empty() && !state.items.is_empty();
+                taken.idled = idled;
                 return Some(taken);
             }
             if state.stopping {
                 return None;
             }
+            idled = true;
             state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -240,6 +251,8 @@ impl Queue {
         let mut taken = Taken {
             batch: Vec::new(),
             dropped: Vec::new(),
+            saturated: false,
+            idled: false,
         };
         let (mut tokens, mut sequences) = (0, 0);
         while let Some(head) = state.items.front() {

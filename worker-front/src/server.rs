@@ -1,13 +1,14 @@
-//! The server's life once the engine is warm: listen, serve, and on SIGTERM (or SIGINT) drain:
-//! health NOT_SERVING and new calls UNAVAILABLE, every queued or computing call answered (up to
-//! --drain-seconds), open EmbedStreams ended, then the server stops and `serve` returns.
+//! The server's life once the engine is warm: listen, serve, and on SIGTERM, SIGINT or
+//! `Server.stop` drain: health NOT_SERVING and new calls UNAVAILABLE, every queued or computing
+//! call answered (up to --drain-seconds), open EmbedStreams ended, then the server stops and
+//! `serve` returns.
 use std::net::TcpListener as StdListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
@@ -30,6 +31,8 @@ pub struct Config {
     pub port: u16,
     pub max_message_bytes: usize,
     pub drain_seconds: f64,
+    /// Tracing is on: unary calls carry their trace context to the Python side.
+    pub traced: bool,
 }
 
 /// What the server shares with the engine thread and the Python side.
@@ -41,6 +44,8 @@ pub struct Parts {
     pub info: pb::InfoResponse,
     /// Called with the bound port once listening (the Python side's port file and log line).
     pub on_listening: Py<PyAny>,
+    /// Drain as on SIGTERM when notified (`Server.stop`).
+    pub stop: Arc<Notify>,
 }
 
 /// Serve on the calling thread (a current-thread runtime) until SIGTERM and the drain.
@@ -58,6 +63,7 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         stats,
         info,
         on_listening,
+        stop,
     } = parts;
     // Bound here: a taken port is the caller's OSError, told in one line.
     let listener = StdListener::bind((config.host.as_str(), config.port))?;
@@ -79,6 +85,7 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
         stats: Arc::clone(&stats),
         info: Arc::new(info),
         closing: closing.clone(),
+        traced: config.traced,
     };
     let worker = WorkerServer::new(front)
         .max_decoding_message_size(config.max_message_bytes)
@@ -96,6 +103,7 @@ async fn serve(config: Config, parts: Parts) -> PyResult<()> {
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
+        () = stop.notified() => tracing::info!("stopping: asked by the engine's side"),
     }
     drain(&config, &limits, &mut health).await;
     // Open EmbedStreams stop reading and end once answered; connections get GOAWAY.

@@ -31,6 +31,8 @@ pub struct Front {
     pub info: Arc<pb::InfoResponse>,
     /// Set at the end of the drain: open EmbedStreams stop reading and end once answered.
     pub closing: watch::Receiver<bool>,
+    /// Tracing is on: each unary call's trace context goes with it to the batch call.
+    pub traced: bool,
 }
 
 /// A refusal of one call: its status goes to that call only (a stream goes on).
@@ -47,6 +49,7 @@ impl Front {
         deadline: Option<Instant>,
         reply: Reply,
         held: Option<Held>,
+        trace: Option<(String, String)>,
     ) -> Result<(), Refusal> {
         if self.limits.draining() {
             return Err((reply, Status::unavailable("the worker is draining")));
@@ -68,6 +71,7 @@ impl Front {
             arrived: Instant::now(),
             payload,
             reply,
+            trace,
             held,
         };
         self.queue.push(entry).map_err(|(entry, queued)| {
@@ -101,7 +105,15 @@ impl Front {
             stats: Arc::clone(&self.stats),
             arrived: Instant::now(),
         };
-        let submitted = self.submit(Rpc::Embed, call.request, size, deadline, reply, Some(held));
+        let submitted = self.submit(
+            Rpc::Embed,
+            call.request,
+            size,
+            deadline,
+            reply,
+            Some(held),
+            None,
+        );
         if let Err((reply, status)) = submitted {
             reply.send(Err(status));
         }
@@ -160,6 +172,7 @@ impl Front {
     /// A unary call: admitted, queued, answered by the engine thread.
     async fn answer(&self, rpc: Rpc, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
         let deadline = deadline_of(request.metadata());
+        let trace = self.traced.then(|| trace_context(request.metadata()));
         let payload = request.into_inner();
         // Held until the reply is handed to the transport (this function's end).
         let held = self
@@ -168,8 +181,8 @@ impl Front {
             .map_err(Status::resource_exhausted)?;
         let size = size_of(&payload).map_err(|e| malformed(rpc.name(), &e))?;
         let (tx, rx) = oneshot::channel();
-        if let Err((_, status)) = self.submit(rpc, payload, size, deadline, Reply::Unary(tx), None)
-        {
+        let reply = Reply::Unary(tx);
+        if let Err((_, status)) = self.submit(rpc, payload, size, deadline, reply, None, trace) {
             return Err(status);
         }
         // The deadline as gRPC's C core answers it (the Python front's server): the queued
@@ -205,6 +218,18 @@ fn malformed(rpc: &str, error: &prost::DecodeError) -> Status {
 fn size_of(request: &Bytes) -> Result<Size, prost::DecodeError> {
     let shape = RequestShape::decode(request.clone())?;
     Ok(shape.batch.unwrap_or_default().size())
+}
+
+/// The call's W3C trace context: its traceparent and tracestate, "" where absent.
+fn trace_context(metadata: &MetadataMap) -> (String, String) {
+    let header = |name: &str| {
+        metadata
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (header("traceparent"), header("tracestate"))
 }
 
 /// The call's gRPC deadline (its grpc-timeout header), if it has one.
@@ -282,6 +307,7 @@ impl Worker for Front {
         if capacity > 0.0 {
             reply.capacity_tokens_per_second = capacity;
         }
+        reply.saturated_tokens_per_second = self.stats.saturated();
         self.stats.record("Info", tonic::Code::Ok, None);
         Ok(Response::new(reply))
     }

@@ -39,6 +39,8 @@ pub struct Stats {
     arrivals: AtomicU64,
     /// The capacity measured, tokens/s as f64 bits (0: unmeasured), for Info.
     capacity: AtomicU64,
+    /// Tokens/s of the latest saturated batches as f64 bits (0: none seen yet; throughput.rs).
+    saturated: AtomicU64,
 }
 
 /// The counters as read at one moment (each one consistent, not the set).
@@ -70,6 +72,7 @@ impl Stats {
             listening: AtomicBool::new(false),
             arrivals: AtomicU64::new(0),
             capacity: AtomicU64::new(0),
+            saturated: AtomicU64::new(0),
         }
     }
 
@@ -130,6 +133,15 @@ impl Stats {
 
     pub fn capacity(&self) -> f64 {
         f64::from_bits(self.capacity.load(Ordering::Relaxed))
+    }
+
+    pub fn set_saturated(&self, tokens_per_second: f64) {
+        self.saturated
+            .store(tokens_per_second.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn saturated(&self) -> f64 {
+        f64::from_bits(self.saturated.load(Ordering::Relaxed))
     }
 
     pub fn set_listening(&self) {

@@ -7,27 +7,32 @@ and exits non-zero, so the kubelet restarts it.
 
 MOCK: `StickyEngine` is the null engine whose batches, once armed, raise the error torch raises
 for an illegal memory access; there is no GPU here. The worker's own `serve` runs in this test's
-event loop with it.
+event loop with it; the Rust front's runs in a child process (its `serve` holds the process's
+signals), with the same engine armed by a file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 import pytest
 
-from embedfleet.common.modeldir import ModelDir
-from embedfleet.testing.polling import wait_for_async
-from embedfleet.testing.workers import health_status, worker_stub
+from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
+from embedfleet.testing.polling import wait_for, wait_for_async
+from embedfleet.testing.workers import front_library, health_status, worker_stub
 from embedfleet.worker import lifecycle
 from embedfleet.worker.contract import Pending, WorkItem
 from embedfleet.worker.device_errors import device_lost
 from embedfleet.worker.metrics import WorkerMetrics
 from embedfleet.worker.null_engine import NullEngine
+from embedfleet.worker.rust_front import Batches
+from embedfleet.worker.scheduler import Budget
 from embedfleet.worker.settings import WorkerSettings
 
 from .helpers import embed_request
@@ -52,6 +57,16 @@ def test_sticky_cuda_errors_are_told_from_recoverable_ones() -> None:
     assert not device_lost(RuntimeError("CUDA error: invalid argument"))
     assert not device_lost(ValueError("sequence 3 is empty"))
     assert not device_lost(RuntimeError("unknown error in the tokenizer"))  # not CUDA's
+
+
+def _embed(address: str) -> grpc.StatusCode:
+    """One small Embed call's status."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            worker_stub(channel).Embed(embed_request([[101, 2000, 102]]), timeout=10)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
 
 
 class StickyEngine(NullEngine):
@@ -96,17 +111,9 @@ async def test_a_sticky_cuda_error_stops_serving_and_exits_non_zero(
     ready = registries[0].registry.get_sample_value
     assert ready("embedfleet_worker_ready") == 1
 
-    def embed() -> grpc.StatusCode:
-        with grpc.insecure_channel(address) as channel:
-            try:
-                worker_stub(channel).Embed(embed_request([[101, 2000, 102]]), timeout=10)
-            except grpc.RpcError as exc:
-                return exc.code()  # type: ignore[no-any-return]
-        return grpc.StatusCode.OK
-
-    assert await asyncio.to_thread(embed) == grpc.StatusCode.OK
+    assert await asyncio.to_thread(_embed, address) == grpc.StatusCode.OK
     StickyEngine.armed = True
-    assert await asyncio.to_thread(embed) == grpc.StatusCode.UNAVAILABLE
+    assert await asyncio.to_thread(_embed, address) == grpc.StatusCode.UNAVAILABLE
     after = await health()
     assert after in ("NOT_SERVING", "UNREACHABLE")  # never SERVING again
     assert ready("embedfleet_worker_ready") == 0
@@ -114,3 +121,73 @@ async def test_a_sticky_cuda_error_stops_serving_and_exits_non_zero(
     assert code == lifecycle.DEVICE_LOST_EXIT
     # The dead engine was called once: later batches fail without touching the device.
     assert StickyEngine.steps_after_arming == 1
+
+
+def test_the_rust_fronts_batch_call_reports_a_lost_device_once() -> None:
+    model = load_model_dir(default_model_path())
+    engine = StickyEngine.from_model_dir(model)
+    reported: list[None] = []
+    StickyEngine.armed = False
+    batches = Batches(
+        engine, Budget(512, 16, 1024), model, on_device_lost=lambda: reported.append(None)
+    )
+    call = ("Embed", embed_request([[101, 2000, 102]]).SerializeToString(), 0.0, None)
+    assert isinstance(batches([call])[0], bytes)
+    StickyEngine.armed, StickyEngine.steps_after_arming = True, 0
+    try:
+        first, second = batches([call, call]), batches([call])
+    finally:
+        StickyEngine.armed = False
+    unavailable = grpc.StatusCode.UNAVAILABLE.value[0]
+    assert {reply[0] for reply in first + second} == {unavailable}
+    assert "the device is lost: CUDA error: an illegal memory access" in str(second[0][1])
+    assert len(reported) == 1
+    assert StickyEngine.steps_after_arming == 1  # the second batch never reached the engine
+
+
+#: the Rust front's worker on the sticky engine, armed when argv[1] exists; each armed step
+#: appends a line to argv[2] and raises argv[5]
+_STICKY_RUST_WORKER = """
+import sys
+from pathlib import Path
+from embedfleet.worker import lifecycle, rust_front
+from embedfleet.worker.null_engine import NullEngine
+from embedfleet.worker.settings import WorkerSettings
+arm, steps, port_file, library, error = sys.argv[1:]
+class Sticky(NullEngine):
+    def step(self, items):
+        if Path(arm).exists():
+            with open(steps, "a") as out:
+                out.write("step\\n")
+            raise RuntimeError(error)
+        return super().step(items)
+lifecycle.build_engine = lambda settings, model: Sticky.from_model_dir(model)
+sys.exit(rust_front.serve(WorkerSettings(
+    engine="null", port=0, port_file=port_file, metrics_port=0, front="rust",
+    front_library=library, warmup_seconds=0.1, capacity_measurement="startup")))
+"""
+
+
+def test_the_rust_front_stops_serving_and_exits_non_zero(tmp_path: Path) -> None:
+    arm, steps, port_file = tmp_path / "arm", tmp_path / "steps", tmp_path / "port.json"
+    argv = [sys.executable, "-c", _STICKY_RUST_WORKER, str(arm), str(steps), str(port_file)]
+    with (tmp_path / "worker.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [*argv, str(front_library()), ILLEGAL_ACCESS], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for("the port file", port_file.is_file, timeout=120)
+        address = f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
+        wait_for("serving", lambda: health_status(address) == "SERVING", timeout=30)
+        assert _embed(address) == grpc.StatusCode.OK
+        arm.touch()
+        assert _embed(address) == grpc.StatusCode.UNAVAILABLE
+        assert health_status(address) in ("NOT_SERVING", "UNREACHABLE")  # never SERVING again
+        assert proc.wait(30) == lifecycle.DEVICE_LOST_EXIT
+    finally:
+        proc.kill()
+        proc.wait()
+    log_text = (tmp_path / "worker.log").read_text()
+    assert "device lost: not serving; exiting to be restarted" in log_text
+    assert "Traceback" not in log_text
+    assert steps.read_text().count("step") == 1

@@ -58,6 +58,7 @@ NULL_ARGS = (
     "--capacity-measurement", "startup",
     "--warmup-seconds", "0.1",
 )  # fmt: skip
+SATURATED = "embedfleet_worker_saturated_tokens_per_second"
 FLOAT32 = ("--dtype", "float32", "--warmup-seconds", "0.2", "--capacity-measurement", "startup")
 Code = grpc.StatusCode
 
@@ -396,10 +397,10 @@ def test_the_batch_call_answers_each_request_alone() -> None:
     good = embed_request([[101, 7592, 102]], dimensions=8)
     replies = batches(
         [
-            ("Embed", good.SerializeToString(), 0.001),
-            ("Embed", b"\xff\xff", 0.002),
-            ("Score", pb.ScoreRequest(batch=good.batch).SerializeToString(), 0.003),
-            ("Embed", BAD_REQUESTS["dimensions"].SerializeToString(), 0.004),
+            ("Embed", good.SerializeToString(), 0.001, None),
+            ("Embed", b"\xff\xff", 0.002, None),
+            ("Score", pb.ScoreRequest(batch=good.batch).SerializeToString(), 0.003, None),
+            ("Embed", BAD_REQUESTS["dimensions"].SerializeToString(), 0.004, None),
         ]
     )
     reply = replies[0]
@@ -454,6 +455,32 @@ def test_metrics_are_the_python_fronts_and_move(workers: dict[str, WorkerProcess
     info = stub.Info(pb.InfoRequest(), timeout=5)
     capacity = metric_value(after, "embedfleet_worker_capacity_tokens_per_second")
     assert capacity == pytest.approx(info.capacity_tokens_per_second)
+
+
+def test_a_backlog_reports_the_saturated_rate_as_the_python_front_does(
+    workers: dict[str, WorkerProcess],
+) -> None:
+    # Four closed-loop clients of 600 tokens each (within the byte budget) against a 1,024-token
+    # budget: one request per 0.3 s batch, the other three waiting, so every batch but the last
+    # is cut with work left behind: ~3 busy seconds, past the figure's 2.
+    request = _long(600)
+
+    def client(stub: pb_grpc.WorkerStub) -> None:
+        for _ in range(3):
+            stub.Embed(request, timeout=30)
+
+    stubs = {name: worker_stub(worker.channel()) for name, worker in workers.items()}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        running = [pool.submit(client, stub) for stub in stubs.values() for _ in range(4)]
+        for done in running:
+            done.result()
+    for name, stub in stubs.items():
+        rate = stub.Info(pb.InfoRequest(), timeout=5).saturated_tokens_per_second
+        # Sleeps last at least their length: never above the engine's pace; a busy machine's
+        # delays between batches are the worker's cost and may lower it.
+        assert 0.5 * RATE < rate <= RATE * 1.001, (name, rate)
+        exposed = metric_value(workers[name].metrics_text(), SATURATED)
+        assert exposed == pytest.approx(rate), name
 
 
 def test_capacity_is_measured_and_paces_the_batches(tmp_path: Path) -> None:

@@ -18,7 +18,13 @@ from embedfleet.common.exits import EXIT_REFUSED
 from embedfleet.common.logs import LOG_FORMATS
 from embedfleet.common.modeldir import TASKS
 from embedfleet.fleet import calibrate
-from embedfleet.fleet.binary import BINARY, BINARY_ENV, GatewayBinaryError
+from embedfleet.fleet.binary import (
+    BINARY,
+    BINARY_ENV,
+    FRONT_LIBRARY_ENV,
+    UnbuiltError,
+    find_front_library,
+)
 from embedfleet.fleet.supervisor import (
     SUPERVISE_SECONDS,
     Fleet,
@@ -83,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
         help=f"The gateway binary (default: ${BINARY_ENV}, else {BINARY} on PATH, else this "
         "clone's build, which `make install` makes).",
     )
+    serve.add_argument(
+        "--worker-front",
+        default="rust",
+        choices=("rust", "python"),
+        help="The workers' gRPC front (default rust: worker-front/, from "
+        f"${FRONT_LIBRARY_ENV}, else the installed embedfleet_front, else this clone's build, "
+        "which `make install` makes; python: the grpc asyncio front).",
+    )
     calibrate.add_arguments(
         commands.add_parser(
             "calibrate",
@@ -114,6 +128,14 @@ def refusal(model: str, task: str) -> str | None:
     if done.returncode != EXIT_REFUSED:
         return None
     return done.stderr.strip().splitlines()[-1]
+
+
+def _front_args(front: str) -> tuple[str, ...]:
+    """The workers' --front (and where the Rust one's extension is)."""
+    if front == "python":
+        return ("--front", "python")
+    library = find_front_library()
+    return ("--front", "rust", *(("--front-library", library) if library else ()))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -150,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
     task = ("--task", args.task)
+    try:
+        front = _front_args(args.worker_front)
+    except UnbuiltError as exc:
+        raise SystemExit(f"embedfleet serve: {exc}") from None
     kept = kept_openvino_args()
     keys = (
         ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
@@ -162,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         model=path,
         models=tuple(args.model) if several else (),
         port=args.port,
-        worker_args=(*task, *kept),
+        worker_args=(*task, *front, *kept),
         gateway_args=(*task, *keys, *named),
         gateway_binary=args.gateway_binary,
         log_format="text" if text else "json",
@@ -172,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         fleet.plan()
         print(f"starting a gateway and {fleet.workers} worker(s) ...", flush=True)
         fleet.start(args.start_timeout)
-    except (FleetError, GatewayBinaryError) as exc:
+    except (FleetError, UnbuiltError) as exc:
         raise SystemExit(f"embedfleet serve: {exc}") from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

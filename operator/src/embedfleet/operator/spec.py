@@ -131,8 +131,8 @@ class Worker:
     engines_per_gpu: int = 1
     resources: Resources = field(default_factory=Resources)
     drain_seconds: int = 30
-    #: the worker's gRPC front (its --front): python, or rust (worker-front/, in the images)
-    front: str = "python"
+    #: the worker's gRPC front (its --front): rust (worker-front/, in the images), or python
+    front: str = "rust"
     engine: Engine = field(default_factory=Engine)
     memory: Memory = field(default_factory=Memory)
     scheduling: Scheduling = field(default_factory=Scheduling)

@@ -87,6 +87,11 @@ class Collector:
         with self._lock:
             self.spans += got
 
+    def clear(self) -> None:
+        """Forget the spans kept so far (a module's next set of processes starts afresh)."""
+        with self._lock:
+            self.spans.clear()
+
     def snapshot(self) -> list[Span]:
         with self._lock:
             return list(self.spans)

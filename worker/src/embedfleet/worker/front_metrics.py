@@ -77,6 +77,7 @@ def watch(metrics: WorkerMetrics, stats: ReadStats) -> None:
         (metrics.request_bytes, "inflight_bytes"),
         (metrics.streams, "streams"),
         (metrics.draining, "draining"),
+        (metrics.saturated, "saturated_tokens_per_second"),
     )
     for gauge, key in gauges:
         gauge.set_function(_reading(stats, key))

@@ -139,6 +139,14 @@ async def warm_graphs(settings: WorkerSettings, engine: Engine) -> None:
     )
 
 
+def log_device_lost(error: BaseException) -> None:
+    """Both fronts' one line when the engine thread finds the device lost."""
+    log.error(
+        "device lost: not serving; exiting to be restarted",
+        extra={"error": str(error).splitlines()[0][:300] if str(error) else repr(error)},
+    )
+
+
 def _device_lost(state: WorkerState, lost: asyncio.Event) -> Callable[[BaseException], None]:
     """What the engine thread reports a lost device to: the worker stops being ready at once,
     and `serve` exits non-zero so the kubelet restarts it."""
@@ -146,10 +154,7 @@ def _device_lost(state: WorkerState, lost: asyncio.Event) -> Callable[[BaseExcep
     def report(error: BaseException) -> None:
         if lost.is_set():
             return
-        log.error(
-            "device lost: not serving; exiting to be restarted",
-            extra={"error": str(error).splitlines()[0][:300] if str(error) else repr(error)},
-        )
+        log_device_lost(error)
         state.ready = False
         state.metrics.ready.set(0)
         lost.set()
@@ -165,26 +170,7 @@ async def _start_serving(
     lost: asyncio.Event,
 ) -> None:
     t0 = time.monotonic()
-    if settings.engine != "null":
-        size = sum(f.stat().st_size for f in weight_files(state.model.path))
-        log.info(
-            "loading weights",
-            extra={
-                "model": state.model.name,
-                "mb": round(size / 1e6, 1),
-                "device": settings.device,
-            },
-        )
-    engine = await asyncio.to_thread(build_engine, settings, state.model)
-    info = engine.info
-    log.info(
-        "engine loaded",
-        extra={
-            "seconds": round(time.monotonic() - t0, 3),
-            "device": info.device,
-            "dtype": info.dtype,
-        },
-    )
+    engine = await asyncio.to_thread(load_engine, settings, state.model)
     state.engine = engine  # its counters and GPU memory are scraped from here on
     log.info("warming up", extra={"max_batch_tokens": state.budget.max_tokens})
     await warm_graphs(settings, engine)  # before the engine thread: one caller at a time
@@ -207,6 +193,28 @@ async def _start_serving(
             await measure_in_background(settings, state, shape)
         except Exception:  # the worker serves on; capacity stays unmeasured (0)
             log.exception("capacity measurement failed")
+
+
+def load_engine(settings: WorkerSettings, model: ModelDir) -> Engine:
+    """`build_engine` between both fronts' progress lines: loading weights, engine loaded."""
+    started = time.monotonic()
+    if settings.engine != "null":
+        size = sum(f.stat().st_size for f in weight_files(model.path))
+        log.info(
+            "loading weights",
+            extra={"model": model.name, "mb": round(size / 1e6, 1), "device": settings.device},
+        )
+    engine = build_engine(settings, model)
+    info = engine.info
+    log.info(
+        "engine loaded",
+        extra={
+            "seconds": round(time.monotonic() - started, 3),
+            "device": info.device,
+            "dtype": info.dtype,
+        },
+    )
+    return engine
 
 
 def probe_shape(engine: Engine, budget: Budget) -> dict[str, int]:

@@ -29,11 +29,15 @@ from embedfleet.common import heap, logs
 from embedfleet.common.arrays import FloatArray
 from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
-from embedfleet.worker import front_metrics
+from embedfleet.common.tracing import OFF, Tracer
+from embedfleet.worker import front_metrics, tracing
 from embedfleet.worker.contract import Engine, Options, WorkItem
+from embedfleet.worker.device_errors import device_lost
 from embedfleet.worker.lifecycle import (
+    DEVICE_LOST_EXIT,
     budget_of,
-    build_engine,
+    load_engine,
+    log_device_lost,
     opening,
     port_taken,
     probe_shape,
@@ -44,7 +48,7 @@ from embedfleet.worker.lifecycle import (
     write_port_file,
 )
 from embedfleet.worker.metrics import WorkerMetrics
-from embedfleet.worker.runner import BatchRunner, Entry
+from embedfleet.worker.runner import BatchRunner, DeviceLostError, Entry
 from embedfleet.worker.rust_capacity import Probes, QueueMeasured, resolve
 from embedfleet.worker.rust_capacity import start as start_measuring
 from embedfleet.worker.scheduler import Budget, FcfsQueue
@@ -70,15 +74,18 @@ from embedfleet.worker.server import (
     work_item,
 )
 from embedfleet.worker.settings import WorkerSettings
+from embedfleet.worker.tracing import Computed, record_call
 
 log = logging.getLogger(__name__)
 
 #: what the extension's batch callable returns per request: the serialized reply, or a refusal
 Reply = bytes | tuple[int, str]
-#: what it gets per request: the gRPC method, the serialized request, its queue wait in seconds
-Call = tuple[str, bytes, float]
+#: what it gets per request: the gRPC method, the serialized request, its queue wait in seconds,
+#: and with tracing on a unary call's (traceparent, tracestate) metadata ("" where absent)
+Call = tuple[str, bytes, float, tuple[str, str] | None]
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +141,11 @@ class Batches:
     """The Rust engine thread's one Python call per batch: (method, serialized request, queue
     wait in seconds) triples in, each one's serialized reply (or its refusal) out, in order. It
     observes the batch's metrics as the Python front's runner and handlers do. A ("Probe", id)
-    call is a capacity probe's item from `probes`, computed with the rest."""
+    call is a capacity probe's item from `probes`, computed with the rest.
+
+    A lost device (a sticky CUDA error) is reported once to `on_device_lost` (the server's
+    drain); from then on every request is UNAVAILABLE without touching the engine, as the
+    Python front's: the gateway retries elsewhere while this worker exits to be restarted."""
 
     def __init__(
         self,
@@ -143,6 +154,8 @@ class Batches:
         model: ModelDir,
         metrics: WorkerMetrics | None = None,
         probes: Probes | None = None,
+        on_device_lost: Callable[[], None] = lambda: None,
+        tracer: Tracer = OFF,
     ) -> None:
         self.engine = engine
         self.budget = budget
@@ -153,19 +166,29 @@ class Batches:
         self._stages = self.metrics.stages
         #: tokens computed so far, probes' too (the capacity measurement reads it)
         self.computed_tokens = 0
+        self._on_device_lost = on_device_lost
+        self.tracer = tracer
+        #: batches computed, and the last one's (monotonic) end: what traced calls' spans say
+        self._batches = 0
+        self._computed_at = 0.0
+        #: why the device is lost, once it is (serve exits DEVICE_LOST_EXIT)
+        self.lost: str | None = None
 
     def __call__(self, calls: list[Call]) -> list[Reply]:
+        launched = time.monotonic()
         replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
         admitted = self._admit(calls, replies)
         if admitted:
             self._compute(admitted, replies)
+        if self.tracer.enabled:
+            self._trace(calls, replies, admitted, launched)
         return replies
 
     def _admit(self, calls: list[Call], replies: list[Reply]) -> list[_Admitted]:
         """Each call parsed and checked: the admitted ones, the rest's refusals in `replies`."""
         admitted: list[_Admitted] = []
         parse, validate = self._stages["parse"], self._stages["validate"]
-        for slot, (method, data, waited) in enumerate(calls):
+        for slot, (method, data, waited, _) in enumerate(calls):
             self.metrics.queue_wait.observe(waited)
             if method == "Probe":
                 if (probe := self.probes.take(int.from_bytes(data, "little"))) is not None:
@@ -198,18 +221,18 @@ class Batches:
         metrics.observe_batch(tokens, sum(item.tokens.count for item in items))
         started = time.perf_counter()
         try:
+            if self.lost is not None:
+                raise DeviceLostError(self.lost)  # refused without touching the engine
             pending = self.engine.step(items)
             results = pending.wait()
         except Exception as exc:
-            log.exception("engine step failed")
-            for call in admitted:
-                replies[call.slot] = (_INTERNAL, f"the engine failed: {exc}")
-                if call.probe is not None:
-                    resolve(call.probe, RuntimeError(f"the engine failed: {exc}"))
+            self._failed(admitted, replies, exc)
             return
         finally:
             metrics.compute.observe(time.perf_counter() - started)
         metrics.observe_stages(getattr(pending, "stages", ()))
+        self._batches += 1
+        self._computed_at = time.monotonic()
         self.computed_tokens += tokens
         metrics.tokens.inc(sum(call.item.tokens.total for call in admitted if call.rpc))
         reply, serialize = self._stages["reply"], self._stages["serialize"]
@@ -225,6 +248,52 @@ class Batches:
             replies[call.slot] = message.SerializeToString()
             reply.observe((built - started_ns) * 1e-9)
             serialize.observe((time.perf_counter_ns() - built) * 1e-9)
+
+    def _trace(
+        self, calls: list[Call], replies: list[Reply], admitted: list[_Admitted], launched: float
+    ) -> None:
+        """Each traced call's spans (tracing.record_call), after the batch's replies are made."""
+        computed = {call.slot: call.item for call in admitted if call.rpc is not None}
+        items = list(computed.values())
+        tokens = sum(item.tokens.total for item in items)
+        sequences = sum(item.tokens.count for item in items)
+        for slot, (method, _, waited, context) in enumerate(calls):
+            if context is None:
+                continue
+            reply = replies[slot]
+            code = 0 if isinstance(reply, bytes) else reply[0]
+            item = computed.get(slot) if code == 0 else None
+            part = None
+            if item is not None:
+                part = Computed(
+                    launched - waited,
+                    launched,
+                    self._computed_at,
+                    self._batches,
+                    tokens,
+                    sequences,
+                    item.tokens.total,
+                    item.tokens.count,
+                )
+            carrier = (("traceparent", context[0]), ("tracestate", context[1]))
+            record_call(self.tracer, method, carrier, launched - waited, code, part)
+
+    def _failed(self, admitted: list[_Admitted], replies: list[Reply], exc: Exception) -> None:
+        """The engine failed the batch: INTERNAL for each request, or UNAVAILABLE once the
+        device is lost (reported the first time)."""
+        if isinstance(exc, DeviceLostError) or device_lost(exc):
+            if self.lost is None:
+                self.lost = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
+                log_device_lost(exc)
+                self._on_device_lost()
+            code, message = _UNAVAILABLE, f"the device is lost: {self.lost}"
+        else:
+            log.exception("engine step failed")
+            code, message = _INTERNAL, f"the engine failed: {exc}"
+        for call in admitted:
+            replies[call.slot] = (code, message)
+            if call.probe is not None:
+                resolve(call.probe, RuntimeError(message))
 
 
 def unserved(model: ModelDir) -> str | None:
@@ -324,11 +393,14 @@ def serve(settings: WorkerSettings) -> int:
         log.error("--front-library %s cannot be loaded: %s", settings.front_library, exc)
         return 2
     budget = budget_of(settings)
+    tracer = tracing.from_settings(settings)
     metrics = worker_metrics(lambda: state.engine)
     state = WorkerState(model=model, budget=budget, metrics=metrics)
     if not serve_metrics(settings, metrics):
         return 2
-    engine = build_engine(settings, model)
+    engine = load_engine(settings, model)
+    state.engine = engine  # its counters and GPU memory are scraped from here on
+    log.info("warming up", extra={"max_batch_tokens": budget.max_tokens})
     batches = asyncio.run(_prepare(settings, engine, state))
     heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
     server = front.Server(
@@ -340,7 +412,7 @@ def serve(settings: WorkerSettings) -> int:
         request_seconds_buckets=list(front_metrics.REQUEST_SECONDS_BUCKETS),
     )
     front_metrics.watch(metrics, server.stats)
-    run_batch = Batches(engine, budget, model, metrics)
+    run_batch = Batches(engine, budget, model, metrics, on_device_lost=server.stop, tracer=tracer)
     measured = QueueMeasured(
         server, run_batch.probes, lambda: run_batch.computed_tokens, metrics, budget
     )
@@ -360,9 +432,13 @@ def serve(settings: WorkerSettings) -> int:
             on_listening=_on_listening(settings, started, measure),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),
+            traced=tracer.enabled,
         )
     except OSError:
         log.error(port_taken(settings.host, settings.port, "--port"))
         return 2
-    log.info("stopped", extra={"exit_code": 0})
-    return 0
+    finally:
+        tracer.shutdown()
+    code = 0 if run_batch.lost is None else DEVICE_LOST_EXIT
+    log.info("stopped", extra={"exit_code": code})
+    return code

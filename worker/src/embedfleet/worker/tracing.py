@@ -7,11 +7,16 @@ always does), and the request's own handler draws the two spans from them once i
 back, so tracing adds nothing to the engine's loop and nothing at all when it is off. Warm-up and
 self-check work, and calls whose trace is not sampled, make no spans. Attributes are counts and
 sizes, never token ids.
+
+The Rust front (rust_front.py) records the same three spans after the fact, at the end of the
+batch call, from each traced call's metadata and the batch's timestamps (`record_call`); a call
+its Rust half refuses before queueing it (draining, byte budget, full queue) makes none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 
 import grpc
@@ -95,6 +100,21 @@ def server_interceptors(tracer: Tracer) -> list[grpc.aio.ServerInterceptor[Any, 
     return [_ServerInterceptor(tracer)]
 
 
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """One request's part of a batch, as monotonic seconds and counts: what its `queue` and
+    `compute` spans say."""
+
+    arrival: float
+    launched: float
+    computed: float
+    batch_no: int
+    batch_tokens: int
+    batch_sequences: int
+    tokens: int
+    sequences: int
+
+
 def record_batch(tracer: Tracer, entry: Entry) -> None:
     """The `queue` and `compute` spans of a computed request, under the current (SERVER) span."""
     if not isinstance(tracer, RecordingTracer):
@@ -103,21 +123,76 @@ def record_batch(tracer: Tracer, entry: Entry) -> None:
 
     if not trace.get_current_span().is_recording():
         return  # not sampled, or no call around it (warm-up)
+    computed = Computed(
+        entry.arrival,
+        entry.launched,
+        entry.computed,
+        entry.batch_no,
+        entry.batch_tokens,
+        entry.batch_sequences,
+        entry.tokens,
+        entry.sequences,
+    )
+    _children(tracer, computed, None)
+
+
+def _children(tracer: RecordingTracer, computed: Computed, context: Any) -> None:
+    """`queue` and `compute` under `context`'s span (None: the current one)."""
     otel = tracer.otel
     queue = otel.start_span(
         "queue",
-        start_time=wall_ns(entry.arrival),
-        attributes={"embedfleet.tokens": entry.tokens, "embedfleet.sequences": entry.sequences},
-    )
-    queue.end(end_time=wall_ns(entry.launched))
-    compute = otel.start_span(
-        "compute",
-        start_time=wall_ns(entry.launched),
+        context=context,
+        start_time=wall_ns(computed.arrival),
         attributes={
-            "embedfleet.batch": entry.batch_no,
-            "embedfleet.batch_tokens": entry.batch_tokens,
-            "embedfleet.batch_sequences": entry.batch_sequences,
-            "embedfleet.tokens": entry.tokens,
+            "embedfleet.tokens": computed.tokens,
+            "embedfleet.sequences": computed.sequences,
         },
     )
-    compute.end(end_time=wall_ns(entry.computed))
+    queue.end(end_time=wall_ns(computed.launched))
+    compute = otel.start_span(
+        "compute",
+        context=context,
+        start_time=wall_ns(computed.launched),
+        attributes={
+            "embedfleet.batch": computed.batch_no,
+            "embedfleet.batch_tokens": computed.batch_tokens,
+            "embedfleet.batch_sequences": computed.batch_sequences,
+            "embedfleet.tokens": computed.tokens,
+        },
+    )
+    compute.end(end_time=wall_ns(computed.computed))
+
+
+def record_call(
+    tracer: Tracer,
+    method: str,
+    carrier: tuple[tuple[str, str], ...],
+    arrival: float,
+    code: int,
+    computed: Computed | None,
+) -> None:
+    """A call's SERVER span, recorded after the fact (the Rust front): from its arrival to now,
+    continuing the trace context in `carrier` (its metadata's traceparent and tracestate), with
+    `queue` and `compute` under it when it was computed. Nothing when the trace is not sampled."""
+    if not isinstance(tracer, RecordingTracer):
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind
+
+    server = tracer.otel.start_span(
+        _SERVICE.strip("/") + "/" + method,
+        context=tracer.extract(carrier),
+        kind=SpanKind.SERVER,
+        start_time=wall_ns(arrival),
+        attributes={
+            "rpc.system": "grpc",
+            "rpc.service": _SERVICE.strip("/"),
+            "rpc.method": method,
+            "rpc.grpc.status_code": code,
+        },
+    )
+    if not server.is_recording():
+        return
+    if computed is not None:
+        _children(tracer, computed, trace.set_span_in_context(server))
+    server.end()

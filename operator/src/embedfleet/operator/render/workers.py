@@ -85,9 +85,9 @@ def engine_ports(engines: int) -> list[tuple[str, int, str, int]]:
 
 
 def worker_front(spec: Spec) -> dict[str, str]:
-    """The worker's --front, only when it is not the default python: a fleet that never chose
-    one keeps its pods' config hash (no rollout of every fleet when the operator is upgraded).
-    The images carry the Rust front's extension, so rust needs no --front-library."""
+    """The worker's --front, only when it is not the worker's own default (python), which a
+    fleet that chose python keeps its pods' config hash by. The images carry the Rust front's
+    extension, so rust needs no --front-library."""
     front = spec.worker.front
     return {} if front == "python" else {"front": front}
 
