@@ -9,7 +9,8 @@
 # The artifact lands in ${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}/CRATE/bin/<key>/, key =
 # hash of rustc -V, the workspace's Cargo.toml and Cargo.lock, the crate's Cargo.toml, build.rs,
 # src/ (with the calibration the gateway embeds), contract/ (the OpenAPI document the gateway
-# serves), proto/ and the proto both compile: a cached build is reused without invoking cargo.
+# serves), proto/, the proto both compile and the shared crates (crates/, which both use): a
+# cached build is reused without invoking cargo.
 # Both crates share one target directory (under the gateway's cache), keyed by rustc -V alone,
 # so a source change recompiles the crate, not its ~150 dependencies (cargo tracks Cargo.lock in
 # it itself). Cargo runs under nice with CARGO_BUILD_JOBS jobs (default: every core).
@@ -32,6 +33,7 @@ rustc="${RUSTC:-$(command -v rustc || echo "$HOME/.cargo/bin/rustc")}"
 cache_root="${EMBEDFLEET_CACHE:-$HOME/.cache/embedfleet}"
 cache="$cache_root/$name"
 proto="$root/common/src/embedfleet/common/proto/embedfleet.proto"
+shared="$root/crates"
 # What the key covers (and a build touches) of the crate's own files.
 sources=()
 for path in build.rs src contract proto; do [[ -e "$crate/$path" ]] && sources+=("$path"); done
@@ -44,6 +46,8 @@ key="$(
     cd "$crate"
     find Cargo.toml "${sources[@]}" -type f | LC_ALL=C sort | xargs sha256sum
     sha256sum "$proto" | cut -d' ' -f1
+    cd "$shared"
+    find . -type f | LC_ALL=C sort | xargs sha256sum
   } | sha256sum | cut -c1-16
 )"
 deps_key="$(echo "$toolchain" | sha256sum | cut -c1-16)"
@@ -75,6 +79,7 @@ if [[ ! -x "$binary" ]]; then
   # here under this checkout's key. Touching what the key covers makes cargo rebuild the crate
   # (its dependencies are judged by hash and stay built).
   (cd "$crate" && find "${sources[@]}" -type f -exec touch {} +)
+  find "$shared" -type f -exec touch {} +
   touch "$proto"
   (cd "$crate" && CARGO_TARGET_DIR="$target" nice -n 19 "$cargo" build --release --locked \
     -j "${CARGO_BUILD_JOBS:-$(nproc)}" >&2)

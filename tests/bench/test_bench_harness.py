@@ -20,6 +20,7 @@ from embedfleet.bench.suites import SUITES, TINY, plan
 from embedfleet.common.modeldir import default_model_path, load_model_dir
 from embedfleet.fleet import binary
 from embedfleet.testing.gateway import gateway_binary
+from embedfleet.testing.workers import front_library
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +124,10 @@ def test_vllm_requirements_drop_the_torch_family() -> None:
 def test_harness_against_our_fleet(tmp_path: Path, monkeypatch, tokenizer) -> None:  # type: ignore[no-untyped-def]
     import pydoc_data.topics
 
-    # The gateway binary of the real cache (built before it is moved): `embedfleet serve` looks
-    # for its build under EMBEDFLEET_CACHE otherwise.
+    # The gateway binary and the workers' Rust front of the real cache (built before it is
+    # moved): `embedfleet serve` looks for their builds under EMBEDFLEET_CACHE otherwise.
     monkeypatch.setenv(binary.BINARY_ENV, str(gateway_binary()))
+    monkeypatch.setenv(binary.FRONT_LIBRARY_ENV, str(front_library()))
     monkeypatch.setenv("EMBEDFLEET_CACHE", str(tmp_path / "cache"))
     paras = [
         p

@@ -24,8 +24,8 @@ def python_modules(component: str) -> set[str]:
     }
 
 
-def rust_modules() -> set[str]:
-    src = ROOT / "gateway" / "src"
+def rust_modules(crate: str) -> set[str]:
+    src = ROOT / crate / "src"
     out = set()
     for path in src.rglob("*.rs"):
         name = path.relative_to(src).with_suffix("").as_posix()
@@ -67,7 +67,11 @@ def test_the_map_rules_read_paths_and_unique_names() -> None:
 
 def test_every_product_module_is_in_the_map() -> None:
     found = sections(DOC.read_text())
-    trees = {name: python_modules(name) for name in PYTHON} | {"gateway": rust_modules()}
+    trees = {name: python_modules(name) for name in PYTHON} | {
+        "gateway": rust_modules("gateway"),
+        "front": rust_modules("worker-front"),
+        "logs": rust_modules("crates/logs"),
+    }
     assert all(trees.values()), "a product tree moved: update this test's paths"
     absent = {
         f"{component}: {module}"

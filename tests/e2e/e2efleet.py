@@ -21,6 +21,8 @@ from urllib.parse import urlencode
 from embedfleet.testing.apiclient import ApiError
 from embedfleet.testing.polling import wait_for
 
+from .e2eload import RUNNING
+
 if TYPE_CHECKING:
     from embedfleet.testing.node import RealNode
 
@@ -184,10 +186,14 @@ class Fleet:
         argv = [sys.executable, str(LOADGEN), "load", "--url", f"http://{self.cluster_ip()}/v1"]
         argv += ["--out", str(out), "--streams", str(streams), "--seconds", str(seconds)]
         argv += ["--rate", str(rate)]
-        log = (self.work / f"load-{name}.log").open("w")
+        log_path = self.work / f"load-{name}.log"
+        log = log_path.open("w")
         proc = subprocess.Popen(self.in_node(argv), stdout=log, stderr=subprocess.STDOUT)
         load = Load(proc, out)
         try:
+            # From its first answer, not its start: its imports alone take seconds when busy,
+            # and a test that acted "after 4 s of load" acted before any request was sent.
+            self.wait("the load's first answer", lambda: load.running(log_path), timeout=120)
             yield load
         finally:
             load.finish()
@@ -243,6 +249,11 @@ class Load:
     proc: subprocess.Popen[bytes]
     out: Path
     report: Report | None = field(default=None)
+
+    def running(self, log: Path) -> bool | None:
+        """True once the generator printed that its first request was answered."""
+        assert self.proc.poll() is None, f"load generator exited {self.proc.returncode}"
+        return RUNNING in log.read_text(errors="replace") or None
 
     def wait_running(self, seconds: float) -> None:
         """Lets the load run `seconds`, failing at once if the load generator died."""

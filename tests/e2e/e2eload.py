@@ -6,8 +6,10 @@ Run inside the node's network namespace (where Service ClusterIPs route) by the 
     python e2eload.py embed --url http://10.96.0.20/v1 < texts.json > vectors.json
 
 `load` runs STREAMS closed loops, each at most RATE requests a second, until SIGTERM or SIGINT,
---seconds or --max-requests; then it writes one record per request (monotonic start and end,
-which every process on the machine shares, and the error if any) to --out. The client makes no
+--seconds or --max-requests; it prints RUNNING once the first request is answered (its imports
+take seconds on a busy machine: a test times its events from then), and at the end writes one
+record per request (monotonic start and end, which every process on the machine shares, and
+the error if any) to --out. The client makes no
 retries of its own (max_retries=0): every failure the fleet lets through is counted.
 """
 
@@ -36,6 +38,10 @@ TEXTS = (
     "The gateway splits large batches into chunks for the workers.",
     "Readiness gates traffic; liveness restarts; startup waits for slow starts.",
 )
+
+
+#: the line `load` prints once its first request is answered
+RUNNING = "load running"
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ def run_load(
 ) -> list[Record]:
     records: list[Record] = []
     lock = threading.Lock()
+    running = threading.Event()
     deadline = time.monotonic() + seconds
 
     def stream(index: int) -> None:
@@ -83,6 +90,9 @@ def run_load(
             end = time.monotonic()
             with lock:
                 records.append(Record(index, start, end, error))
+            if not running.is_set():
+                running.set()
+                print(RUNNING, flush=True)
             n += 1
             stop.wait(max(0.0, 1.0 / rate - (end - start)))
         client.close()

@@ -447,7 +447,7 @@ def test_scale_to_zero_and_back_on_the_first_request(scaling: Fleet, reference: 
     worker_log = _log_times(
         fleet,
         pod_name[0],
-        ("listening", "engine loaded", "warm-up done", "self-check passed", "serving"),
+        ("loading weights", "engine loaded", "warm-up done", "self-check passed", "serving"),
     )
     gw = _gateway_saw(fleet, gateway["metadata"]["name"], facts["ip"])
     # The host routes to pod IPs.
@@ -468,7 +468,7 @@ def test_scale_to_zero_and_back_on_the_first_request(scaling: Fleet, reference: 
         ("autoscaler decided 0 -> 1 (status seen)", seen["decided"]),
         ("worker pod created (seen)", seen["pod created"]),
         ("container running (seen)", seen["running"]),
-        ("worker listening (imports done)", worker_log["listening"]),
+        ("worker loading weights (imports done)", worker_log["loading weights"]),
         ("engine loaded (torch + weights)", worker_log["engine loaded"]),
         ("warm-up done (one probe request)", worker_log["warm-up done"]),
         ("self-check passed", worker_log["self-check passed"]),

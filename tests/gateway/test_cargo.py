@@ -11,8 +11,10 @@ from embedfleet.testing.cargo_tests import run_tests
 def test_cargo_test_passes() -> None:
     run = run_tests()
     names = {name for name, _, _ in run.results}
-    # the library's unit tests and the two integration tests (contract, layers), at least
-    assert {"lib-embedfleet_gateway", "test-contract", "test-layers"} <= names, names
+    # the gateway library's and the shared logs crate's unit tests and the two integration
+    # tests (contract, layers), at least
+    wanted = {"lib-embedfleet_gateway", "lib-embedfleet_logs", "test-contract", "test-layers"}
+    assert wanted <= names, names
     assert run.passed, run.output()[-12000:]
     for name, _, out in run.results:
         assert "test result: ok." in out, (name, out[-3000:])

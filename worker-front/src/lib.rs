@@ -70,13 +70,13 @@ impl PyServer {
         }
     }
 
-    /// Serve the Worker service and grpc.health.v1 on `host:port` until SIGTERM or SIGINT and
-    /// the drain. `run_batch(list[(method, bytes, queue_wait)]) -> list[bytes | (code,
-    /// message)]` computes a batch of serialized requests (with `traced`, each unary call's
-    /// trace context rides along: engine.rs); `info` is the serialized
-    /// InfoResponse's fixed part; `on_listening(port)` is called once bound. The GIL is
-    /// released throughout.
-    #[pyo3(signature = (*, host, port, max_message_bytes, drain_seconds, info, run_batch,
+    /// Serve the Worker service and grpc.health.v1 on `host:port` until SIGTERM, SIGINT or
+    /// `stop`, and the drain. `batches.launch(list[(method, bytes, queue_wait, trace context or
+    /// None)])` launches a batch of serialized requests; its `ready()` and `finish() ->
+    /// list[bytes | (code, message)]` (engine.rs). `info` is the serialized InfoResponse's
+    /// fixed part; `on_listening(port)` is called once bound; `traced`: unary calls carry
+    /// their trace context. The GIL is released throughout.
+    #[pyo3(signature = (*, host, port, max_message_bytes, drain_seconds, info, batches,
         on_listening, log_level = "info", json_logs = true, traced = false))]
     #[allow(clippy::too_many_arguments)] // keyword-only: each one named at the Python call
     fn serve(
@@ -87,7 +87,7 @@ impl PyServer {
         max_message_bytes: usize,
         drain_seconds: f64,
         info: &[u8],
-        run_batch: Py<PyAny>,
+        batches: Py<PyAny>,
         on_listening: Py<PyAny>,
         log_level: &str,
         json_logs: bool,
@@ -101,7 +101,7 @@ impl PyServer {
             let stats = Arc::clone(&self.stats);
             std::thread::Builder::new()
                 .name("engine".into())
-                .spawn(move || engine::run(queue, stats, run_batch))?
+                .spawn(move || engine::run(queue, stats, batches))?
         };
         let config = server::Config {
             host,
@@ -136,7 +136,7 @@ impl PyServer {
     }
 
     /// Queue capacity-measurement work (embedfleet.worker.rust_capacity): `id`'s item, of
-    /// `tokens` in `sequences`, reaches `run_batch` as a ("Probe", id as 8 little-endian
+    /// `tokens` in `sequences`, reaches `batches.launch` as a ("Probe", id as 8 little-endian
     /// bytes, queue_wait) call in its turn. False when the queue is full or the worker drains.
     fn probe(&self, id: u64, tokens: usize, sequences: usize) -> bool {
         if self.limits.draining() {
@@ -193,23 +193,15 @@ impl PyServer {
     }
 }
 
-/// The Rust side's lines on stderr beside the Python logger's: the worker's --log-level and
-/// --log-format (JSON, or text). Once per process: a second `serve` keeps the first's.
+/// The Rust side's lines on stderr beside the Python logger's, in the same shape (JSON or text)
+/// under the logger `embedfleet.worker.front`: the worker's --log-level and --log-format. Once
+/// per process: a second `serve` keeps the first's.
 fn init_logs(level: &str, json: bool) {
-    let level = match level {
-        "debug" => tracing::Level::DEBUG,
-        "warning" => tracing::Level::WARN,
-        "error" => tracing::Level::ERROR,
-        _ => tracing::Level::INFO,
+    let naming = embedfleet_logs::Naming {
+        target: "embedfleet_front",
+        logger: "embedfleet.worker.front",
     };
-    let logs = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        logs.json().try_init()
-    } else {
-        logs.try_init()
-    };
+    embedfleet_logs::init(embedfleet_logs::level(level), json, naming);
 }
 
 #[pymodule]

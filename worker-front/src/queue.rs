@@ -5,7 +5,7 @@
 //! the head without compute.
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
@@ -161,6 +161,15 @@ pub struct Queue {
     max_requests: usize,
 }
 
+/// What `take_within` found.
+pub enum Next {
+    Taken(Taken),
+    /// Nothing arrived in time.
+    Nothing,
+    /// Stopped, and nothing is left.
+    Stopped,
+}
+
 /// What the engine thread takes at once: a batch to compute, and the requests dropped unrun.
 pub struct Taken {
     pub batch: Vec<Entry>,
@@ -231,9 +240,7 @@ impl Queue {
         let mut state = self.lock();
         let mut idled = false;
         loop {
-            let mut taken = self.next_batch(&mut state, Instant::now());
-            if !taken.batch.is_empty() || !taken.dropped.is_empty() {
-                taken.saturated = !taken.batch.is_empty() && !state.items.is_empty();
+            if let Some(mut taken) = self.taken(&mut state) {
                 taken.idled = idled;
                 return Some(taken);
             }
@@ -243,6 +250,35 @@ impl Queue {
             idled = true;
             state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// As `take`, waiting at most `wait` (while a launched batch computes: not idle).
+    pub fn take_within(&self, wait: Duration) -> Next {
+        let mut state = self.lock();
+        if let Some(taken) = self.taken(&mut state) {
+            return Next::Taken(taken);
+        }
+        if state.stopping {
+            return Next::Stopped;
+        }
+        let (mut state, _) = self
+            .wake
+            .wait_timeout(state, wait)
+            .unwrap_or_else(|e| e.into_inner());
+        match self.taken(&mut state) {
+            Some(taken) => Next::Taken(taken),
+            None if state.stopping => Next::Stopped,
+            None => Next::Nothing,
+        }
+    }
+
+    fn taken(&self, state: &mut State) -> Option<Taken> {
+        let mut taken = self.next_batch(state, Instant::now());
+        if taken.batch.is_empty() && taken.dropped.is_empty() {
+            return None;
+        }
+        taken.saturated = !taken.batch.is_empty() && !state.items.is_empty();
+        Some(taken)
     }
 
     /// The longest arrival-order prefix of live requests within the budget; the first live

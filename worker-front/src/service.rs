@@ -38,6 +38,15 @@ pub struct Front {
 /// A refusal of one call: its status goes to that call only (a stream goes on).
 type Refusal = (Reply, Status);
 
+/// What a call brings to the queue besides its message: where its answer goes, by when, its
+/// share of the byte budget (a stream call's) and its trace context (a traced unary call's).
+struct Arrival {
+    reply: Reply,
+    deadline: Option<Instant>,
+    held: Option<Held>,
+    trace: Option<(String, String)>,
+}
+
 impl Front {
     /// Queue one request, or give its reply target back with why not.
     #[allow(clippy::result_large_err)] // tonic's Status, as every handler returns it
@@ -46,11 +55,14 @@ impl Front {
         rpc: Rpc,
         payload: Bytes,
         size: Size,
-        deadline: Option<Instant>,
-        reply: Reply,
-        held: Option<Held>,
-        trace: Option<(String, String)>,
+        arrival: Arrival,
     ) -> Result<(), Refusal> {
+        let Arrival {
+            reply,
+            deadline,
+            held,
+            trace,
+        } = arrival;
         if self.limits.draining() {
             return Err((reply, Status::unavailable("the worker is draining")));
         }
@@ -105,15 +117,13 @@ impl Front {
             stats: Arc::clone(&self.stats),
             arrived: Instant::now(),
         };
-        let submitted = self.submit(
-            Rpc::Embed,
-            call.request,
-            size,
-            deadline,
+        let arrival = Arrival {
             reply,
-            Some(held),
-            None,
-        );
+            deadline,
+            held: Some(held),
+            trace: None,
+        };
+        let submitted = self.submit(Rpc::Embed, call.request, size, arrival);
         if let Err((reply, status)) = submitted {
             reply.send(Err(status));
         }
@@ -181,8 +191,13 @@ impl Front {
             .map_err(Status::resource_exhausted)?;
         let size = size_of(&payload).map_err(|e| malformed(rpc.name(), &e))?;
         let (tx, rx) = oneshot::channel();
-        let reply = Reply::Unary(tx);
-        if let Err((_, status)) = self.submit(rpc, payload, size, deadline, reply, None, trace) {
+        let arrival = Arrival {
+            reply: Reply::Unary(tx),
+            deadline,
+            held: None,
+            trace,
+        };
+        if let Err((_, status)) = self.submit(rpc, payload, size, arrival) {
             return Err(status);
         }
         // The deadline as gRPC's C core answers it (the Python front's server): the queued

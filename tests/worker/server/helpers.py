@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -14,7 +19,13 @@ from embedfleet.common.codec import pack_tokens, unpack_floats
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.proto import embedfleet_pb2_grpc as pb_grpc
 from embedfleet.testing.polling import WaitTimeoutError, wait_for
-from embedfleet.testing.workers import WorkerProcess, WorkerStartError, health_status, worker_stub
+from embedfleet.testing.workers import (
+    WorkerProcess,
+    WorkerStartError,
+    front_library,
+    health_status,
+    worker_stub,
+)
 
 #: small budgets so that batching decisions show with few, short requests
 BUDGET_TOKENS = 512
@@ -77,3 +88,49 @@ def wait_serving_traced(worker: WorkerProcess, timeout: float = 240.0) -> Startu
     except WaitTimeoutError as exc:
         raise WorkerStartError(f"not SERVING after {timeout}s") from exc
     return trace
+
+
+#: a Rust-front worker on the null engine whose class `Engine` (defined by the source given) is
+#: built instead of the real one; argv: the port file, the front library, then the test's own
+_RUST_WORKER_WITH = """
+import sys
+from pathlib import Path
+from embedfleet.worker import lifecycle, rust_front
+from embedfleet.worker.null_engine import NullEngine
+from embedfleet.worker.settings import WorkerSettings
+port_file, library, *argv = sys.argv[1:]
+{engine}
+lifecycle.build_engine = lambda settings, model: Engine.from_model_dir(model)
+sys.exit(rust_front.serve(WorkerSettings(
+    engine="null", port=0, port_file=port_file, metrics_port=0, front="rust",
+    front_library=library, warmup_seconds=0.1, capacity_measurement="startup")))
+"""
+
+
+@dataclass
+class RustWorker:
+    proc: subprocess.Popen[bytes]
+    address: str
+    log: Path
+
+
+@contextlib.contextmanager
+def rust_worker_with(tmp: Path, engine: str, *argv: str) -> Iterator[RustWorker]:
+    """MOCK engine: a Rust-front worker process serving `engine`'s `class Engine(NullEngine)`
+    (its source; `argv` is its `argv`), SERVING for the block, killed after it."""
+    port_file, log = tmp / "port.json", tmp / "worker.log"
+    script = _RUST_WORKER_WITH.format(engine=engine)
+    command = [sys.executable, "-c", script, str(port_file), str(front_library()), *argv]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        started = lambda: port_file.is_file() or proc.poll() is not None  # noqa: E731
+        wait_for("the port file", started, timeout=120)
+        if not port_file.is_file():
+            raise WorkerStartError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
+        address = f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
+        wait_for("serving", lambda: health_status(address) == "SERVING", timeout=30)
+        yield RustWorker(proc, address, log)
+    finally:
+        proc.kill()
+        proc.wait()

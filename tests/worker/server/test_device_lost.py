@@ -8,15 +8,13 @@ and exits non-zero, so the kubelet restarts it.
 MOCK: `StickyEngine` is the null engine whose batches, once armed, raise the error torch raises
 for an illegal memory access; there is no GPU here. The worker's own `serve` runs in this test's
 event loop with it; the Rust front's runs in a child process (its `serve` holds the process's
-signals), with the same engine armed by a file.
+signals), with an engine of the same kind armed by a file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +22,8 @@ import grpc
 import pytest
 
 from embedfleet.common.modeldir import ModelDir, default_model_path, load_model_dir
-from embedfleet.testing.polling import wait_for, wait_for_async
-from embedfleet.testing.workers import front_library, health_status, worker_stub
+from embedfleet.testing.polling import wait_for_async
+from embedfleet.testing.workers import health_status, worker_stub
 from embedfleet.worker import lifecycle
 from embedfleet.worker.contract import Pending, WorkItem
 from embedfleet.worker.device_errors import device_lost
@@ -35,7 +33,7 @@ from embedfleet.worker.rust_front import Batches
 from embedfleet.worker.scheduler import Budget
 from embedfleet.worker.settings import WorkerSettings
 
-from .helpers import embed_request
+from .helpers import embed_request, rust_worker_with
 
 ILLEGAL_ACCESS = (
     "CUDA error: an illegal memory access was encountered\n"
@@ -145,49 +143,30 @@ def test_the_rust_fronts_batch_call_reports_a_lost_device_once() -> None:
     assert StickyEngine.steps_after_arming == 1  # the second batch never reached the engine
 
 
-#: the Rust front's worker on the sticky engine, armed when argv[1] exists; each armed step
-#: appends a line to argv[2] and raises argv[5]
-_STICKY_RUST_WORKER = """
-import sys
-from pathlib import Path
-from embedfleet.worker import lifecycle, rust_front
-from embedfleet.worker.null_engine import NullEngine
-from embedfleet.worker.settings import WorkerSettings
-arm, steps, port_file, library, error = sys.argv[1:]
-class Sticky(NullEngine):
+#: the sticky engine for the Rust front's worker: armed when argv[0] exists; each armed step
+#: appends a line to argv[1] and raises argv[2]
+_STICKY = """
+arm, steps, error = argv
+class Engine(NullEngine):
     def step(self, items):
         if Path(arm).exists():
             with open(steps, "a") as out:
                 out.write("step\\n")
             raise RuntimeError(error)
         return super().step(items)
-lifecycle.build_engine = lambda settings, model: Sticky.from_model_dir(model)
-sys.exit(rust_front.serve(WorkerSettings(
-    engine="null", port=0, port_file=port_file, metrics_port=0, front="rust",
-    front_library=library, warmup_seconds=0.1, capacity_measurement="startup")))
 """
 
 
 def test_the_rust_front_stops_serving_and_exits_non_zero(tmp_path: Path) -> None:
-    arm, steps, port_file = tmp_path / "arm", tmp_path / "steps", tmp_path / "port.json"
-    argv = [sys.executable, "-c", _STICKY_RUST_WORKER, str(arm), str(steps), str(port_file)]
-    with (tmp_path / "worker.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [*argv, str(front_library()), ILLEGAL_ACCESS], stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        wait_for("the port file", port_file.is_file, timeout=120)
-        address = f"127.0.0.1:{json.loads(port_file.read_text())['port']}"
-        wait_for("serving", lambda: health_status(address) == "SERVING", timeout=30)
-        assert _embed(address) == grpc.StatusCode.OK
+    arm, steps = tmp_path / "arm", tmp_path / "steps"
+    with rust_worker_with(tmp_path, _STICKY, str(arm), str(steps), ILLEGAL_ACCESS) as worker:
+        assert _embed(worker.address) == grpc.StatusCode.OK
         arm.touch()
-        assert _embed(address) == grpc.StatusCode.UNAVAILABLE
-        assert health_status(address) in ("NOT_SERVING", "UNREACHABLE")  # never SERVING again
-        assert proc.wait(30) == lifecycle.DEVICE_LOST_EXIT
-    finally:
-        proc.kill()
-        proc.wait()
-    log_text = (tmp_path / "worker.log").read_text()
+        assert _embed(worker.address) == grpc.StatusCode.UNAVAILABLE
+        # never SERVING again
+        assert health_status(worker.address) in ("NOT_SERVING", "UNREACHABLE")
+        assert worker.proc.wait(30) == lifecycle.DEVICE_LOST_EXIT
+    log_text = worker.log.read_text()
     assert "device lost: not serving; exiting to be restarted" in log_text
     assert "Traceback" not in log_text
     assert steps.read_text().count("step") == 1

@@ -41,7 +41,7 @@ from embedfleet.worker.null_engine import NullEngine
 from embedfleet.worker.rust_front import Batches
 from embedfleet.worker.scheduler import Budget, paced
 
-from .helpers import embed_request, vectors
+from .helpers import embed_request, rust_worker_with, vectors
 
 #: small limits so that every refusal shows with short requests; the null engine takes a
 #: batch's tokens / RATE seconds (sleeping), so queueing is seen with few requests
@@ -289,6 +289,16 @@ def test_sigterm_drains_queued_work_and_exits_0(tmp_path: Path) -> None:
         assert worker.proc.wait(10) == 0
     finally:
         worker.stop()
+    # One log shape from both halves (crates/logs writes common/logs.py's): a JSON object a line.
+    lines = [line for line in worker.log.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert all(list(record)[:4] == ["ts", "level", "logger", "msg"] for record in records)
+    rust = {
+        (r["logger"], r["msg"])
+        for r in records
+        if r["logger"].startswith("embedfleet.worker.front")
+    }
+    assert ("embedfleet.worker.front.server", "draining") in rust, rust
 
 
 def test_sigterm_during_a_background_measurement_exits_0_cleanly(tmp_path: Path) -> None:
@@ -481,6 +491,79 @@ def test_a_backlog_reports_the_saturated_rate_as_the_python_front_does(
         assert 0.5 * RATE < rate <= RATE * 1.001, (name, rate)
         exposed = metric_value(workers[name].metrics_text(), SATURATED)
         assert exposed == pytest.approx(rate), name
+
+
+#: MOCK: an asynchronous (GPU-like) engine for the Rust front's worker: once argv[0] exists, the
+#: results of step k are held until the file argv[1]/release-k exists; each launch and wait is
+#: a line of argv[2]
+_GATED = """
+import time
+arm, gates, events = argv
+class Gate:
+    def __init__(self, number, done):
+        self.number, self.done = number, done
+    def ready(self):
+        return (Path(gates) / f"release-{self.number}").exists()
+    def wait(self):
+        deadline = time.monotonic() + 30
+        while not self.ready() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with open(events, "a") as out:
+            out.write(f"waited {self.number}\\n")
+        return self.done.wait()
+class Engine(NullEngine):
+    launched = 0
+    def step(self, items):
+        done = super().step(items)
+        if not Path(arm).exists():
+            return done
+        Engine.launched += 1
+        with open(events, "a") as out:
+            out.write(f"launched {Engine.launched}\\n")
+        return Gate(Engine.launched, done)
+"""
+
+
+def test_the_next_batch_launches_while_the_previous_computes(tmp_path: Path) -> None:
+    arm, events = tmp_path / "arm", tmp_path / "events"
+    with (
+        rust_worker_with(tmp_path, _GATED, str(arm), str(tmp_path), str(events)) as worker,
+        grpc.insecure_channel(worker.address) as channel,
+    ):
+        stub = worker_stub(channel)
+        arm.touch()
+
+        def said() -> list[str]:
+            return events.read_text().splitlines() if events.exists() else []
+
+        def send() -> grpc.Future:
+            return stub.Embed.future(embed_request([[101, 7592, 102]]), timeout=30)
+
+        a = send()
+        wait_for("batch 1 launched", lambda: said() == ["launched 1"], timeout=10)
+        b = send()
+        # Batch 2 launches while batch 1 is still on the "device".
+        wait_for("batch 2 launched", lambda: said() == ["launched 1", "launched 2"], timeout=10)
+        assert not a.done()
+        c = send()
+        time.sleep(0.1)
+        assert said() == ["launched 1", "launched 2"], "at most two batches in flight"
+        (tmp_path / "release-1").touch()
+        assert a.result().count == 1
+        # Batch 1's reply went out while batch 2 computes; batch 3 launched behind it.
+        wait_for("batch 3 launched", lambda: len(said()) == 4, timeout=10)
+        assert not b.done()
+        for k in (2, 3):
+            (tmp_path / f"release-{k}").touch()
+        assert [b.result().count, c.result().count] == [1, 1]
+    assert said() == [
+        "launched 1",
+        "launched 2",
+        "waited 1",
+        "launched 3",
+        "waited 2",
+        "waited 3",
+    ]
 
 
 def test_capacity_is_measured_and_paces_the_batches(tmp_path: Path) -> None:

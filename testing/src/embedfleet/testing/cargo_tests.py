@@ -1,4 +1,5 @@
-"""The gateway crate's own test executables (its unit tests, tests/contract.rs, tests/layers.rs),
+"""The gateway crate's own test executables (its unit tests, tests/contract.rs, tests/layers.rs)
+and the shared crates' (crates/: what the gateway and the worker's Rust front both use),
 compiled once per content key and kept under ~/.cache/embedfleet/gateway/tests/<key>.
 
 `cargo test` in a fresh clone recompiles the crate even when nothing changed: cargo judges a local
@@ -25,6 +26,9 @@ from embedfleet.common.cpus import detect_cores
 from embedfleet.testing.gateway import BUILD_SCRIPT, CRATE, cargo_tool, child_env, gateway_binary
 from embedfleet.testing.tools import ToolsError, run_build_script
 
+#: the packages whose tests run: the gateway and the shared crates (the worker's front, a Python
+#: extension, links against libpython only when loaded: it is tested from Python)
+PACKAGES = ("embedfleet-gateway", "embedfleet-logs")
 #: cached sets kept beside the newest (worktrees sharing the cache alternate between their trees)
 KEEP = 4
 
@@ -72,7 +76,8 @@ def _compile_into(cached: Path) -> None:
     target = run_build_script("--target-dir", capture_stderr=True, script=BUILD_SCRIPT)
     jobs = str(detect_cores())
     env = {**child_env(), "CARGO_TARGET_DIR": target, "CARGO_BUILD_JOBS": jobs}
-    command = ["cargo", "test", "--release", "--locked", "--no-run"]
+    packages = [f"--package={name}" for name in PACKAGES]
+    command = ["cargo", "test", "--release", "--locked", "--no-run", *packages]
     proc = subprocess.run(
         ["nice", "-n", "19", cargo_tool(), *command[1:], "--message-format=json", "-j", jobs],
         cwd=CRATE,

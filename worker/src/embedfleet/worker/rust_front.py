@@ -31,7 +31,7 @@ from embedfleet.common.modeldir import ModelDir
 from embedfleet.common.proto import embedfleet_pb2 as pb
 from embedfleet.common.tracing import OFF, Tracer
 from embedfleet.worker import front_metrics, tracing
-from embedfleet.worker.contract import Engine, Options, WorkItem
+from embedfleet.worker.contract import Engine, Options, Pending, WorkItem
 from embedfleet.worker.device_errors import device_lost
 from embedfleet.worker.lifecycle import (
     DEVICE_LOST_EXIT,
@@ -168,21 +168,24 @@ class Batches:
         self.computed_tokens = 0
         self._on_device_lost = on_device_lost
         self.tracer = tracer
-        #: batches computed, and the last one's (monotonic) end: what traced calls' spans say
+        #: batches computed: each traced call's compute span names its batch
         self._batches = 0
-        self._computed_at = 0.0
         #: why the device is lost, once it is (serve exits DEVICE_LOST_EXIT)
         self.lost: str | None = None
 
     def __call__(self, calls: list[Call]) -> list[Reply]:
-        launched = time.monotonic()
-        replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
-        admitted = self._admit(calls, replies)
-        if admitted:
-            self._compute(admitted, replies)
-        if self.tracer.enabled:
-            self._trace(calls, replies, admitted, launched)
-        return replies
+        """A batch launched and finished at once (what a CPU engine does anyway)."""
+        return self.launch(calls).finish()
+
+    def launch(self, calls: list[Call]) -> Launch:
+        """The batch parsed, checked and launched on the engine: its `Launch`, whose `finish`
+        waits for the results and makes the replies. The Rust engine thread launches batch N+1
+        before finishing N while N is not `ready` (an asynchronous engine: CUDA)."""
+        launch = Launch(self, calls, time.monotonic())
+        launch.admitted = self._admit(calls, launch.replies)
+        if launch.admitted:
+            self._step(launch)
+        return launch
 
     def _admit(self, calls: list[Call], replies: list[Reply]) -> list[_Admitted]:
         """Each call parsed and checked: the admitted ones, the rest's refusals in `replies`."""
@@ -213,70 +216,83 @@ class Batches:
                 admitted.append(_Admitted(slot, item, rpc, request))
         return admitted
 
-    def _compute(self, admitted: list[_Admitted], replies: list[Reply]) -> None:
-        """One engine step for the admitted calls; their replies (or the engine's failure)."""
-        metrics = self.metrics
-        items = [call.item for call in admitted]
-        tokens = sum(item.tokens.total for item in items)
-        metrics.observe_batch(tokens, sum(item.tokens.count for item in items))
-        started = time.perf_counter()
+    def _step(self, launch: Launch) -> None:
+        """One engine step for the admitted calls (their failure's replies if it raises)."""
+        items = [call.item for call in launch.admitted]
+        launch.tokens = sum(item.tokens.total for item in items)
+        self.metrics.observe_batch(launch.tokens, sum(item.tokens.count for item in items))
+        launch.started = time.perf_counter()
         try:
             if self.lost is not None:
                 raise DeviceLostError(self.lost)  # refused without touching the engine
-            pending = self.engine.step(items)
-            results = pending.wait()
+            launch.pending = self.engine.step(items)
         except Exception as exc:
-            self._failed(admitted, replies, exc)
-            return
-        finally:
-            metrics.compute.observe(time.perf_counter() - started)
-        metrics.observe_stages(getattr(pending, "stages", ()))
+            self.metrics.compute.observe(time.perf_counter() - launch.started)
+            self._failed(launch.admitted, launch.replies, exc)
+
+    def _finish(self, launch: Launch) -> list[Reply]:
+        if launch.pending is not None:
+            try:
+                results = launch.pending.wait()
+            except Exception as exc:
+                self._failed(launch.admitted, launch.replies, exc)
+            else:
+                self._reply(launch, results)
+            finally:
+                self.metrics.compute.observe(time.perf_counter() - launch.started)
+        if self.tracer.enabled:
+            self._trace(launch)
+        return launch.replies
+
+    def _reply(self, launch: Launch, results: list[FloatArray]) -> None:
+        """The computed batch's replies (a probe's result handed to its measurement)."""
+        metrics = self.metrics
+        metrics.observe_stages(getattr(launch.pending, "stages", ()))
         self._batches += 1
-        self._computed_at = time.monotonic()
-        self.computed_tokens += tokens
-        metrics.tokens.inc(sum(call.item.tokens.total for call in admitted if call.rpc))
+        launch.number, launch.computed = self._batches, time.monotonic()
+        self.computed_tokens += launch.tokens
+        metrics.tokens.inc(sum(call.item.tokens.total for call in launch.admitted if call.rpc))
         reply, serialize = self._stages["reply"], self._stages["serialize"]
-        for call, result in zip(admitted, results, strict=True):
+        for call, result in zip(launch.admitted, results, strict=True):
             if call.rpc is None:
                 assert call.probe is not None
                 resolve(call.probe, result)
-                replies[call.slot] = b""
+                launch.replies[call.slot] = b""
                 continue
             started_ns = time.perf_counter_ns()
             message = call.rpc.reply(call.request, result, call.item, self.served)
             built = time.perf_counter_ns()
-            replies[call.slot] = message.SerializeToString()
+            launch.replies[call.slot] = message.SerializeToString()
             reply.observe((built - started_ns) * 1e-9)
             serialize.observe((time.perf_counter_ns() - built) * 1e-9)
 
-    def _trace(
-        self, calls: list[Call], replies: list[Reply], admitted: list[_Admitted], launched: float
-    ) -> None:
+    def _trace(self, launch: Launch) -> None:
         """Each traced call's spans (tracing.record_call), after the batch's replies are made."""
-        computed = {call.slot: call.item for call in admitted if call.rpc is not None}
+        computed = {call.slot: call.item for call in launch.admitted if call.rpc is not None}
         items = list(computed.values())
         tokens = sum(item.tokens.total for item in items)
         sequences = sum(item.tokens.count for item in items)
-        for slot, (method, _, waited, context) in enumerate(calls):
+        at = launch.launched
+        for slot, (method, _, waited, context) in enumerate(launch.calls):
             if context is None:
                 continue
-            reply = replies[slot]
+            reply = launch.replies[slot]
             code = 0 if isinstance(reply, bytes) else reply[0]
             item = computed.get(slot) if code == 0 else None
             part = None
             if item is not None:
                 part = Computed(
-                    launched - waited,
-                    launched,
-                    self._computed_at,
-                    self._batches,
+                    at - waited,
+                    at,
+                    launch.computed,
+                    launch.number,
                     tokens,
                     sequences,
                     item.tokens.total,
                     item.tokens.count,
                 )
             carrier = (("traceparent", context[0]), ("tracestate", context[1]))
-            record_call(self.tracer, method, carrier, launched - waited, code, part)
+            record_call(self.tracer, method, carrier, at - waited, code, part)
 
     def _failed(self, admitted: list[_Admitted], replies: list[Reply], exc: Exception) -> None:
         """The engine failed the batch: INTERNAL for each request, or UNAVAILABLE once the
@@ -294,6 +310,31 @@ class Batches:
             replies[call.slot] = (code, message)
             if call.probe is not None:
                 resolve(call.probe, RuntimeError(message))
+
+
+class Launch:
+    """One batch between its launch and its replies (Batches.launch); the Rust engine thread
+    asks `ready` and calls `finish` once."""
+
+    def __init__(self, batches: Batches, calls: list[Call], launched: float) -> None:
+        self.batches, self.calls, self.launched = batches, calls, launched
+        self.replies: list[Reply] = [(_INTERNAL, "unanswered")] * len(calls)
+        self.admitted: list[_Admitted] = []
+        self.pending: Pending | None = None
+        self.tokens = 0
+        #: perf_counter at the step (compute_seconds), and the batch's number and monotonic end
+        #: once computed (its traced calls' spans)
+        self.started = 0.0
+        self.number = 0
+        self.computed = 0.0
+
+    def ready(self) -> bool:
+        """Whether `finish` would not wait (nothing launched, or the engine is done)."""
+        return self.pending is None or self.pending.ready()
+
+    def finish(self) -> list[Reply]:
+        """Each call's serialized reply or refusal, in order, once the engine is done."""
+        return self.batches._finish(self)
 
 
 def unserved(model: ModelDir) -> str | None:
@@ -401,20 +442,20 @@ def serve(settings: WorkerSettings) -> int:
     engine = load_engine(settings, model)
     state.engine = engine  # its counters and GPU memory are scraped from here on
     log.info("warming up", extra={"max_batch_tokens": budget.max_tokens})
-    batches = asyncio.run(_prepare(settings, engine, state))
+    paced = asyncio.run(_prepare(settings, engine, state))
     heap.settle()  # the model, the tokenizer and warm-up's leftovers: never walked again
     server = front.Server(
-        max_batch_tokens=batches.max_tokens,
-        max_batch_sequences=batches.max_sequences,
-        hard_max_tokens=batches.hard_max_tokens,
+        max_batch_tokens=paced.max_tokens,
+        max_batch_sequences=paced.max_sequences,
+        hard_max_tokens=paced.hard_max_tokens,
         max_queue_requests=settings.max_queue_requests,
         max_inflight_bytes=settings.max_inflight_bytes,
         request_seconds_buckets=list(front_metrics.REQUEST_SECONDS_BUCKETS),
     )
     front_metrics.watch(metrics, server.stats)
-    run_batch = Batches(engine, budget, model, metrics, on_device_lost=server.stop, tracer=tracer)
+    batches = Batches(engine, budget, model, metrics, on_device_lost=server.stop, tracer=tracer)
     measured = QueueMeasured(
-        server, run_batch.probes, lambda: run_batch.computed_tokens, metrics, budget
+        server, batches.probes, lambda: batches.computed_tokens, metrics, budget
     )
 
     def measure() -> None:
@@ -427,8 +468,8 @@ def serve(settings: WorkerSettings) -> int:
             port=settings.port,
             max_message_bytes=receive,
             drain_seconds=settings.drain_seconds,
-            info=info_of(model, engine, batches, state.capacity),
-            run_batch=run_batch,
+            info=info_of(model, engine, paced, state.capacity),
+            batches=batches,
             on_listening=_on_listening(settings, started, measure),
             log_level=settings.log_level,
             json_logs=logs.is_json(settings.log_format),
@@ -439,6 +480,6 @@ def serve(settings: WorkerSettings) -> int:
         return 2
     finally:
         tracer.shutdown()
-    code = 0 if run_batch.lost is None else DEVICE_LOST_EXIT
+    code = 0 if batches.lost is None else DEVICE_LOST_EXIT
     log.info("stopped", extra={"exit_code": code})
     return code
