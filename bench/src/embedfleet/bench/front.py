@@ -38,13 +38,12 @@ FRONTS = ("python", "rust")
 CLIENTS = {"null": (1, 16), "torch": (1,)}
 
 
-def fleet_of(engine: str, front: str, library: Path, logs: Path) -> Fleet:
+def fleet_of(engine: str, front: str, logs: Path) -> Fleet:
     args = [*LIMIT, "--warmup-seconds", "0.5", "--capacity-measurement", "startup"]
     args += ["--engine", "null"] if engine == "null" else ["--dtype", "float32"]
-    if front == "rust":
-        args += ["--front", "rust", "--front-library", str(library)]
     (port,) = free_ports(1)
-    return Fleet(workers=1, port=port, worker_args=args, log_dir=logs / f"{engine}-{front}")
+    logged = logs / f"{engine}-{front}"
+    return Fleet(workers=1, port=port, worker_args=args, log_dir=logged, front=front)
 
 
 def pids_of(fleet: Fleet) -> tuple[int, int]:
@@ -63,11 +62,9 @@ def row_of(system: str, engine: str, clients: int, m: Measurement, g: float, w: 
     )  # fmt: skip
 
 
-async def measure_engine(
-    engine: str, library: Path, seconds: float, rounds: int, logs: Path
-) -> list[CpuRow]:
+async def measure_engine(engine: str, seconds: float, rounds: int, logs: Path) -> list[CpuRow]:
     data = inputs("1x20")
-    fleets = {front: fleet_of(engine, front, library, logs) for front in FRONTS}
+    fleets = {front: fleet_of(engine, front, logs) for front in FRONTS}
     out: list[CpuRow] = []
     try:
         for fleet in fleets.values():
@@ -107,13 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="null,torch", help="null, torch, or both")
     args = parser.parse_args(argv)
-    library = front_library()
+    front_library()  # built (or reused) before the fleets, which find it by its key
     rows: list[CpuRow] = []
     with tempfile.TemporaryDirectory(prefix="bench-front-") as logs:
         for engine in args.engines.split(","):
-            rows += asyncio.run(
-                measure_engine(engine, library, args.seconds, args.rounds, Path(logs))
-            )
+            rows += asyncio.run(measure_engine(engine, args.seconds, args.rounds, Path(logs)))
     print(table(rows))
     return 0
 

@@ -23,7 +23,6 @@ from embedfleet.fleet.binary import (
     BINARY_ENV,
     FRONT_LIBRARY_ENV,
     UnbuiltError,
-    find_front_library,
 )
 from embedfleet.fleet.supervisor import (
     SUPERVISE_SECONDS,
@@ -130,14 +129,6 @@ def refusal(model: str, task: str) -> str | None:
     return done.stderr.strip().splitlines()[-1]
 
 
-def _front_args(front: str) -> tuple[str, ...]:
-    """The workers' --front (and where the Rust one's extension is)."""
-    if front == "python":
-        return ("--front", "python")
-    library = find_front_library()
-    return ("--front", "rust", *(("--front-library", library) if library else ()))
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "calibrate":
@@ -172,10 +163,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     # While starting, a signal unwinds start(), which stops the children it already spawned.
     signal.signal(signal.SIGTERM, interrupt)
     task = ("--task", args.task)
-    try:
-        front = _front_args(args.worker_front)
-    except UnbuiltError as exc:
-        raise SystemExit(f"embedfleet serve: {exc}") from None
     kept = kept_openvino_args()
     keys = (
         ["--api-keys-file", str(Path(args.api_keys_file).absolute())] if args.api_keys_file else []
@@ -188,9 +175,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         model=path,
         models=tuple(args.model) if several else (),
         port=args.port,
-        worker_args=(*task, *front, *kept),
+        worker_args=(*task, *kept),
         gateway_args=(*task, *keys, *named),
         gateway_binary=args.gateway_binary,
+        front=args.worker_front,
         log_format="text" if text else "json",
         prefix=text,
     )

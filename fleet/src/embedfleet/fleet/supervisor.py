@@ -32,7 +32,7 @@ from embedfleet.common.caches import user_cache_dir
 from embedfleet.common.cpus import Layout, detect_cores, layout
 from embedfleet.common.lifetime import dying_with_parent
 from embedfleet.common.net import free_ports
-from embedfleet.fleet.binary import find_gateway_binary
+from embedfleet.fleet.binary import find_front_library, find_gateway_binary
 
 STOP_SECONDS = 15.0
 #: how often `embedfleet serve` looks for exited children
@@ -101,6 +101,14 @@ class Child:
         return f"127.0.0.1:{self.port}"
 
 
+def front_args(front: str) -> tuple[str, ...]:
+    """The workers' --front (and where the Rust one's extension is)."""
+    if front == "python":
+        return ("--front", "python")
+    library = find_front_library()
+    return ("--front", "rust", *(("--front-library", library) if library else ()))
+
+
 @dataclass
 class Fleet:
     """Start with `start()` (or `with Fleet(...)`); `url` is the gateway's base URL."""
@@ -117,6 +125,9 @@ class Fleet:
     log_dir: Path | None = None
     #: the gateway binary; empty: found as binary.find_gateway_binary finds it
     gateway_binary: str = ""
+    #: the workers' gRPC front: rust (its extension found as binary.find_front_library finds
+    #: it), or python
+    front: str = "rust"
     backoff: Backoff = field(default_factory=Backoff)
     #: every child's --log-format ("" leaves it to the children: auto)
     log_format: str = ""
@@ -148,6 +159,7 @@ class Fleet:
         if not any(a.startswith("--threads") for a in self.worker_args):
             # Workers on one machine split its cores; oversubscribed OpenMP threads spin.
             threads = ["--threads", str(shape.threads)]
+        front = front_args(self.front)
         entries = []
         for m, (name, path) in enumerate(served):
             model = ["--model", path] if path else []
@@ -161,6 +173,7 @@ class Fleet:
                     "--metrics-port",
                     str(ports[2 * i + 1]),
                     *threads,
+                    *front,
                     *self._log_args(),
                     *self.worker_args,
                 ]
