@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import time
@@ -65,12 +66,15 @@ class Shape:
     #: main checkout's venv, to compare a change with what it changes in the same run
     worker: str = ""
     tag: str = ""
+    #: the workers' gRPC front (the fleet's default, rust; or python)
+    front: str = "rust"
 
     @property
     def label(self) -> str:
         policy = f" {self.wait_policy.lower()}" if self.wait_policy else ""
         runtime = f" {self.runtime}" if self.runtime else ""
         engine = f" {self.engine}" if self.engine != "torch" else ""
+        engine += f" {self.front} front" if self.front != "rust" else ""
         tag = f" {self.tag}" if self.tag else ""
         return f"{self.workers}x{self.threads}{policy}{runtime}{engine}{tag}"
 
@@ -220,6 +224,7 @@ def fleet_for(shape: Shape, logs: Path) -> Fleet:
             "600",
         ),
         log_dir=logs / shape.label.replace(" ", "-"),
+        front=shape.front,
     )
     fleet.plan()
     for child in fleet.worker_children:
@@ -465,6 +470,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run every layout and engine with this embedfleet-worker executable (e.g. "
         "before=/path/to/main/.venv/bin/embedfleet-worker), labelled TAG; repeatable",
     )
+    parser.add_argument(
+        "--fronts",
+        default="rust",
+        help="the workers' gRPC fronts, each run on every layout and engine: rust (the fleet's "
+        "default) and python; default %(default)s",
+    )
     parser.add_argument("--idle-probes", type=int, default=3, help="requests after idle pauses")
     parser.add_argument(
         "--rounds",
@@ -499,13 +510,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = [("", ""), *(tuple(w.split("=", 1)) for w in args.also_worker)]
     plan = Plan(lengths, args.requests, args.idle_probes)
     rows: list[Breakdown] = []
-    for shape in shapes:
-        for engine in engines:
-            for r in range(args.rounds):
-                for tag, path in workers if r % 2 == 0 else workers[::-1]:
-                    label = f"{tag} #{r + 1}".strip() if args.rounds > 1 else tag
-                    run = replace(shape, engine=engine, tag=label, worker=path)
-                    rows += measure_fleet(run, plan, corpus, logs)
+    fronts = [f for f in args.fronts.split(",") if f]
+    for shape, engine, front in itertools.product(shapes, engines, fronts):
+        for r in range(args.rounds):
+            for tag, path in workers if r % 2 == 0 else workers[::-1]:
+                label = f"{tag} #{r + 1}".strip() if args.rounds > 1 else tag
+                run = replace(shape, engine=engine, tag=label, worker=path, front=front)
+                rows += measure_fleet(run, plan, corpus, logs)
     threads = shapes[0].threads
     st = [] if args.no_baseline else baselines(lengths, args.requests, threads)
     print(f"\nstage wall time, mean ms per request ({time.strftime('%Y-%m-%d %H:%M UTC')})\n")
