@@ -138,8 +138,8 @@ class _Admitted:
 
 
 class Batches:
-    """The Rust engine thread's one Python call per batch: (method, serialized request, queue
-    wait in seconds) triples in, each one's serialized reply (or its refusal) out, in order. It
+    """The Rust engine thread's Python half of a batch: `launch` takes its `Call`s and returns
+    a `Launch`, whose `finish` gives each call's serialized reply (or its refusal), in order. It
     observes the batch's metrics as the Python front's runner and handlers do. A ("Probe", id)
     call is a capacity probe's item from `probes`, computed with the rest.
 
